@@ -1,0 +1,592 @@
+/* buffer.c -- device, pinned and managed memory, views, copies.
+ *
+ * Work in flight keeps its inputs alive (invariant 2) without host callbacks
+ * or an event per operation: every operation on an allocation is chained
+ * after the previous one, also across streams, and the allocation remembers
+ * the stream of its latest operation.  Its memory is freed on that stream
+ * (stream-ordered), so the free runs after everything queued before it.
+ * Work on the same stream as the last costs one pointer comparison; moving
+ * to another stream costs an event record and a stream wait. */
+#include <stdlib.h>
+
+#include "internal.h"
+
+static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
+                                            "cudaMallocManaged"};
+
+static cusafe_status buffer_get(cusafe_buffer h, const char *name,
+                                struct cs_buffer **out) {
+  return cs_acquire(h, CS_BUFFER, name, (struct cs_object **)out);
+}
+
+/* Orders the next operation on root's memory on `q` after the previous one
+ * (root->lock held). */
+static cusafe_status chain(struct cs_buffer *root, struct cs_queue *q) {
+  struct cs_queue *last = root->last;
+  if (CS_LIKELY(last == q))
+    return CUSAFE_SUCCESS;
+  if (last) {
+    cusafe_status st = cs_queue_handoff(last, q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
+  cs_ref(q->owner); /* the stream must outlive the free queued on it */
+  root->last = q;
+  if (last)
+    cs_unref(last->owner);
+  return CUSAFE_SUCCESS;
+}
+
+/* ---- allocation ------------------------------------------------------------ */
+
+/* Allocates a root buffer in ctx; `q` orders device memory.  On success the
+ * caller's reference on ctx passes to the buffer. */
+static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
+                                  cusafe_memory kind, size_t size,
+                                  struct cs_queue *q) {
+  if (kind != CUSAFE_MEMORY_DEVICE && kind != CUSAFE_MEMORY_HOST_PINNED &&
+      kind != CUSAFE_MEMORY_MANAGED)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind %d",
+                   (int)kind);
+  if (size == 0)
+    return cs_fail(CUSAFE_ERROR_INVALID_SIZE, "allocation of 0 bytes");
+  if (kind != CUSAFE_MEMORY_HOST_PINNED && size > ctx->total_memory)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                   "allocation of %zu bytes exceeds the %zu bytes of device %d",
+                   size, ctx->total_memory, ctx->device);
+  if (kind == CUSAFE_MEMORY_MANAGED && !ctx->managed)
+    return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                   "device %d does not support managed memory", ctx->device);
+  struct cs_buffer *b = calloc(1, sizeof *b);
+  if (!b)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+
+  int saved;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS) {
+    free(b);
+    return st;
+  }
+  void *ptr = NULL;
+  cudaError_t err;
+  switch (kind) {
+  case CUSAFE_MEMORY_DEVICE:
+    err = cs_cu->malloc_async(&ptr, size, q->stream);
+    break;
+  case CUSAFE_MEMORY_HOST_PINNED:
+    err = cs_cu->malloc_host(&ptr, size);
+    break;
+  default:
+    err = cs_cu->malloc_managed(&ptr, size, cudaMemAttachGlobal);
+    break;
+  }
+  if (err != cudaSuccess) {
+    st = cs_fail_cuda(err, kind_alloc_fn[kind]);
+    cs_device_leave(saved);
+    free(b);
+    return st;
+  }
+  b->root = b;
+  b->ctx = ctx;
+  b->ptr = ptr;
+  b->size = size;
+  b->kind = kind;
+  pthread_mutex_init(&b->lock, NULL);
+  if (kind == CUSAFE_MEMORY_DEVICE) {
+    /* Later work on other streams must wait for the allocation. */
+    cs_ref(q->owner);
+    b->last = q;
+  }
+  st = cs_handle_new(&b->hdr, CS_BUFFER);
+  cs_device_leave(saved);
+  if (st != CUSAFE_SUCCESS) {
+    cs_ref(&ctx->hdr); /* destroy drops the buffer's reference on ctx */
+    cs_buffer_destroy(b);
+    return st;
+  }
+  *out = b->hdr.handle;
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
+                                             cusafe_context ctx_handle,
+                                             cusafe_memory kind,
+                                             size_t size) {
+  if (out)
+    *out = CUSAFE_NULL_HANDLE;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_context *ctx;
+  cusafe_status st = cs_acquire(ctx_handle, CS_CONTEXT, "context",
+                                (struct cs_object **)&ctx);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = buffer_alloc(out, ctx, kind, size, &ctx->queue);
+  if (st != CUSAFE_SUCCESS)
+    cs_unref(&ctx->hdr);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
+                                                   cusafe_stream stream,
+                                                   size_t size) {
+  if (out)
+    *out = CUSAFE_NULL_HANDLE;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_stream *s;
+  cusafe_status st = cs_acquire(stream, CS_STREAM, "stream",
+                                (struct cs_object **)&s);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = s->queue.ctx;
+  cs_ref(&ctx->hdr);
+  st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue);
+  if (st != CUSAFE_SUCCESS)
+    cs_unref(&ctx->hdr);
+  cs_unref(&s->hdr);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
+                                            cusafe_buffer parent,
+                                            size_t offset, size_t size) {
+  if (out)
+    *out = CUSAFE_NULL_HANDLE;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_buffer *p;
+  cusafe_status st = buffer_get(parent, "parent", &p);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (size == 0) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_SIZE, "view of 0 bytes");
+    goto fail;
+  }
+  st = cs_check_range("view", NULL, offset, size, p->size);
+  if (st != CUSAFE_SUCCESS)
+    goto fail;
+  struct cs_buffer *v = calloc(1, sizeof *v);
+  if (!v) {
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    goto fail;
+  }
+  v->root = p->root;
+  v->parent = p; /* the reference acquired above becomes the view's */
+  v->ctx = p->ctx;
+  v->ptr = p->ptr + offset;
+  v->size = size;
+  v->kind = p->kind;
+  st = cs_handle_new(&v->hdr, CS_BUFFER);
+  if (st != CUSAFE_SUCCESS) {
+    free(v);
+    goto fail;
+  }
+  *out = v->hdr.handle;
+  return CUSAFE_SUCCESS;
+fail:
+  cs_unref(&p->hdr);
+  return st;
+}
+
+/* ---- release ---------------------------------------------------------------- */
+
+/* Frees root memory after the work queued on it: device memory on the
+ * stream of its latest operation (in its own context), pinned and managed
+ * memory, which CUDA frees synchronously, once that stream is idle. */
+static cusafe_status free_memory(struct cs_buffer *b) {
+  struct cs_context *ctx = b->ctx;
+  struct cs_queue *q = b->last;
+  cudaError_t err = cudaSuccess;
+  const char *fn = NULL;
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (b->kind == CUSAFE_MEMORY_DEVICE) {
+    struct cs_queue *fq = q ? q : &ctx->queue;
+    if (fq->ctx != ctx) { /* last used by a peer copy on another device */
+      st = cs_queue_handoff(fq, &ctx->queue);
+      fq = &ctx->queue;
+    }
+    err = cs_cu->free_async(b->ptr, fq->stream);
+    fn = "cudaFreeAsync";
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      /* A free that cannot be queued is done synchronously instead. */
+      cs_cu->device_synchronize();
+      if (cs_cu->free(b->ptr) == cudaSuccess)
+        err = cudaSuccess;
+    }
+  } else {
+    if (q) {
+      err = cs_cu->stream_synchronize(q->stream);
+      fn = "cudaStreamSynchronize";
+    }
+    cudaError_t ferr = b->kind == CUSAFE_MEMORY_HOST_PINNED
+                           ? cs_cu->free_host(b->ptr)
+                           : cs_cu->free(b->ptr);
+    if (ferr != cudaSuccess && err == cudaSuccess) {
+      err = ferr;
+      fn = b->kind == CUSAFE_MEMORY_HOST_PINNED ? "cudaFreeHost" : "cudaFree";
+    }
+  }
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, fn);
+  return st;
+}
+
+cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
+  if (b->parent) {
+    struct cs_buffer *parent = b->parent;
+    free(b);
+    return cs_unref(&parent->hdr);
+  }
+  struct cs_context *ctx = b->ctx;
+  int saved;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = free_memory(b);
+    cs_device_leave(saved);
+  }
+  if (b->last)
+    cs_unref(b->last->owner);
+  pthread_mutex_destroy(&b->lock);
+  free(b);
+  cusafe_status st2 = cs_unref(&ctx->hdr);
+  return st != CUSAFE_SUCCESS ? st : st2;
+}
+
+void cs_buffer_shutdown(struct cs_object *obj, void *views) {
+  struct cs_buffer *b = (struct cs_buffer *)obj;
+  if ((b->parent != NULL) != (views != NULL))
+    return;
+  if (!b->parent) {
+    int saved;
+    if (cs_device_enter(b->ctx->device, &saved) == CUSAFE_SUCCESS) {
+      /* The devices were synchronised first: nothing uses the memory. */
+      if (b->kind == CUSAFE_MEMORY_DEVICE)
+        cs_cu->free_async(b->ptr, b->ctx->queue.stream);
+      else if (b->kind == CUSAFE_MEMORY_HOST_PINNED)
+        cs_cu->free_host(b->ptr);
+      else
+        cs_cu->free(b->ptr);
+      cs_device_leave(saved);
+    }
+  }
+  cs_handle_kill(obj);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_retain(cusafe_buffer buffer) {
+  return cs_retain_handle(buffer, CS_BUFFER, "buffer");
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_release(cusafe_buffer buffer) {
+  return cs_release_handle(buffer, CS_BUFFER, "buffer");
+}
+
+/* ---- queries ------------------------------------------------------------------ */
+
+CUSAFE_API cusafe_status cusafe_buffer_get_size(size_t *out,
+                                                cusafe_buffer buffer) {
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  *out = b->size;
+  cs_unref(&b->hdr);
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_get_memory(cusafe_memory *out,
+                                                  cusafe_buffer buffer) {
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  *out = b->kind;
+  cs_unref(&b->hdr);
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_get_context(cusafe_context *out,
+                                                   cusafe_buffer buffer) {
+  if (out)
+    *out = CUSAFE_NULL_HANDLE;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  cs_user_ref(&b->ctx->hdr);
+  *out = b->ctx->hdr.handle;
+  cs_unref(&b->hdr);
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
+                                                       cusafe_buffer buffer) {
+  if (out)
+    *out = NULL;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  *out = b->ptr;
+  cs_unref(&b->hdr);
+  return CUSAFE_SUCCESS;
+}
+
+/* ---- transfers ----------------------------------------------------------------- */
+
+/* Host <-> buffer on `stream`; with `sync`, on the default stream of the
+ * buffer's context and waited for. */
+static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
+                              size_t size, cusafe_stream stream, bool to_host,
+                              bool sync) {
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_buffer *root = b->root;
+  struct cs_context *ctx = root->ctx;
+  struct cs_queue *q = NULL;
+  struct cs_object *held = NULL;
+  if (!host && size) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, to_host ? "dst is NULL"
+                                                     : "src is NULL");
+    goto out;
+  }
+  st = cs_check_range(to_host ? "read" : "write", NULL, offset, size, b->size);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  st = cs_queue_get(stream, ctx, &q, &held);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  if (q->ctx != ctx) {
+    st = cs_mismatch("stream", q->ctx, "buffer", ctx);
+    goto out;
+  }
+  if (size == 0)
+    goto out;
+  int saved;
+  st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  pthread_mutex_lock(&root->lock);
+  st = chain(root, q);
+  if (st == CUSAFE_SUCCESS) {
+    char *dev = b->ptr + offset;
+    cudaError_t err = to_host ? cs_cu->memcpy_async(host, dev, size,
+                                                    cudaMemcpyDefault, q->stream)
+                              : cs_cu->memcpy_async(dev, host, size,
+                                                    cudaMemcpyDefault, q->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaMemcpyAsync");
+  }
+  pthread_mutex_unlock(&root->lock);
+  if (st == CUSAFE_SUCCESS && sync) {
+    cudaError_t err = cs_cu->stream_synchronize(q->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamSynchronize");
+  }
+  cs_device_leave(saved);
+out:
+  if (held)
+    cs_unref(held);
+  cs_unref(&b->hdr);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
+                                             size_t offset, const void *src,
+                                             size_t size) {
+  CS_ENTER();
+  return transfer(buffer, offset, (void *)src, size, CUSAFE_STREAM_DEFAULT,
+                  false, true);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
+                                            size_t offset, void *dst,
+                                            size_t size) {
+  CS_ENTER();
+  return transfer(buffer, offset, dst, size, CUSAFE_STREAM_DEFAULT, true,
+                  true);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
+                                                   size_t offset,
+                                                   const void *src,
+                                                   size_t size,
+                                                   cusafe_stream stream) {
+  CS_ENTER();
+  return transfer(buffer, offset, (void *)src, size, stream, false, false);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
+                                                  size_t offset, void *dst,
+                                                  size_t size,
+                                                  cusafe_stream stream) {
+  CS_ENTER();
+  return transfer(buffer, offset, dst, size, stream, true, false);
+}
+
+/* Locks the roots of two buffers in address order (once if the same). */
+static void lock_pair(struct cs_buffer *a, struct cs_buffer *b) {
+  if (a == b) {
+    pthread_mutex_lock(&a->lock);
+    return;
+  }
+  if (a > b) {
+    struct cs_buffer *t = a;
+    a = b;
+    b = t;
+  }
+  pthread_mutex_lock(&a->lock);
+  pthread_mutex_lock(&b->lock);
+}
+
+static void unlock_pair(struct cs_buffer *a, struct cs_buffer *b) {
+  pthread_mutex_unlock(&a->lock);
+  if (a != b)
+    pthread_mutex_unlock(&b->lock);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
+                                            size_t dst_offset,
+                                            cusafe_buffer src_handle,
+                                            size_t src_offset, size_t size,
+                                            cusafe_stream stream) {
+  CS_ENTER();
+  struct cs_buffer *dst, *src;
+  cusafe_status st = buffer_get(dst_handle, "dst", &dst);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = buffer_get(src_handle, "src", &src);
+  if (st != CUSAFE_SUCCESS)
+    goto out_dst;
+  struct cs_queue *q;
+  struct cs_object *held = NULL;
+  st = cs_check_range("copy", "source", src_offset, size, src->size);
+  if (st == CUSAFE_SUCCESS)
+    st = cs_check_range("copy", "destination", dst_offset, size, dst->size);
+  if (st != CUSAFE_SUCCESS)
+    goto out_src;
+  char *d = dst->ptr + dst_offset, *s = src->ptr + src_offset;
+  if (dst->root == src->root && size && d < s + size && s < d + size) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "source and destination ranges overlap");
+    goto out_src;
+  }
+  st = cs_queue_get(stream, dst->ctx, &q, &held);
+  if (st != CUSAFE_SUCCESS)
+    goto out_src;
+  if (q->ctx != dst->ctx && q->ctx != src->ctx) {
+    st = cs_mismatch("stream", q->ctx, "dst", dst->ctx);
+    goto out_src;
+  }
+  if (size == 0)
+    goto out_src;
+  /* Device memory of two devices takes a peer copy on `q`.  Device memory
+   * and host-accessible memory are copied by the device memory's own
+   * device: on another device's stream CUDA rejects the copy. */
+  bool peer = dst->ctx != src->ctx && dst->kind == CUSAFE_MEMORY_DEVICE &&
+              src->kind == CUSAFE_MEMORY_DEVICE;
+  struct cs_context *owner = dst->kind == CUSAFE_MEMORY_DEVICE   ? dst->ctx
+                             : src->kind == CUSAFE_MEMORY_DEVICE ? src->ctx
+                                                                 : q->ctx;
+  struct cs_queue *run = peer || owner == q->ctx ? q : &owner->queue;
+  int saved;
+  st = cs_device_enter(run->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    goto out_src;
+  struct cs_buffer *dr = dst->root, *sr = src->root;
+  if (run != q)
+    st = cs_queue_handoff(q, run);
+  lock_pair(dr, sr);
+  if (st == CUSAFE_SUCCESS)
+    st = chain(sr, run);
+  if (st == CUSAFE_SUCCESS)
+    st = chain(dr, run);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err;
+    const char *fn;
+    if (peer) {
+      err = cs_cu->memcpy_peer_async(d, dst->ctx->device, s, src->ctx->device,
+                                     size, run->stream);
+      fn = "cudaMemcpyPeerAsync";
+    } else {
+      err = cs_cu->memcpy_async(d, s, size, cudaMemcpyDefault, run->stream);
+      fn = "cudaMemcpyAsync";
+    }
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, fn);
+  }
+  unlock_pair(dr, sr);
+  /* Later work on the caller's stream comes after the copy. */
+  if (st == CUSAFE_SUCCESS && run != q)
+    st = cs_queue_handoff(run, q);
+  cs_device_leave(saved);
+out_src:
+  if (held)
+    cs_unref(held);
+  cs_unref(&src->hdr);
+out_dst:
+  cs_unref(&dst->hdr);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
+                                            size_t offset, size_t size,
+                                            unsigned char value,
+                                            cusafe_stream stream) {
+  CS_ENTER();
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_buffer *root = b->root;
+  struct cs_queue *q;
+  struct cs_object *held = NULL;
+  st = cs_check_range("fill", NULL, offset, size, b->size);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  st = cs_queue_get(stream, root->ctx, &q, &held);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  if (q->ctx != root->ctx) {
+    st = cs_mismatch("stream", q->ctx, "buffer", root->ctx);
+    goto out;
+  }
+  if (size == 0)
+    goto out;
+  int saved;
+  st = cs_device_enter(root->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  pthread_mutex_lock(&root->lock);
+  st = chain(root, q);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->memset_async(b->ptr + offset, value, size,
+                                          q->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaMemsetAsync");
+  }
+  pthread_mutex_unlock(&root->lock);
+  cs_device_leave(saved);
+out:
+  if (held)
+    cs_unref(held);
+  cs_unref(&b->hdr);
+  return st;
+}

@@ -1,0 +1,77 @@
+/* cuda_api.h -- the one table through which cusafe reaches CUDA.
+ *
+ * Every CUDA call of the library goes through `cs_cu`.  The shipped library
+ * defines it in lib/cuda_real.c with the CUDA runtime's own functions; the
+ * test suite links the same library sources with tests/fakecuda/fakecuda.c,
+ * which defines it with a fake.  Nothing in the shipped library can select
+ * the fake: it is simply not compiled into it.
+ *
+ * Driver functions (the primary context) are not in the table: the library
+ * asks for them through get_driver_entry_point, so that it loads, and
+ * reports a clear error, on a machine with no driver.  Internal; never
+ * installed. */
+#ifndef CUSAFE_CUDA_API_H
+#define CUSAFE_CUDA_API_H
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+struct cs_cuda {
+  /* devices and runtime */
+  cudaError_t (*get_device_count)(int *count);
+  cudaError_t (*driver_get_version)(int *version);
+  cudaError_t (*runtime_get_version)(int *version);
+  cudaError_t (*get_device_properties)(struct cudaDeviceProp *prop,
+                                       int device);
+  cudaError_t (*device_get_attribute)(int *value, enum cudaDeviceAttr attr,
+                                      int device);
+  cudaError_t (*get_device)(int *device);
+  cudaError_t (*set_device)(int device);
+  cudaError_t (*device_synchronize)(void);
+  cudaError_t (*device_get_stream_priority_range)(int *least, int *greatest);
+  cudaError_t (*get_last_error)(void);
+  const char *(*get_error_name)(cudaError_t err);
+  const char *(*get_error_string)(cudaError_t err);
+  cudaError_t (*get_driver_entry_point)(
+      const char *symbol, void **func, unsigned int cuda_version,
+      unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
+
+  /* streams */
+  cudaError_t (*stream_create)(cudaStream_t *stream, unsigned int flags,
+                               int priority); /* cudaStreamCreateWithPriority */
+  cudaError_t (*stream_destroy)(cudaStream_t stream);
+  cudaError_t (*stream_synchronize)(cudaStream_t stream);
+  cudaError_t (*stream_query)(cudaStream_t stream);
+  cudaError_t (*stream_wait_event)(cudaStream_t stream, cudaEvent_t event,
+                                   unsigned int flags);
+
+  /* events */
+  cudaError_t (*event_create)(cudaEvent_t *event,
+                              unsigned int flags); /* ...WithFlags */
+  cudaError_t (*event_destroy)(cudaEvent_t event);
+  cudaError_t (*event_record)(cudaEvent_t event, cudaStream_t stream);
+  cudaError_t (*event_synchronize)(cudaEvent_t event);
+  cudaError_t (*event_query)(cudaEvent_t event);
+  cudaError_t (*event_elapsed_time)(float *ms, cudaEvent_t start,
+                                    cudaEvent_t end);
+
+  /* memory */
+  cudaError_t (*malloc_async)(void **ptr, size_t size, cudaStream_t stream);
+  cudaError_t (*free_async)(void *ptr, cudaStream_t stream);
+  cudaError_t (*malloc_host)(void **ptr, size_t size);
+  cudaError_t (*free_host)(void *ptr);
+  cudaError_t (*malloc_managed)(void **ptr, size_t size, unsigned int flags);
+  cudaError_t (*free)(void *ptr);
+  cudaError_t (*memcpy_async)(void *dst, const void *src, size_t size,
+                              enum cudaMemcpyKind kind, cudaStream_t stream);
+  cudaError_t (*memcpy_peer_async)(void *dst, int dst_device, const void *src,
+                                   int src_device, size_t size,
+                                   cudaStream_t stream);
+  cudaError_t (*memset_async)(void *ptr, int value, size_t size,
+                              cudaStream_t stream);
+};
+
+/* The table in use: the real runtime's, or in the test build the fake's. */
+extern const struct cs_cuda *const cs_cu;
+
+#endif /* CUSAFE_CUDA_API_H */

@@ -1,0 +1,202 @@
+/* internal.h -- shared definitions of the library; never installed. */
+#ifndef CUSAFE_INTERNAL_H
+#define CUSAFE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cusafe.h"
+#include "cuda_api.h"
+
+#define CS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define CS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- errors (error.c) ---------------------------------------------------- */
+
+/* Records `status` with a printf-style message for the calling thread and
+ * returns status; the CUDA error of the thread is set to 0. */
+cusafe_status cs_fail(cusafe_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Records a failed CUDA call: "<function> failed: <CUDA's words>", maps err
+ * to a status and returns it. */
+cusafe_status cs_fail_cuda(cudaError_t err, const char *function);
+/* Sets the calling thread's last CUDA error (after cs_fail). */
+void cs_note_cuda_error(cudaError_t err);
+/* The status a CUDA error maps to. */
+cusafe_status cs_status_of(cudaError_t err);
+
+/* ---- objects and the handle table (handle.c) ------------------------------ */
+
+enum cs_type {
+  CS_CONTEXT = CUSAFE_TYPE_CONTEXT,
+  CS_STREAM = CUSAFE_TYPE_STREAM,
+  CS_EVENT = CUSAFE_TYPE_EVENT,
+  CS_BUFFER = CUSAFE_TYPE_BUFFER
+};
+
+struct cs_slot;
+
+/* The header of every object.  The reference count lives in the object's
+ * table slot, next to the generation, so that a lookup can take a reference
+ * only while the generation still matches (invariant 3). */
+struct cs_object {
+  struct cs_slot *slot;
+  cusafe_handle handle;
+  enum cs_type type;
+};
+
+/* Enters obj into the table with one reference and sets obj->handle.
+ * Returns CUSAFE_ERROR_OUT_OF_MEMORY if the table cannot grow. */
+cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
+/* Looks up `handle`, checks that it is live and of `type` (0: any type),
+ * and takes a reference that the caller drops with cs_unref().  `name` is
+ * the parameter's name for the message. */
+cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
+                         const char *name, struct cs_object **out);
+/* Adds a reference to a live object the caller already holds. */
+void cs_ref(struct cs_object *obj);
+/* Adds a reference handed to the caller unless the object is already being
+ * destroyed. */
+bool cs_try_user_ref(struct cs_object *obj);
+/* Drops a reference; the last one destroys the object (cs_destroy) and
+ * retires its slot.  Returns the status of the destruction. */
+cusafe_status cs_unref(struct cs_object *obj);
+/* Calls fn on every live object of `type`, in slot order.  Used only by the
+ * shutdown, which has stopped every other caller first. */
+void cs_handle_foreach(enum cs_type type,
+                       void (*fn)(struct cs_object *obj, void *arg),
+                       void *arg);
+/* Retires a slot without running the destructor (shutdown). */
+void cs_handle_kill(struct cs_object *obj);
+/* Adds a reference handed to the caller (the handle becomes, or stays,
+ * valid); used where a call returns an existing object. */
+void cs_user_ref(struct cs_object *obj);
+/* The typed and generic retain / release of handles. */
+cusafe_status cs_retain_handle(cusafe_handle h, enum cs_type type,
+                               const char *name);
+cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
+                                const char *name);
+/* Destroys an object whose last reference went: per type. */
+cusafe_status cs_destroy(struct cs_object *obj);
+
+/* ---- the library's state (runtime.c) ------------------------------------- */
+
+enum cs_state { CS_RUNNING = 0, CS_SHUT_DOWN = 1, CS_FORKED = 2 };
+extern _Atomic int cs_state;
+
+/* Fails with SHUTDOWN or FORKED unless the library is running. */
+cusafe_status cs_state_error(void);
+#define CS_ENTER()                                                           \
+  do {                                                                       \
+    if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_acquire)))  \
+      return cs_state_error();                                               \
+  } while (0)
+/* Releases are silent no-ops after shutdown and in a forked child. */
+#define CS_ENTER_RELEASE()                                                   \
+  do {                                                                       \
+    if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_acquire)))  \
+      return CUSAFE_SUCCESS;                                                 \
+  } while (0)
+
+/* Initialises CUDA on first use (and registers the exit handler right after
+ * the first successful CUDA call); stores the device count. */
+cusafe_status cs_init(int *device_count);
+/* The primary context, through the driver's entry points. */
+CUresult cs_primary_ctx_retain(CUcontext *ctx, int device);
+CUresult cs_primary_ctx_release(int device);
+
+/* Makes `device` current for the calling thread; *saved receives the device
+ * to restore with cs_device_leave() (-1: nothing to restore). */
+cusafe_status cs_device_enter(int device, int *saved);
+void cs_device_leave(int saved);
+
+/* Initialises, then checks that `device` exists. */
+cusafe_status cs_check_device(int device, int *count);
+
+/* Checks that [offset, offset + size) lies within `limit` bytes. */
+cusafe_status cs_check_range(const char *what, const char *which,
+                             size_t offset, size_t size, size_t limit);
+
+/* ---- contexts and streams ------------------------------------------------- */
+
+struct cs_context;
+
+/* A CUDA stream as buffers see it: a user stream or a context's default
+ * stream.  `owner` is the object that keeps it alive (the stream object or
+ * the context). */
+struct cs_queue {
+  cudaStream_t stream;
+  struct cs_context *ctx;
+  struct cs_object *owner;
+  /* Recorded to hand work over to another stream; created on first need. */
+  _Atomic(cudaEvent_t) handoff;
+};
+
+struct cs_context {
+  struct cs_object hdr;
+  int device;
+  CUcontext primary;
+  struct cs_queue queue; /* the default stream */
+  size_t total_memory;
+  int managed;
+  int priority_least, priority_greatest;
+};
+
+struct cs_stream {
+  struct cs_object hdr;
+  struct cs_queue queue; /* queue.ctx holds a reference */
+};
+
+struct cs_event {
+  struct cs_object hdr;
+  struct cs_context *ctx;
+  cudaEvent_t event;
+  unsigned int flags;
+};
+
+struct cs_buffer {
+  struct cs_object hdr;
+  struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
+  struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
+  struct cs_context *ctx;   /* referenced by the root only */
+  char *ptr;                /* first byte of this buffer or view */
+  size_t size;
+  cusafe_memory kind;
+  /* Root only: work on the memory is chained across streams; `last` is the
+   * queue of the latest operation (its owner referenced), guarded by lock. */
+  pthread_mutex_t lock;
+  struct cs_queue *last;
+};
+
+cusafe_status cs_context_destroy(struct cs_context *ctx);
+cusafe_status cs_stream_destroy(struct cs_stream *stream);
+cusafe_status cs_event_destroy(struct cs_event *event);
+cusafe_status cs_buffer_destroy(struct cs_buffer *buffer);
+
+/* Resolves a stream argument: CUSAFE_STREAM_DEFAULT gives the default queue
+ * of `dflt` (no reference taken), else the stream is acquired into *held
+ * (drop with cs_unref when not NULL). */
+cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
+                           struct cs_queue **out, struct cs_object **held);
+/* Makes later work on `to` wait for the work queued so far on `from`. */
+cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
+/* Destroys a queue's hand-off event, if it was made. */
+void cs_queue_fini(struct cs_queue *q);
+
+/* "stream belongs to device 1 but buffer belongs to device 0" */
+cusafe_status cs_mismatch(const char *a, const struct cs_context *actx,
+                          const char *b, const struct cs_context *bctx);
+
+/* Shutdown: each frees the CUDA resources of one live object, whatever its
+ * references, and retires its handle.  cs_buffer_shutdown takes views
+ * (arg != NULL) or root buffers (arg == NULL). */
+void cs_context_shutdown_sync(struct cs_object *obj, void *arg);
+void cs_buffer_shutdown(struct cs_object *obj, void *arg);
+void cs_event_shutdown(struct cs_object *obj, void *arg);
+void cs_stream_shutdown(struct cs_object *obj, void *arg);
+void cs_context_shutdown(struct cs_object *obj, void *arg);
+
+#endif /* CUSAFE_INTERNAL_H */

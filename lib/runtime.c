@@ -1,0 +1,216 @@
+/* runtime.c -- initialisation, exit, fork and devices. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+_Atomic int cs_state = CS_RUNNING;
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int initialised;
+static int handlers_registered;
+static int device_count;
+
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*release_fn)(CUdevice);
+static retain_fn primary_retain;
+static release_fn primary_release;
+
+cusafe_status cs_state_error(void) {
+  if (atomic_load(&cs_state) == CS_FORKED)
+    return cs_fail(CUSAFE_ERROR_FORKED, "cusafe cannot be used in a process "
+                                        "forked after CUDA was initialised");
+  return cs_fail(CUSAFE_ERROR_SHUTDOWN, "cusafe has been shut down");
+}
+
+/* A child forked after CUDA was initialised cannot use CUDA (the runtime
+ * answers cudaErrorInitializationError), and its exit must touch nothing of
+ * the parent's: from here on every call fails and releases do nothing. */
+static void at_fork_child(void) {
+  atomic_store(&cs_state, CS_FORKED);
+}
+
+static void at_exit(void) { cusafe_shutdown(); }
+
+static cusafe_status driver_missing(cudaError_t err) {
+  const char *words = cs_cu->get_error_string(err);
+  cs_fail(CUSAFE_ERROR_NO_DRIVER, "no CUDA driver found: %s",
+          words ? words : "unknown error");
+  cs_note_cuda_error(err);
+  return CUSAFE_ERROR_NO_DRIVER;
+}
+
+static cusafe_status load_driver_entry(const char *symbol, void **fn) {
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
+  cudaError_t err = cs_cu->get_driver_entry_point(symbol, fn, 12000,
+                                                  cudaEnableDefault, &found);
+  if (err != cudaSuccess)
+    return driver_missing(err);
+  if (found != cudaDriverEntryPointSuccess || !*fn)
+    return cs_fail(CUSAFE_ERROR_NO_DRIVER,
+                   "no CUDA driver found: the driver lacks %s", symbol);
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_init(int *count) {
+  if (CS_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire))) {
+    *count = device_count;
+    return CUSAFE_SUCCESS;
+  }
+  cusafe_status st = CUSAFE_SUCCESS;
+  pthread_mutex_lock(&init_lock);
+  if (!atomic_load_explicit(&initialised, memory_order_relaxed)) {
+    int n = 0;
+    cudaError_t err = cs_cu->get_device_count(&n);
+    if (err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary) {
+      st = driver_missing(err);
+    } else if (err == cudaErrorNoDevice || (err == cudaSuccess && n == 0)) {
+      st = cs_fail(CUSAFE_ERROR_NO_DEVICE, "no CUDA device found");
+      if (err != cudaSuccess)
+        cs_note_cuda_error(err);
+    } else if (err != cudaSuccess) {
+      st = cs_fail_cuda(err, "cudaGetDeviceCount");
+    } else {
+      /* The runtime registered its teardown with atexit at that first call;
+       * ours, registered after it, runs before it (DESIGN.md, "Exit"). */
+      if (!handlers_registered) {
+        atexit(at_exit);
+        pthread_atfork(NULL, NULL, at_fork_child);
+        handlers_registered = 1;
+      }
+      st = load_driver_entry("cuDevicePrimaryCtxRetain",
+                             (void **)&primary_retain);
+      if (st == CUSAFE_SUCCESS)
+        st = load_driver_entry("cuDevicePrimaryCtxRelease",
+                               (void **)&primary_release);
+      if (st == CUSAFE_SUCCESS) {
+        device_count = n;
+        atomic_store_explicit(&initialised, 1, memory_order_release);
+      }
+    }
+  }
+  pthread_mutex_unlock(&init_lock);
+  *count = st == CUSAFE_SUCCESS ? device_count : 0;
+  return st;
+}
+
+CUresult cs_primary_ctx_retain(CUcontext *ctx, int device) {
+  return primary_retain(ctx, (CUdevice)device);
+}
+
+CUresult cs_primary_ctx_release(int device) {
+  return primary_release((CUdevice)device);
+}
+
+cusafe_status cs_device_enter(int device, int *saved) {
+  int current;
+  cudaError_t err = cs_cu->get_device(&current);
+  if (CS_UNLIKELY(err != cudaSuccess))
+    return cs_fail_cuda(err, "cudaGetDevice");
+  *saved = -1;
+  if (CS_LIKELY(current == device))
+    return CUSAFE_SUCCESS;
+  err = cs_cu->set_device(device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaSetDevice");
+  *saved = current; /* the caller's device comes back afterwards */
+  return CUSAFE_SUCCESS;
+}
+
+void cs_device_leave(int saved) {
+  if (saved >= 0)
+    cs_cu->set_device(saved);
+}
+
+cusafe_status cs_check_range(const char *what, const char *which,
+                             size_t offset, size_t size, size_t limit) {
+  if (CS_LIKELY(offset <= limit && size <= limit - offset))
+    return CUSAFE_SUCCESS;
+  return cs_fail(CUSAFE_ERROR_OUT_OF_RANGE,
+                 "%s of %zu bytes at offset %zu exceeds %s%sbuffer of %zu "
+                 "bytes",
+                 what, size, offset, which ? which : "", which ? " " : "",
+                 limit);
+}
+
+cusafe_status cs_check_device(int device, int *count) {
+  cusafe_status st = cs_init(count);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (device < 0 || device >= *count)
+    return cs_fail(CUSAFE_ERROR_INVALID_DEVICE,
+                   "device %d is out of range: %d device(s) found", device,
+                   *count);
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_device_count(int *out) {
+  if (out)
+    *out = 0;
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  return cs_init(out);
+}
+
+CUSAFE_API cusafe_status cusafe_device_get_properties(
+    cusafe_device_properties *out, int device) {
+  CS_ENTER();
+  if (!out)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  int count;
+  cusafe_status st = cs_check_device(device, &count);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cudaDeviceProp prop;
+  cudaError_t err = cs_cu->get_device_properties(&prop, device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaGetDeviceProperties");
+  int pools = 0;
+  err = cs_cu->device_get_attribute(&pools, cudaDevAttrMemoryPoolsSupported,
+                                    device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaDeviceGetAttribute");
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof prop.name,
+           prop.name);
+  out->total_memory = prop.totalGlobalMem;
+  out->compute_capability_major = prop.major;
+  out->compute_capability_minor = prop.minor;
+  out->multiprocessor_count = prop.multiProcessorCount;
+  out->max_threads_per_block = prop.maxThreadsPerBlock;
+  for (int i = 0; i < 3; i++) {
+    out->max_block_dim[i] = prop.maxThreadsDim[i];
+    out->max_grid_dim[i] = prop.maxGridSize[i];
+  }
+  out->shared_memory_per_block = prop.sharedMemPerBlock;
+  out->shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+  out->warp_size = prop.warpSize;
+  out->managed_memory = prop.managedMemory;
+  out->concurrent_managed_access = prop.concurrentManagedAccess;
+  out->memory_pools = pools;
+  out->pci_bus_id = prop.pciBusID;
+  out->pci_device_id = prop.pciDeviceID;
+  out->pci_domain_id = prop.pciDomainID;
+  return CUSAFE_SUCCESS;
+}
+
+/* Exit is ordered: synchronise, then buffers and views, events, streams,
+ * and contexts last (invariant 5).  Objects are retired but their host
+ * memory stays reachable, so that a thread still inside a call at exit
+ * reads valid memory and gets an error, never a crash. */
+CUSAFE_API cusafe_status cusafe_shutdown(void) {
+  int expected = CS_RUNNING;
+  if (!atomic_compare_exchange_strong(&cs_state, &expected, CS_SHUT_DOWN))
+    return CUSAFE_SUCCESS; /* done already, or a forked child */
+  if (!atomic_load(&initialised))
+    return CUSAFE_SUCCESS;
+  cs_handle_foreach(CS_CONTEXT, cs_context_shutdown_sync, NULL);
+  cs_handle_foreach(CS_BUFFER, cs_buffer_shutdown, (void *)1); /* views */
+  cs_handle_foreach(CS_BUFFER, cs_buffer_shutdown, NULL);
+  cs_handle_foreach(CS_EVENT, cs_event_shutdown, NULL);
+  cs_handle_foreach(CS_STREAM, cs_stream_shutdown, NULL);
+  cs_handle_foreach(CS_CONTEXT, cs_context_shutdown, NULL);
+  return CUSAFE_SUCCESS;
+}
