@@ -1,0 +1,166 @@
+/* fakecuda.h -- control of the fake CUDA that the test suite links into
+ * libcusafe in place of the real runtime (see lib/cuda_api.h).
+ *
+ * The fake keeps "device" memory in host memory, models each stream as a
+ * queue, logs every call, fails call N on request, and behaves like the real
+ * runtime at exit: it registers its own teardown with atexit() at its first
+ * call and answers cudaErrorCudartUnloading (4) to every call afterwards.
+ *
+ * It fails the test -- prints "fakecuda: VIOLATION: <what>" on stderr and
+ * calls abort() -- when a lifetime rule is broken:
+ *   - a device's primary context is released (by cusafe's last retain) while
+ *     allocations, streams or events made on that device are still alive;
+ *   - queued work touches device memory that was already freed;
+ *   - a pointer that is not a live allocation is freed, or freed twice;
+ *   - a stream or event is destroyed twice, or used after destruction;
+ *   - a call other than the error-string ones arrives after the fake's
+ *     teardown ran (the real runtime would answer error 4).
+ * A wrong use of the functions below (a device outside 0..7, n = 0 for
+ * fake_fail_after, ...) aborts too, with "fakecuda: misuse of the control
+ * API: <what>".
+ *
+ * Devices: ordinals 0 .. fake_set_device_count()-1 (default 2).  Each call
+ * acts on the calling thread's current device (cudaSetDevice), as the real
+ * runtime does.  Fake pointers of device memory are real host pointers, so
+ * tests may compare contents through cusafe's read functions.  Fresh memory
+ * is filled with 0xA5 (never zero); freed memory is poisoned and held back
+ * for a while (up to 64 MiB), so that no host buffer of the test can reuse
+ * its address and be mistaken for freed device memory.
+ *
+ * Streams: stream 0 (also cudaStreamLegacy and cudaStreamPerThread) is the
+ * current device's legacy default stream, with its implicit synchronization
+ * with the device's blocking streams.  Queued work checks, when it runs,
+ * every pointer it touches: inside a live allocation it must stay in bounds;
+ * inside freed memory it is a VIOLATION; anything else is taken for the
+ * test's host memory.  A stream destroyed with work still queued lives on
+ * (and counts as alive) until that work has run.
+ *
+ * All functions here are for tests only and are thread-safe. */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Driver presence, as cudaGetDeviceCount reports it:
+ *   FAKE_DRIVER_OK       -> devices as set by fake_set_device_count
+ *   FAKE_DRIVER_MISSING  -> cudaErrorInsufficientDriver (35) everywhere
+ *   FAKE_DRIVER_NO_DEVICE-> cudaErrorNoDevice (100) everywhere
+ * ("everywhere": every call, cudaGetDriverEntryPointByVersion and the
+ * primary context functions included, except, as with the real runtime,
+ * cudaRuntimeGetVersion, which always works, and cudaDriverGetVersion,
+ * which answers cudaSuccess with version 0 when the driver is missing.)
+ * cudaGetDeviceCount sets *count = 0 whenever it fails.  A device count of
+ * 0 with FAKE_DRIVER_OK behaves as FAKE_DRIVER_NO_DEVICE.
+ * Must be set before the library's first call (or after fake_reset). */
+enum fake_driver { FAKE_DRIVER_OK, FAKE_DRIVER_MISSING, FAKE_DRIVER_NO_DEVICE };
+void fake_set_driver(enum fake_driver state);
+void fake_set_device_count(int n); /* 0..8; default 2 */
+
+/* Per-device properties the fake reports (defaults: name "Fake GPU <n>",
+ * 1 GiB total memory, CC 9.0, 132 SMs, 1024 threads per block, block
+ * (1024,1024,64), grid (2^31-1,65535,65535), 48 KiB shared memory
+ * (227 KiB opt-in), warp 32, managed memory 1, memory pools 1, stream
+ * priorities least 0 / greatest -5). */
+void fake_set_managed_supported(int device, int supported);
+/* Total bytes one device may hold in live allocations; beyond it the
+ * allocation calls answer cudaErrorMemoryAllocation.  Device, pinned and
+ * managed allocations all count, against the device they were made on
+ * (pinned and managed: the current device); an allocation whose stream-
+ * ordered free has not run yet still counts.  The device's reported total
+ * memory (totalGlobalMem) is this limit. */
+void fake_set_memory_limit(int device, size_t bytes);
+
+/* Fault injection.  Calls through the table are numbered from 1 from the
+ * last fake_reset().  fake_fail_after(n, err, persistent): the n-th call
+ * from now (n >= 1; 1 = the very next call) returns err without doing
+ * anything; with persistent != 0, every call from then on does too, until
+ * fake_fail_clear().  Calls of get_error_name/get_error_string are never
+ * counted nor failed. */
+void fake_fail_after(unsigned long n, cudaError_t err, int persistent);
+void fake_fail_clear(void);
+/* Makes every call of the named table entry (the cuda function name, e.g.
+ * "cudaMallocAsync", "cuDevicePrimaryCtxRetain") return err, until
+ * fake_fail_clear().  Up to 16 names at once; err 0 stops failing that name
+ * only.  Failures injected by either function are counted and logged like
+ * any call, and do nothing else (no allocation, nothing queued, outputs
+ * untouched).  For the driver functions err becomes the CUresult of the
+ * same number. */
+void fake_fail_function(const char *name, cudaError_t err);
+unsigned long fake_call_count(void);
+
+/* Streams execute queued work immediately (the default) or, while paused,
+ * only when a synchronize (stream, event or device) reaches it; while paused
+ * a query of unfinished work answers cudaErrorNotReady and runs nothing.
+ * cudaFree and cudaFreeHost synchronize every device, as the real ones do.
+ * fake_set_paused(0) does not run the queues by itself; work left over runs
+ * at the next call that queues on, queries or synchronizes its stream. */
+void fake_set_paused(int paused);
+
+/* Sticky error: from now on every call acting on `device` (and every
+ * synchronize or query of its streams and events) returns err, as after a
+ * kernel fault; cuDevicePrimaryCtxRelease, cudaStreamDestroy,
+ * cudaEventDestroy and the frees still work (and still free).  err 0 clears.
+ * "Acting on": the stream's or event's device, else the current device for
+ * cudaDeviceSynchronize, cudaGetLastError (which then keeps returning err),
+ * the allocations and stream/event creation.  Device queries (count,
+ * properties, attributes, cudaGet/SetDevice) are unaffected.  The device's
+ * queued work never runs: a synchronize discards it, and a free, queued or
+ * new, releases its memory at once. */
+void fake_set_sticky_error(int device, cudaError_t err);
+
+/* Strict teardown (the default, 1): a call after the fake's teardown is a
+ * VIOLATION.  With 0 it answers cudaErrorCudartUnloading (4) silently, as
+ * the real runtime does, so that tests can check how cusafe copes. */
+void fake_set_strict_teardown(int strict);
+
+/* Call log: one entry per call, the CUDA function's name, such as
+ * "cudaMemcpyAsync" (failed calls and calls after the teardown included;
+ * the error-string functions excepted).  Execution of queued work is logged
+ * as well, as "exec:cudaMemcpyAsync", "exec:cudaMemcpyPeerAsync",
+ * "exec:cudaMemsetAsync", "exec:cudaFreeAsync" and
+ * "exec:cudaStreamWaitEvent", at the moment it runs.  Entries are static
+ * strings, valid for ever.  The log survives the teardown. */
+size_t fake_log_length(void);
+const char *fake_log_entry(size_t i); /* NULL past the end */
+/* Index of the first entry equal to name at or after `from`, or -1. */
+long fake_log_find(const char *name, size_t from);
+size_t fake_log_count(const char *name);
+void fake_log_clear(void);
+
+/* Live objects made through the table on a device (all devices: -1):
+ * allocations not yet freed (a stream-ordered free that has not run yet
+ * leaves them counted), streams not destroyed or not yet drained, events
+ * not destroyed.  All 0 after the teardown. */
+size_t fake_live_allocations(int device); /* device, pinned and managed */
+size_t fake_live_bytes(int device);
+size_t fake_live_streams(int device);
+size_t fake_live_events(int device);
+/* cusafe's current retain count of a device's primary context. */
+int fake_primary_ctx_refcount(int device);
+/* Whether the fake's exit teardown has run. */
+int fake_torn_down(void);
+
+/* Runs the fake's teardown now, as the real runtime's atexit handler would:
+ * everything still alive is freed without complaint.  Idempotent; the
+ * atexit handler does nothing after it.  Only for tests of behaviour after
+ * the runtime unloaded. */
+void fake_teardown_now(void);
+
+/* Forgets everything (live objects are dropped without checks, the log and
+ * fault settings cleared, the driver set OK, 2 devices, every setting back
+ * to its default, the teardown undone) and restarts the call count.  The
+ * calling thread's current device and last error go back to 0; other
+ * threads keep theirs.  The atexit registration stays.  Only between
+ * tests, after cusafe_shutdown(). */
+void fake_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAKECUDA_H */
