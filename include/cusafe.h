@@ -89,7 +89,19 @@ typedef enum cusafe_status {
   /* The library was shut down (cusafe_shutdown() or process exit). */
   CUSAFE_ERROR_SHUTDOWN = 13,
   /* Called in a child process forked after the parent initialised CUDA. */
-  CUSAFE_ERROR_FORKED = 14
+  CUSAFE_ERROR_FORKED = 14,
+  /* A kernel's arguments do not match its parameters (count or size). */
+  CUSAFE_ERROR_INVALID_ARGUMENTS = 15,
+  /* A grid, block or shared memory size beyond the kernel's or device's
+   * limits. */
+  CUSAFE_ERROR_INVALID_CONFIGURATION = 16,
+  /* A module image that CUDA cannot load (corrupt, or for another
+   * architecture), or a file that cannot be read. */
+  CUSAFE_ERROR_INVALID_IMAGE = 17,
+  /* Run-time compilation failed; the message holds the compiler's log. */
+  CUSAFE_ERROR_COMPILE = 18,
+  /* A kernel name that the module does not contain. */
+  CUSAFE_ERROR_NOT_FOUND = 19
 } cusafe_status;
 
 /* Returns a static, English description of status; never NULL.  Unknown
@@ -122,6 +134,8 @@ typedef cusafe_handle cusafe_context;
 typedef cusafe_handle cusafe_stream;
 typedef cusafe_handle cusafe_event;
 typedef cusafe_handle cusafe_buffer;
+typedef cusafe_handle cusafe_module;
+typedef cusafe_handle cusafe_kernel;
 
 #define CUSAFE_NULL_HANDLE ((cusafe_handle)0)
 
@@ -135,7 +149,9 @@ typedef enum cusafe_handle_type {
   CUSAFE_TYPE_CONTEXT = 1,
   CUSAFE_TYPE_STREAM = 2,
   CUSAFE_TYPE_EVENT = 3,
-  CUSAFE_TYPE_BUFFER = 4
+  CUSAFE_TYPE_BUFFER = 4,
+  CUSAFE_TYPE_MODULE = 5,
+  CUSAFE_TYPE_KERNEL = 6
 } cusafe_handle_type;
 
 /* Retains / releases a handle of any type: the generic form of the typed
@@ -152,17 +168,36 @@ CUSAFE_API cusafe_status cusafe_release(cusafe_handle handle);
 CUSAFE_API cusafe_status cusafe_handle_get_type(cusafe_handle_type *out,
                                                 cusafe_handle handle);
 
+/* Attaches a label to a live handle of any type -- where or why it was
+ * created -- that the leak report prints (see cusafe_shutdown()).  The
+ * text is copied (at most 255 bytes kept); NULL removes the label.  Errors:
+ * INVALID_HANDLE, OUT_OF_MEMORY. */
+CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
+                                                 const char *label);
+
 /* ------------------------------------------------------------------------ */
 /* Library and devices                                                        */
 /* ------------------------------------------------------------------------ */
 
 /* Destroys every object still alive, in dependency order (views and
- * buffers, events, streams, contexts), after synchronising their devices,
- * and marks the library shut down.  It runs by itself at process exit,
- * before the CUDA runtime's own teardown; call it to do the same earlier.
+ * buffers, events, streams, kernels, modules, contexts), after
+ * synchronising their devices, and marks the library shut down.  It runs by
+ * itself at process exit, before the CUDA runtime's own teardown; call it
+ * to do the same earlier.  Calls in progress on other threads are waited
+ * for (up to 5 seconds; past that nothing is destroyed, so that no thread
+ * is pulled out from under -- the process is then left to the runtime's own
+ * teardown), and new calls get CUSAFE_ERROR_SHUTDOWN.  A context broken by
+ * a sticky error (a kernel fault) still shuts down, silently.
+ *
+ * Leak report: with CUSAFE_LEAK_REPORT=1 in the environment, it first
+ * prints one line on stderr for each handle the program still holds, such
+ * as `cusafe: leak: buffer 0xc400000100000003 (4096 bytes of device memory
+ * on device 0) "weights"` (the label from cusafe_handle_set_label()).
+ * Silent by default.
+ *
  * Idempotent: later calls return CUSAFE_SUCCESS, as does a call in a child
- * forked after CUDA was initialised (which does nothing).  Not to be called while
- * other threads still use cusafe handles they expect to work. */
+ * forked after CUDA was initialised (which does nothing).  Thread-safe, but
+ * other threads' handles stop working: call it when they are done. */
 CUSAFE_API cusafe_status cusafe_shutdown(void);
 
 /* Stores the number of CUDA devices in *out (NULL: CUSAFE_ERROR_INVALID_VALUE).
@@ -413,6 +448,159 @@ CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
  * caller holds a reference on the stream; never destroy it. */
 CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
                                                       cusafe_stream stream);
+
+/* ------------------------------------------------------------------------ */
+/* Modules and kernels                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A module is loaded code of one context: the kernels built into cusafe, a
+ * cubin / fatbin / PTX image from a file or memory, or CUDA C++ compiled at
+ * run time with NVRTC.  It holds a reference on its context; a kernel holds
+ * a reference on its module, so a module lives while any kernel of it does.
+ * Modules and kernels are released like every other handle. */
+
+/* Loads the kernels built into cusafe (from kernels/: fill, scale, axpy
+ * and vector add for float and double, named cusafe_<op>_f32 / _f64; see
+ * the README for their parameters).  Errors: INVALID_HANDLE (ctx),
+ * INVALID_IMAGE (the library holds no code for this device's architecture;
+ * rebuild with ./configure --with-cuda-arch). */
+CUSAFE_API cusafe_status cusafe_module_load_builtin(cusafe_module *out,
+                                                    cusafe_context ctx);
+/* Loads a cubin, fatbin or PTX file.  Errors: INVALID_VALUE (path NULL),
+ * INVALID_IMAGE (cannot be read, or not loadable: the message names the
+ * file and says why). */
+CUSAFE_API cusafe_status cusafe_module_load_file(cusafe_module *out,
+                                                 cusafe_context ctx,
+                                                 const char *path);
+/* Loads a cubin, fatbin or NUL-terminated PTX image from memory; cusafe
+ * copies what it needs, so `image` may be freed afterwards.  `size` is the
+ * image's size in bytes (for PTX, including the NUL).  Errors: INVALID_VALUE
+ * (image NULL), INVALID_SIZE (size 0), INVALID_IMAGE. */
+CUSAFE_API cusafe_status cusafe_module_load_data(cusafe_module *out,
+                                                 cusafe_context ctx,
+                                                 const void *image,
+                                                 size_t size);
+/* Compiles CUDA C++ `source` with NVRTC for the context's device (cubin
+ * for its exact architecture) and loads it.  `name` names the program in
+ * messages and the compiler's diagnostics (NULL: "source.cu").  `options`
+ * are NVRTC options such as "-DN=4", "-I/path", "-std=c++17"; cusafe adds
+ * the architecture option unless one is given.  Kernels should be declared
+ * extern "C" to be found by their plain names; otherwise pass the mangled
+ * name to cusafe_module_get_kernel().  Errors: INVALID_VALUE (source NULL,
+ * options NULL with noptions > 0), COMPILE (the message holds the log;
+ * cusafe_last_compile_log() the whole of it). */
+CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
+                                               cusafe_context ctx,
+                                               const char *source,
+                                               const char *name,
+                                               const char *const *options,
+                                               size_t noptions);
+/* Returns the full log of the calling thread's last failed
+ * cusafe_module_compile(), or "".  Owned by the library, valid until the
+ * next compile on this thread; never NULL.  Thread-safe (per thread). */
+CUSAFE_API const char *cusafe_last_compile_log(void);
+CUSAFE_API cusafe_status cusafe_module_retain(cusafe_module module);
+CUSAFE_API cusafe_status cusafe_module_release(cusafe_module module);
+
+/* Looks up a kernel of the module by name and reads its parameter layout.
+ * The kernel holds a reference on the module.  Errors: INVALID_VALUE (name
+ * NULL), NOT_FOUND ("kernel \"<name>\" not found in module <module>"). */
+CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
+                                                  cusafe_module module,
+                                                  const char *name);
+CUSAFE_API cusafe_status cusafe_kernel_retain(cusafe_kernel kernel);
+CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
+/* Stores the number of parameters of the kernel in *count and, if sizes is
+ * not NULL, the size in bytes of the first min(*count, capacity) of them in
+ * sizes[]. */
+CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
+                                                  size_t *sizes,
+                                                  size_t capacity,
+                                                  cusafe_kernel kernel);
+
+/* The kind of one kernel argument. */
+typedef enum cusafe_arg_kind {
+  CUSAFE_ARG_BUFFER = 1, /* a buffer or view, passed as its device address */
+  CUSAFE_ARG_I8 = 2,
+  CUSAFE_ARG_U8 = 3,
+  CUSAFE_ARG_I16 = 4,
+  CUSAFE_ARG_U16 = 5,
+  CUSAFE_ARG_I32 = 6,
+  CUSAFE_ARG_U32 = 7,
+  CUSAFE_ARG_I64 = 8,
+  CUSAFE_ARG_U64 = 9,
+  CUSAFE_ARG_F32 = 10,
+  CUSAFE_ARG_F64 = 11,
+  CUSAFE_ARG_BYTES = 12 /* `size` bytes at value.bytes, passed by value */
+} cusafe_arg_kind;
+
+/* One kernel argument: a tagged value, 16 bytes, easy to build from C (the
+ * CUSAFE_ARG_* macros below) and from ctypes. */
+typedef struct cusafe_arg {
+  uint32_t kind; /* a cusafe_arg_kind */
+  uint32_t size; /* CUSAFE_ARG_BYTES only: the byte count */
+  union {
+    cusafe_buffer buffer;
+    int64_t i;    /* I8 .. I64 */
+    uint64_t u;   /* U8 .. U64 */
+    float f32;
+    double f64;
+    const void *bytes;
+  } value;
+} cusafe_arg;
+
+#define CUSAFE_ARG_BUF(h) ((cusafe_arg){CUSAFE_ARG_BUFFER, 0, {.buffer = (h)}})
+#define CUSAFE_ARG_INT(k, v) ((cusafe_arg){(k), 0, {.i = (int64_t)(v)}})
+#define CUSAFE_ARG_UINT(k, v) ((cusafe_arg){(k), 0, {.u = (uint64_t)(v)}})
+#define CUSAFE_ARG_I32V(v) CUSAFE_ARG_INT(CUSAFE_ARG_I32, v)
+#define CUSAFE_ARG_U32V(v) CUSAFE_ARG_UINT(CUSAFE_ARG_U32, v)
+#define CUSAFE_ARG_I64V(v) CUSAFE_ARG_INT(CUSAFE_ARG_I64, v)
+#define CUSAFE_ARG_U64V(v) CUSAFE_ARG_UINT(CUSAFE_ARG_U64, v)
+#define CUSAFE_ARG_F32V(v) ((cusafe_arg){CUSAFE_ARG_F32, 0, {.f32 = (v)}})
+#define CUSAFE_ARG_F64V(v) ((cusafe_arg){CUSAFE_ARG_F64, 0, {.f64 = (v)}})
+#define CUSAFE_ARG_STRUCT(p)                                                 \
+  ((cusafe_arg){CUSAFE_ARG_BYTES, (uint32_t)sizeof(*(p)), {.bytes = (p)}})
+
+/* Where and how a kernel runs. */
+typedef struct cusafe_launch_config {
+  uint32_t grid[3];     /* blocks in x, y, z; each >= 1 */
+  uint32_t block[3];    /* threads per block in x, y, z; each >= 1 */
+  size_t shared_memory; /* dynamic shared memory in bytes */
+  cusafe_stream stream; /* CUSAFE_STREAM_DEFAULT: the context's own */
+} cusafe_launch_config;
+
+/* Launches `kernel`.  Before launching it checks, each with its own status
+ * and a message: the number of arguments and each one's size against the
+ * kernel's parameters (INVALID_ARGUMENTS: "kernel cusafe_axpy_f32 takes 4
+ * arguments, 3 given", "argument 2 of kernel k is 4 bytes, parameter 2 is
+ * 8 bytes"); grid, block and shared memory against the kernel's and the
+ * device's limits (INVALID_CONFIGURATION); every buffer and the stream in
+ * the kernel's context (CONTEXT_MISMATCH); handles (INVALID_HANDLE).
+ * Buffers are passed as their device address (a view at its offset) and
+ * stay alive until the kernel has completed, like every other operation on
+ * them (see "Ordering" above).  Dynamic shared memory above the default
+ * limit is opted into automatically.  `args` may be NULL when nargs is 0. */
+CUSAFE_API cusafe_status cusafe_kernel_launch(
+    cusafe_kernel kernel, const cusafe_launch_config *config,
+    const cusafe_arg *args, size_t nargs);
+
+/* The C convenience form: CUSAFE_LAUNCH(k, &config, CUSAFE_ARG_BUF(x),
+ * CUSAFE_ARG_F32V(2.0f), CUSAFE_ARG_U64V(n)). */
+#define CUSAFE_LAUNCH(kernel, config, ...)                                   \
+  cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__}, \
+                       sizeof((const cusafe_arg[]){__VA_ARGS__}) /            \
+                           sizeof(cusafe_arg))
+
+/* Suggests a block size (threads, a multiple of the warp size) that gives
+ * the kernel the highest occupancy with `shared_memory` bytes of dynamic
+ * shared memory per block, and the grid that covers `n` threads with it
+ * (at least 1; capped at the device's grid limit).  Errors: INVALID_VALUE
+ * (block or grid NULL), INVALID_CONFIGURATION (shared_memory too large). */
+CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
+                                                      uint32_t *grid,
+                                                      cusafe_kernel kernel,
+                                                      size_t shared_memory,
+                                                      size_t n);
 
 #ifdef __cplusplus
 }

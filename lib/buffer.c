@@ -21,7 +21,7 @@ static cusafe_status buffer_get(cusafe_buffer h, const char *name,
 
 /* Orders the next operation on root's memory on `q` after the previous one
  * (root->lock held). */
-static cusafe_status chain(struct cs_buffer *root, struct cs_queue *q) {
+cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q) {
   struct cs_queue *last = root->last;
   if (CS_LIKELY(last == q))
     return CUSAFE_SUCCESS;
@@ -384,7 +384,7 @@ static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
   if (st != CUSAFE_SUCCESS)
     goto out;
   pthread_mutex_lock(&root->lock);
-  st = chain(root, q);
+  st = cs_buffer_chain(root, q);
   if (st == CUSAFE_SUCCESS) {
     char *dev = b->ptr + offset;
     cudaError_t err = to_host ? cs_cu->memcpy_async(host, dev, size,
@@ -515,9 +515,9 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
     st = cs_queue_handoff(q, run);
   lock_pair(dr, sr);
   if (st == CUSAFE_SUCCESS)
-    st = chain(sr, run);
+    st = cs_buffer_chain(sr, run);
   if (st == CUSAFE_SUCCESS)
-    st = chain(dr, run);
+    st = cs_buffer_chain(dr, run);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err;
     const char *fn;
@@ -575,7 +575,7 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
   if (st != CUSAFE_SUCCESS)
     goto out;
   pthread_mutex_lock(&root->lock);
-  st = chain(root, q);
+  st = cs_buffer_chain(root, q);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->memset_async(b->ptr + offset, value, size,
                                           q->stream);

@@ -27,6 +27,7 @@ static cusafe_status context_new(struct cs_context **out, int device) {
   if (!ctx)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   ctx->device = device;
+  pthread_mutex_init(&ctx->orphan_lock, NULL);
   cusafe_status st;
   CUresult res = cs_primary_ctx_retain(&ctx->primary, device);
   if (res != CUDA_SUCCESS) {
@@ -41,6 +42,16 @@ static cusafe_status context_new(struct cs_context **out, int device) {
   }
   ctx->total_memory = prop.totalGlobalMem;
   ctx->managed = prop.managedMemory;
+  ctx->cc_major = prop.major;
+  ctx->cc_minor = prop.minor;
+  ctx->warp_size = prop.warpSize > 0 ? prop.warpSize : 32;
+  for (int i = 0; i < 3; i++) {
+    ctx->max_block[i] = prop.maxThreadsDim[i];
+    ctx->max_grid[i] = prop.maxGridSize[i];
+  }
+  ctx->shared_optin = prop.sharedMemPerBlockOptin > prop.sharedMemPerBlock
+                          ? prop.sharedMemPerBlockOptin
+                          : prop.sharedMemPerBlock;
   err = cs_cu->device_get_stream_priority_range(&ctx->priority_least,
                                                 &ctx->priority_greatest);
   if (err != cudaSuccess) {
@@ -67,6 +78,7 @@ fail_stream:
 fail_primary:
   cs_primary_ctx_release(device);
 fail_free:
+  pthread_mutex_destroy(&ctx->orphan_lock);
   free(ctx);
   return st;
 }
@@ -122,6 +134,7 @@ cusafe_status cs_context_destroy(struct cs_context *ctx) {
     cudaError_t err = cs_cu->device_synchronize();
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaDeviceSynchronize");
+    cs_context_unload_orphans(ctx);
     cs_queue_fini(&ctx->queue);
     cs_cu->stream_destroy(ctx->queue.stream);
     CUresult res = cs_primary_ctx_release(ctx->device);
@@ -129,6 +142,8 @@ cusafe_status cs_context_destroy(struct cs_context *ctx) {
       st = primary_failed(res, "cuDevicePrimaryCtxRelease");
     cs_device_leave(saved);
   }
+  pthread_mutex_destroy(&ctx->orphan_lock);
+  free(ctx->orphans);
   free(ctx);
   return st;
 }
@@ -150,6 +165,7 @@ void cs_context_shutdown(struct cs_object *obj, void *arg) {
   int saved;
   if (cs_device_enter(ctx->device, &saved) == CUSAFE_SUCCESS) {
     cs_cu->device_synchronize();
+    cs_context_unload_orphans(ctx);
     cs_queue_fini(&ctx->queue);
     cs_cu->stream_destroy(ctx->queue.stream);
     cs_primary_ctx_release(ctx->device);

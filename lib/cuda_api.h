@@ -15,6 +15,7 @@
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <nvrtc.h>
 
 struct cs_cuda {
   /* devices and runtime */
@@ -69,6 +70,46 @@ struct cs_cuda {
                                    cudaStream_t stream);
   cudaError_t (*memset_async)(void *ptr, int value, size_t size,
                               cudaStream_t stream);
+
+  /* modules and kernels (a cudaKernel_t is passed as `const void *func`) */
+  cudaError_t (*library_load_data)(
+      cudaLibrary_t *library, const void *code, enum cudaJitOption *jit_options,
+      void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
+      void **values, unsigned int noptions);
+  cudaError_t (*library_load_file)(
+      cudaLibrary_t *library, const char *path, enum cudaJitOption *jit_options,
+      void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
+      void **values, unsigned int noptions);
+  cudaError_t (*library_unload)(cudaLibrary_t library);
+  cudaError_t (*library_get_kernel)(cudaKernel_t *kernel, cudaLibrary_t library,
+                                    const char *name);
+  cudaError_t (*func_get_param_info)(const void *func, size_t index,
+                                     size_t *offset, size_t *size);
+  cudaError_t (*func_get_attributes)(struct cudaFuncAttributes *attr,
+                                     const void *func);
+  cudaError_t (*kernel_set_attribute_for_device)(cudaKernel_t kernel,
+                                                 enum cudaFuncAttribute attr,
+                                                 int value, int device);
+  cudaError_t (*occupancy_max_active_blocks)(int *blocks, const void *func,
+                                             int block_size,
+                                             size_t dynamic_shared);
+  cudaError_t (*launch_kernel)(const void *func, dim3 grid, dim3 block,
+                               void **args, size_t shared_memory,
+                               cudaStream_t stream);
+
+  /* NVRTC */
+  nvrtcResult (*nvrtc_create_program)(nvrtcProgram *prog, const char *source,
+                                      const char *name, int nheaders,
+                                      const char *const *headers,
+                                      const char *const *include_names);
+  nvrtcResult (*nvrtc_compile_program)(nvrtcProgram prog, int noptions,
+                                       const char *const *options);
+  nvrtcResult (*nvrtc_get_program_log_size)(nvrtcProgram prog, size_t *size);
+  nvrtcResult (*nvrtc_get_program_log)(nvrtcProgram prog, char *log);
+  nvrtcResult (*nvrtc_get_cubin_size)(nvrtcProgram prog, size_t *size);
+  nvrtcResult (*nvrtc_get_cubin)(nvrtcProgram prog, char *cubin);
+  nvrtcResult (*nvrtc_destroy_program)(nvrtcProgram *prog);
+  const char *(*nvrtc_get_error_string)(nvrtcResult result);
 };
 
 /* The table in use: the real runtime's, or in the test build the fake's. */

@@ -36,6 +36,23 @@ static const struct cs_cuda real = {
     .memcpy_async = cudaMemcpyAsync,
     .memcpy_peer_async = cudaMemcpyPeerAsync,
     .memset_async = cudaMemsetAsync,
+    .library_load_data = cudaLibraryLoadData,
+    .library_load_file = cudaLibraryLoadFromFile,
+    .library_unload = cudaLibraryUnload,
+    .library_get_kernel = cudaLibraryGetKernel,
+    .func_get_param_info = cudaFuncGetParamInfo,
+    .func_get_attributes = cudaFuncGetAttributes,
+    .kernel_set_attribute_for_device = cudaKernelSetAttributeForDevice,
+    .occupancy_max_active_blocks = cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+    .launch_kernel = cudaLaunchKernel,
+    .nvrtc_create_program = nvrtcCreateProgram,
+    .nvrtc_compile_program = nvrtcCompileProgram,
+    .nvrtc_get_program_log_size = nvrtcGetProgramLogSize,
+    .nvrtc_get_program_log = nvrtcGetProgramLog,
+    .nvrtc_get_cubin_size = nvrtcGetCUBINSize,
+    .nvrtc_get_cubin = nvrtcGetCUBIN,
+    .nvrtc_destroy_program = nvrtcDestroyProgram,
+    .nvrtc_get_error_string = nvrtcGetErrorString,
 };
 
 const struct cs_cuda *const cs_cu = &real;

@@ -6,7 +6,7 @@
 
 /* Per-thread state, written with vsnprintf into a fixed buffer so that an
  * out-of-memory failure can be reported without allocating. */
-static __thread char tls_message[512];
+static __thread char tls_message[1024];
 static __thread int tls_cuda_error;
 
 CUSAFE_API const char *cusafe_status_string(cusafe_status status) {
@@ -26,6 +26,11 @@ CUSAFE_API const char *cusafe_status_string(cusafe_status status) {
   case CUSAFE_ERROR_CUDA: return "CUDA error";
   case CUSAFE_ERROR_SHUTDOWN: return "library shut down";
   case CUSAFE_ERROR_FORKED: return "used in a forked child";
+  case CUSAFE_ERROR_INVALID_ARGUMENTS: return "invalid kernel arguments";
+  case CUSAFE_ERROR_INVALID_CONFIGURATION: return "invalid launch configuration";
+  case CUSAFE_ERROR_INVALID_IMAGE: return "invalid module image";
+  case CUSAFE_ERROR_COMPILE: return "compilation failed";
+  case CUSAFE_ERROR_NOT_FOUND: return "not found";
   }
   return "unknown status";
 }
@@ -62,6 +67,15 @@ cusafe_status cs_status_of(cudaError_t err) {
   case cudaErrorInvalidDevice: return CUSAFE_ERROR_INVALID_DEVICE;
   case cudaErrorNotSupported: return CUSAFE_ERROR_NOT_SUPPORTED;
   case cudaErrorCudartUnloading: return CUSAFE_ERROR_SHUTDOWN;
+  case cudaErrorInvalidConfiguration: return CUSAFE_ERROR_INVALID_CONFIGURATION;
+  case cudaErrorInvalidKernelImage:
+  case cudaErrorInvalidPtx:
+  case cudaErrorUnsupportedPtxVersion:
+  case cudaErrorNoKernelImageForDevice:
+  case cudaErrorInvalidSource:
+  case cudaErrorFileNotFound:
+  case cudaErrorJitCompilerNotFound: return CUSAFE_ERROR_INVALID_IMAGE;
+  case cudaErrorSymbolNotFound: return CUSAFE_ERROR_NOT_FOUND;
   default: return CUSAFE_ERROR_CUDA;
   }
 }

@@ -15,7 +15,9 @@
  * Slots live in chunks that are never moved or freed, so the lock-free
  * lookup may read any slot below the high-water mark.  The table's lock
  * guards only the free list and the growth, never a CUDA call. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -40,8 +42,9 @@ static _Atomic uint32_t high_water; /* slots ever handed out */
 static uint32_t free_head = NO_SLOT;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static const char *const type_articles[] = {"an invalid handle", "a context",
-                                            "a stream", "an event", "a buffer"};
+static const char *const type_articles[] = {
+    "an invalid handle", "a context", "a stream", "an event",
+    "a buffer",          "a module",  "a kernel"};
 
 static struct cs_slot *slot_at(uint32_t index) {
   struct cs_slot *chunk = atomic_load_explicit(&chunks[index >> CHUNK_BITS],
@@ -95,28 +98,46 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status forged(const char *name, cusafe_handle h) {
+/* A parameter's name for messages: "buffer", or "argument 3". */
+struct param {
+  const char *name;
+  long index; /* -1: not an element of a list */
+};
+
+static const char *param_text(struct param p, char buf[64]) {
+  if (p.index < 0)
+    return p.name;
+  snprintf(buf, 64, "%s %ld", p.name, p.index);
+  return buf;
+}
+
+static cusafe_status forged(struct param p, cusafe_handle h) {
+  char buf[64];
   return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
-                 "%s 0x%016llx is not a cusafe handle", name,
+                 "%s 0x%016llx is not a cusafe handle", param_text(p, buf),
                  (unsigned long long)h);
 }
 
-static cusafe_status stale(const char *name, cusafe_handle h) {
+static cusafe_status stale(struct param p, cusafe_handle h) {
+  char buf[64];
   return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
-                 "%s 0x%016llx is stale: its object was released", name,
-                 (unsigned long long)h);
+                 "%s 0x%016llx is stale: its object was released",
+                 param_text(p, buf), (unsigned long long)h);
 }
 
 /* Takes a reference on the slot's object if `h` is still its handle. */
-static cusafe_status lookup(cusafe_handle h, const char *name,
+static cusafe_status lookup(cusafe_handle h, struct param name,
                             struct cs_object **out) {
-  if (h == CUSAFE_NULL_HANDLE)
-    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle", name);
+  if (h == CUSAFE_NULL_HANDLE) {
+    char buf[64];
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle",
+                   param_text(name, buf));
+  }
   unsigned tag = (unsigned)(h >> 56);
   uint32_t index = (uint32_t)h;
   uint64_t gen = (h >> 32) & GEN_MASK;
   if ((tag & 0xF0u) != TAG_BASE || (tag & 0x0Fu) < CS_CONTEXT ||
-      (tag & 0x0Fu) > CS_BUFFER || gen == 0 ||
+      (tag & 0x0Fu) > CS_TYPE_LAST || gen == 0 ||
       index >= atomic_load_explicit(&high_water, memory_order_acquire))
     return forged(name, h);
   struct cs_slot *slot = slot_at(index);
@@ -142,8 +163,8 @@ static cusafe_status lookup(cusafe_handle h, const char *name,
   return CUSAFE_SUCCESS;
 }
 
-cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
-                         struct cs_object **out) {
+static cusafe_status acquire(cusafe_handle h, enum cs_type type,
+                             struct param name, struct cs_object **out) {
   struct cs_object *obj = NULL;
   cusafe_status st = lookup(h, name, &obj);
   if (st != CUSAFE_SUCCESS)
@@ -153,13 +174,26 @@ cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
     return stale(name, h);
   }
   if (type && obj->type != type) {
+    char buf[64];
+    enum cs_type got = obj->type;
     cs_unref(obj);
     return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s 0x%016llx is %s, not %s",
-                   name, (unsigned long long)h, type_articles[obj->type],
-                   type_articles[type]);
+                   param_text(name, buf), (unsigned long long)h,
+                   type_articles[got], type_articles[type]);
   }
   *out = obj;
   return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
+                         struct cs_object **out) {
+  return acquire(h, type, (struct param){name, -1}, out);
+}
+
+cusafe_status cs_acquire_nth(cusafe_handle h, enum cs_type type,
+                             const char *name, size_t index,
+                             struct cs_object **out) {
+  return acquire(h, type, (struct param){name, (long)index}, out);
 }
 
 void cs_ref(struct cs_object *obj) {
@@ -196,6 +230,7 @@ cusafe_status cs_unref(struct cs_object *obj) {
       atomic_fetch_sub_explicit(&slot->word, 1, memory_order_acq_rel);
   if ((word & REF_MASK) != 1)
     return CUSAFE_SUCCESS;
+  free(atomic_exchange(&obj->label, NULL));
   /* Lookups now see zero references and fail until the slot is reused. */
   cusafe_status st = cs_destroy(obj);
   retire(slot, word >> 32);
@@ -210,6 +245,10 @@ void cs_handle_kill(struct cs_object *obj) {
   /* The object stays reachable through slot->obj: see cusafe_shutdown(). */
   atomic_store_explicit(&slot->word, (gen ? gen : 1) << 32,
                         memory_order_release);
+}
+
+uint32_t cs_user_refs(const struct cs_object *obj) {
+  return atomic_load_explicit(&obj->slot->user_refs, memory_order_acquire);
 }
 
 void cs_handle_foreach(enum cs_type type,
@@ -234,6 +273,8 @@ cusafe_status cs_destroy(struct cs_object *obj) {
   case CS_STREAM: return cs_stream_destroy((struct cs_stream *)obj);
   case CS_EVENT: return cs_event_destroy((struct cs_event *)obj);
   case CS_BUFFER: return cs_buffer_destroy((struct cs_buffer *)obj);
+  case CS_MODULE: return cs_module_destroy((struct cs_module *)obj);
+  case CS_KERNEL: return cs_kernel_destroy((struct cs_kernel *)obj);
   }
   return CUSAFE_SUCCESS;
 }
@@ -271,7 +312,7 @@ cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
   do {
     if (users == 0) { /* another thread released the last one meanwhile */
       cs_unref(obj);
-      return stale(name, h);
+      return stale((struct param){name, -1}, h);
     }
   } while (!atomic_compare_exchange_weak_explicit(
       &obj->slot->user_refs, &users, users - 1, memory_order_acq_rel,
@@ -302,4 +343,20 @@ CUSAFE_API cusafe_status cusafe_handle_get_type(cusafe_handle_type *out,
   *out = (cusafe_handle_type)obj->type;
   cs_unref(obj);
   return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
+                                                 const char *label) {
+  CS_ENTER();
+  struct cs_object *obj;
+  cusafe_status st = cs_acquire(handle, 0, "handle", &obj);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  char *copy = NULL;
+  if (label && !(copy = strndup(label, 255)))
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  else
+    free(atomic_exchange(&obj->label, copy));
+  cs_unref(obj);
+  return st;
 }

@@ -34,8 +34,11 @@ enum cs_type {
   CS_CONTEXT = CUSAFE_TYPE_CONTEXT,
   CS_STREAM = CUSAFE_TYPE_STREAM,
   CS_EVENT = CUSAFE_TYPE_EVENT,
-  CS_BUFFER = CUSAFE_TYPE_BUFFER
+  CS_BUFFER = CUSAFE_TYPE_BUFFER,
+  CS_MODULE = CUSAFE_TYPE_MODULE,
+  CS_KERNEL = CUSAFE_TYPE_KERNEL
 };
+#define CS_TYPE_LAST CS_KERNEL
 
 struct cs_slot;
 
@@ -46,6 +49,7 @@ struct cs_object {
   struct cs_slot *slot;
   cusafe_handle handle;
   enum cs_type type;
+  _Atomic(char *) label; /* the caller's words, for the leak report */
 };
 
 /* Enters obj into the table with one reference and sets obj->handle.
@@ -56,6 +60,11 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
  * the parameter's name for the message. */
 cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
                          const char *name, struct cs_object **out);
+/* The same for the index-th element of a list, named "<name> <index>" in
+ * messages (kernel arguments); the name is formatted only on failure. */
+cusafe_status cs_acquire_nth(cusafe_handle handle, enum cs_type type,
+                             const char *name, size_t index,
+                             struct cs_object **out);
 /* Adds a reference to a live object the caller already holds. */
 void cs_ref(struct cs_object *obj);
 /* Adds a reference handed to the caller unless the object is already being
@@ -69,6 +78,8 @@ cusafe_status cs_unref(struct cs_object *obj);
 void cs_handle_foreach(enum cs_type type,
                        void (*fn)(struct cs_object *obj, void *arg),
                        void *arg);
+/* The references the caller holds on obj. */
+uint32_t cs_user_refs(const struct cs_object *obj);
 /* Retires a slot without running the destructor (shutdown). */
 void cs_handle_kill(struct cs_object *obj);
 /* Adds a reference handed to the caller (the handle becomes, or stays,
@@ -89,17 +100,54 @@ extern _Atomic int cs_state;
 
 /* Fails with SHUTDOWN or FORKED unless the library is running. */
 cusafe_status cs_state_error(void);
+
+/* Every thread that calls into cusafe has a record that says whether it is
+ * inside a call, so that the shutdown can wait for calls in progress on
+ * other threads before it destroys what they use (a daemon thread at exit).
+ * Only the owning thread writes `depth`; the shutdown reads it. */
+struct cs_thread {
+  _Atomic int depth;
+  _Atomic int in_use;
+  struct cs_thread *next;
+};
+extern __thread struct cs_thread *cs_tls_thread;
+struct cs_thread *cs_thread_register(void);
+
+static inline struct cs_thread *cs_call_enter(void) {
+  struct cs_thread *t = cs_tls_thread;
+  if (CS_UNLIKELY(!t))
+    t = cs_thread_register();
+  atomic_store_explicit(&t->depth,
+                        atomic_load_explicit(&t->depth, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  /* Orders the mark before the state check, against the shutdown's store
+   * of the state before its scan of the marks. */
+  atomic_thread_fence(memory_order_seq_cst);
+  return t;
+}
+
+static inline void cs_call_leave(struct cs_thread **t) {
+  atomic_store_explicit(&(*t)->depth,
+                        atomic_load_explicit(&(*t)->depth, memory_order_relaxed) - 1,
+                        memory_order_release);
+}
+
+/* Opens a public call: marks the thread busy until the function returns
+ * (whatever the path), and refuses the call after shutdown or in a forked
+ * child. */
 #define CS_ENTER()                                                           \
-  do {                                                                       \
-    if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_acquire)))  \
-      return cs_state_error();                                               \
-  } while (0)
+  struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =      \
+      cs_call_enter();                                                       \
+  (void)cs_call_;                                                            \
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))    \
+  return cs_state_error()
 /* Releases are silent no-ops after shutdown and in a forked child. */
 #define CS_ENTER_RELEASE()                                                   \
-  do {                                                                       \
-    if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_acquire)))  \
-      return CUSAFE_SUCCESS;                                                 \
-  } while (0)
+  struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =      \
+      cs_call_enter();                                                       \
+  (void)cs_call_;                                                            \
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))    \
+  return CUSAFE_SUCCESS
 
 /* Initialises CUDA on first use (and registers the exit handler right after
  * the first successful CUDA call); stores the device count. */
@@ -107,6 +155,9 @@ cusafe_status cs_init(int *device_count);
 /* The primary context, through the driver's entry points. */
 CUresult cs_primary_ctx_retain(CUcontext *ctx, int device);
 CUresult cs_primary_ctx_release(int device);
+/* Loads a library into the calling thread's current context now: CUDA
+ * loads lazily, and accepts a corrupt image until its first use. */
+CUresult cs_library_load_now(cudaLibrary_t library);
 
 /* Makes `device` current for the calling thread; *saved receives the device
  * to restore with cs_device_leave() (-1: nothing to restore). */
@@ -143,6 +194,16 @@ struct cs_context {
   size_t total_memory;
   int managed;
   int priority_least, priority_greatest;
+  /* Limits that launches are checked against. */
+  int cc_major, cc_minor;
+  int warp_size;
+  int max_block[3], max_grid[3];
+  size_t shared_optin; /* dynamic + static shared memory per block */
+  /* Libraries whose unload failed, retried before the primary context is
+   * released (under orphan_lock). */
+  pthread_mutex_t orphan_lock;
+  cudaLibrary_t *orphans;
+  size_t norphans;
 };
 
 struct cs_stream {
@@ -171,7 +232,40 @@ struct cs_buffer {
   struct cs_queue *last;
 };
 
+struct cs_module {
+  struct cs_object hdr;
+  struct cs_context *ctx; /* referenced */
+  cudaLibrary_t library;
+  char *name;             /* for messages: a path, a program, "<...>" */
+};
+
+struct cs_kernel {
+  struct cs_object hdr;
+  struct cs_module *module; /* referenced */
+  cudaKernel_t fn;
+  char *name;
+  size_t nparams;
+  size_t *param_size;
+  int max_threads;          /* per block, for this kernel */
+  size_t static_shared;
+  /* The dynamic shared memory the kernel is currently allowed (raised on
+   * demand by launches). */
+  _Atomic size_t dynamic_limit;
+  pthread_mutex_t limit_lock;
+};
+
 cusafe_status cs_context_destroy(struct cs_context *ctx);
+cusafe_status cs_module_destroy(struct cs_module *module);
+/* Unloads a library of ctx; one that fails to unload is kept and retried by
+ * cs_context_unload_orphans(), so that no code outlives its context. */
+cudaError_t cs_library_unload(struct cs_context *ctx, cudaLibrary_t library);
+void cs_context_unload_orphans(struct cs_context *ctx);
+cusafe_status cs_kernel_destroy(struct cs_kernel *kernel);
+/* Raises a kernel's dynamic shared memory limit to `bytes` if needed. */
+cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes);
+/* Chains root's next operation on queue q after its previous one (root's
+ * lock held): buffer.c. */
+cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q);
 cusafe_status cs_stream_destroy(struct cs_stream *stream);
 cusafe_status cs_event_destroy(struct cs_event *event);
 cusafe_status cs_buffer_destroy(struct cs_buffer *buffer);
@@ -198,5 +292,7 @@ void cs_buffer_shutdown(struct cs_object *obj, void *arg);
 void cs_event_shutdown(struct cs_object *obj, void *arg);
 void cs_stream_shutdown(struct cs_object *obj, void *arg);
 void cs_context_shutdown(struct cs_object *obj, void *arg);
+void cs_kernel_shutdown(struct cs_object *obj, void *arg);
+void cs_module_shutdown(struct cs_object *obj, void *arg);
 
 #endif /* CUSAFE_INTERNAL_H */

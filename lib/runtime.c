@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -14,8 +15,65 @@ static int device_count;
 
 typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*release_fn)(CUdevice);
+typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
 static retain_fn primary_retain;
 static release_fn primary_release;
+static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
+
+/* ---- threads inside calls ----------------------------------------------------- */
+
+__thread struct cs_thread *cs_tls_thread;
+static _Atomic(struct cs_thread *) threads;
+static pthread_key_t thread_key;
+static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
+/* For a thread whose record could not be allocated: shared, so its depth
+ * counts calls of several threads; it is updated atomically all the same. */
+static struct cs_thread overflow_thread = {.in_use = 1};
+
+static void thread_gone(void *p) {
+  struct cs_thread *t = p;
+  atomic_store(&t->in_use, 0); /* the record is reused by a later thread */
+}
+
+static void thread_key_make(void) { pthread_key_create(&thread_key, thread_gone); }
+
+struct cs_thread *cs_thread_register(void) {
+  pthread_once(&thread_once, thread_key_make);
+  struct cs_thread *t;
+  for (t = atomic_load(&threads); t; t = t->next) {
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&t->in_use, &idle, 1))
+      break;
+  }
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (!t)
+      return &overflow_thread;
+    atomic_init(&t->in_use, 1);
+    t->next = atomic_load(&threads);
+    while (!atomic_compare_exchange_weak(&threads, &t->next, t))
+      ;
+  }
+  pthread_setspecific(thread_key, t);
+  cs_tls_thread = t;
+  return t;
+}
+
+/* Waits until no other thread is inside a call; false after `seconds`. */
+static bool drain_calls(int seconds) {
+  struct cs_thread *self = cs_tls_thread;
+  struct timespec nap = {0, 1000000};
+  for (long waited = 0; waited < seconds * 1000L; waited++) {
+    bool busy = false;
+    for (struct cs_thread *t = atomic_load(&threads); t && !busy; t = t->next)
+      busy = t != self && atomic_load(&t->depth) > 0;
+    if (!busy && (self == &overflow_thread ||
+                  atomic_load(&overflow_thread.depth) == 0))
+      return true;
+    nanosleep(&nap, NULL);
+  }
+  return false;
+}
 
 cusafe_status cs_state_error(void) {
   if (atomic_load(&cs_state) == CS_FORKED)
@@ -85,6 +143,13 @@ cusafe_status cs_init(int *count) {
         st = load_driver_entry("cuDevicePrimaryCtxRelease",
                                (void **)&primary_release);
       if (st == CUSAFE_SUCCESS) {
+        enum cudaDriverEntryPointQueryResult found;
+        if (cs_cu->get_driver_entry_point("cuLibraryGetModule",
+                                          (void **)&library_get_module, 12000,
+                                          cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+          library_get_module = NULL;
         device_count = n;
         atomic_store_explicit(&initialised, 1, memory_order_release);
       }
@@ -101,6 +166,12 @@ CUresult cs_primary_ctx_retain(CUcontext *ctx, int device) {
 
 CUresult cs_primary_ctx_release(int device) {
   return primary_release((CUdevice)device);
+}
+
+CUresult cs_library_load_now(cudaLibrary_t library) {
+  CUmodule module;
+  return library_get_module ? library_get_module(&module, (CUlibrary)library)
+                            : CUDA_SUCCESS;
 }
 
 cusafe_status cs_device_enter(int device, int *saved) {
@@ -196,21 +267,80 @@ CUSAFE_API cusafe_status cusafe_device_get_properties(
   return CUSAFE_SUCCESS;
 }
 
+/* ---- shutdown -------------------------------------------------------------------- */
+
+static const char *const kind_names[] = {"device", "pinned host", "managed"};
+
+/* One line per handle the program still holds. */
+static void report_leak(struct cs_object *obj, void *arg) {
+  (void)arg;
+  if (cs_user_refs(obj) == 0)
+    return; /* kept alive by its children only: they are reported */
+  char what[160];
+  switch (obj->type) {
+  case CS_CONTEXT:
+    snprintf(what, sizeof what, "device %d",
+             ((struct cs_context *)obj)->device);
+    break;
+  case CS_STREAM:
+    snprintf(what, sizeof what, "device %d",
+             ((struct cs_stream *)obj)->queue.ctx->device);
+    break;
+  case CS_EVENT:
+    snprintf(what, sizeof what, "device %d",
+             ((struct cs_event *)obj)->ctx->device);
+    break;
+  case CS_BUFFER: {
+    struct cs_buffer *b = (struct cs_buffer *)obj;
+    snprintf(what, sizeof what, "%s%zu bytes of %s memory on device %d",
+             b->parent ? "view of " : "", b->size, kind_names[b->kind],
+             b->ctx->device);
+    break;
+  }
+  case CS_MODULE: {
+    struct cs_module *m = (struct cs_module *)obj;
+    snprintf(what, sizeof what, "%s on device %d", m->name, m->ctx->device);
+    break;
+  }
+  case CS_KERNEL: {
+    struct cs_kernel *k = (struct cs_kernel *)obj;
+    snprintf(what, sizeof what, "%s on device %d", k->name,
+             k->module->ctx->device);
+    break;
+  }
+  }
+  static const char *const names[] = {"", "context", "stream", "event",
+                                      "buffer", "module", "kernel"};
+  const char *label = atomic_load(&obj->label);
+  fprintf(stderr, "cusafe: leak: %s 0x%016llx (%s)%s%s%s\n", names[obj->type],
+          (unsigned long long)obj->handle, what, label ? " \"" : "",
+          label ? label : "", label ? "\"" : "");
+}
+
 /* Exit is ordered: synchronise, then buffers and views, events, streams,
- * and contexts last (invariant 5).  Objects are retired but their host
- * memory stays reachable, so that a thread still inside a call at exit
- * reads valid memory and gets an error, never a crash. */
+ * kernels, modules, and contexts last (invariant 5).  Objects are retired
+ * but their host memory stays reachable, so that a late caller reads valid
+ * memory and gets an error, never a crash. */
 CUSAFE_API cusafe_status cusafe_shutdown(void) {
   int expected = CS_RUNNING;
   if (!atomic_compare_exchange_strong(&cs_state, &expected, CS_SHUT_DOWN))
     return CUSAFE_SUCCESS; /* done already, or a forked child */
   if (!atomic_load(&initialised))
     return CUSAFE_SUCCESS;
+  /* New calls now fail; those in progress finish before anything goes. */
+  if (!drain_calls(5))
+    return CUSAFE_SUCCESS;
+  const char *report = getenv("CUSAFE_LEAK_REPORT");
+  if (report && !strcmp(report, "1"))
+    for (enum cs_type t = CS_CONTEXT; t <= CS_TYPE_LAST; t++)
+      cs_handle_foreach(t, report_leak, NULL);
   cs_handle_foreach(CS_CONTEXT, cs_context_shutdown_sync, NULL);
   cs_handle_foreach(CS_BUFFER, cs_buffer_shutdown, (void *)1); /* views */
   cs_handle_foreach(CS_BUFFER, cs_buffer_shutdown, NULL);
   cs_handle_foreach(CS_EVENT, cs_event_shutdown, NULL);
   cs_handle_foreach(CS_STREAM, cs_stream_shutdown, NULL);
+  cs_handle_foreach(CS_KERNEL, cs_kernel_shutdown, NULL);
+  cs_handle_foreach(CS_MODULE, cs_module_shutdown, NULL);
   cs_handle_foreach(CS_CONTEXT, cs_context_shutdown, NULL);
   return CUSAFE_SUCCESS;
 }

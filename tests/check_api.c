@@ -130,7 +130,12 @@ static const cusafe_status all_statuses[] = {
     CUSAFE_ERROR_NOT_SUPPORTED,
     CUSAFE_ERROR_CUDA,
     CUSAFE_ERROR_SHUTDOWN,
-    CUSAFE_ERROR_FORKED};
+    CUSAFE_ERROR_FORKED,
+    CUSAFE_ERROR_INVALID_ARGUMENTS,
+    CUSAFE_ERROR_INVALID_CONFIGURATION,
+    CUSAFE_ERROR_INVALID_IMAGE,
+    CUSAFE_ERROR_COMPILE,
+    CUSAFE_ERROR_NOT_FOUND};
 #define NSTATUSES (sizeof all_statuses / sizeof all_statuses[0])
 
 START_TEST(test_status_strings_are_distinct_and_nonempty) {
@@ -149,7 +154,9 @@ START_TEST(test_status_strings_are_distinct_and_nonempty) {
 END_TEST
 
 START_TEST(test_status_string_of_unknown_value) {
-  ck_assert_str_eq(cusafe_status_string((cusafe_status)15), "unknown status");
+  ck_assert_str_eq(cusafe_status_string(
+                       (cusafe_status)(CUSAFE_ERROR_NOT_FOUND + 1)),
+                   "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)-1), "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)1000),
                    "unknown status");

@@ -25,6 +25,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -90,10 +91,12 @@ enum op_kind {
   OP_SET,
   OP_FREE,
   OP_WAIT,         /* cudaStreamWaitEvent */
-  OP_IMPLICIT_WAIT /* the legacy default stream's implicit synchronization */
+  OP_IMPLICIT_WAIT, /* the legacy default stream's implicit synchronization */
+  OP_LAUNCH         /* cudaLaunchKernel */
 };
 
 struct fstream;
+struct fkernel;
 
 struct fop {
   struct fop *next;
@@ -105,7 +108,9 @@ struct fop {
   struct falloc *alloc;    /* OP_FREE */
   struct fstream *wait_on; /* OP_WAIT, OP_IMPLICIT_WAIT */
   uint64_t wait_pos;
-  void *staging; /* OP_COPY from pageable memory: the bytes taken at the call */
+  void *staging; /* OP_COPY from pageable memory: the bytes taken at the call;
+                   OP_LAUNCH: the argument values taken at the call */
+  struct fkernel *kernel; /* OP_LAUNCH */
 };
 
 struct fstream {
@@ -138,6 +143,42 @@ struct fdevice {
   int ctx_refs;       /* primary context retains */
   uint64_t clock;     /* counts queued operations and records */
   struct fstream legacy;
+};
+
+/* The kernels built into cusafe, as the fake exposes them from any real
+ * fatbin or cubin image; see fakecuda.h. */
+enum builtin_op { BI_NONE, BI_FILL, BI_SCALE, BI_AXPY, BI_VECADD };
+
+struct fkernel {
+  struct flibrary *lib;
+  char *name;
+  enum builtin_op op;
+  size_t elem;          /* built-in kernels: 4 (f32) or 8 (f64) */
+  int maxthreads;       /* maxThreadsPerBlock */
+  size_t static_shared; /* sharedSizeBytes */
+  /* cudaFuncAttributeMaxDynamicSharedMemorySize, per device */
+  int max_dynamic[MAX_DEVICES];
+  size_t nparams;
+  size_t *psize, *poffset;
+  unsigned char *pointer; /* per parameter: declared `p` */
+  size_t argbytes;        /* the end of the last parameter */
+};
+
+struct flibrary {
+  int device;   /* the current device at load time */
+  int unloaded; /* kept as a tombstone until teardown or reset */
+  int builtin;  /* loaded from a real fatbin or cubin */
+  size_t nkernels;
+  struct fkernel *kernels; /* a cudaKernel_t points at one of these */
+  size_t queued;           /* launches of its kernels not yet run */
+};
+
+struct fprogram {
+  char *source, *name;
+  char *log;   /* "" until a compile */
+  char *image; /* a FAKECUBIN image after a successful compile */
+  size_t image_size;
+  int destroyed; /* kept as a tombstone until teardown or reset */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -177,6 +218,14 @@ static struct {
   size_t nstreams, cap_streams;
   struct fevent **events;
   size_t nevents, cap_events;
+  /* Libraries and NVRTC programs, kept the same way. */
+  struct flibrary **libraries;
+  size_t nlibraries, cap_libraries;
+  struct fprogram **programs;
+  size_t nprograms, cap_programs;
+  char *nvrtc_options; /* the options of the last nvrtcCompileProgram */
+  unsigned char *launch_args; /* the argument values of the last launch */
+  size_t launch_args_size;
 
   struct fdevice dev[MAX_DEVICES];
 } g;
@@ -317,6 +366,32 @@ static void free_ops(struct fstream *s)
   s->head = s->tail = NULL;
 }
 
+static void free_kernel_parts(struct fkernel *k)
+{
+  free(k->name);
+  free(k->psize);
+  free(k->poffset);
+  free(k->pointer);
+}
+
+static void free_library(struct flibrary *lib)
+{
+  for (size_t i = 0; i < lib->nkernels; i++)
+    free_kernel_parts(&lib->kernels[i]);
+  free(lib->kernels);
+  free(lib);
+}
+
+static void free_program_parts(struct fprogram *p)
+{
+  free(p->source);
+  free(p->name);
+  free(p->log);
+  free(p->image);
+  p->source = p->name = p->log = p->image = NULL;
+  p->image_size = 0;
+}
+
 /* Drops every object and allocation without any check: what the real
  * runtime does at its teardown, and what fake_reset() promises.  Settings
  * (device count, limits, faults, ...) and the log are left alone. */
@@ -354,6 +429,22 @@ static void free_everything(void)
   g.events = NULL;
   g.nevents = g.cap_events = 0;
 
+  for (size_t i = 0; i < g.nlibraries; i++)
+    free_library(g.libraries[i]);
+  free(g.libraries);
+  g.libraries = NULL;
+  g.nlibraries = g.cap_libraries = 0;
+
+  /* NVRTC is no part of the runtime, but a program outliving it is of no
+   * use to a test: it goes too. */
+  for (size_t i = 0; i < g.nprograms; i++) {
+    free_program_parts(g.programs[i]);
+    free(g.programs[i]);
+  }
+  free(g.programs);
+  g.programs = NULL;
+  g.nprograms = g.cap_programs = 0;
+
   for (int i = 0; i < MAX_DEVICES; i++) {
     struct fdevice *d = &g.dev[i];
     free_ops(&d->legacy);
@@ -385,6 +476,11 @@ __attribute__((destructor)) static void fake_fini(void)
 {
   pthread_mutex_lock(&g_lock);
   log_free();
+  free(g.nvrtc_options);
+  g.nvrtc_options = NULL;
+  free(g.launch_args);
+  g.launch_args = NULL;
+  g.launch_args_size = 0;
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -634,6 +730,7 @@ static int stream_alive(const struct fstream *s)
 }
 
 static void run_stream_to(struct fstream *s, uint64_t pos);
+static void exec_launch(struct fop *o);
 
 static void exec_op(struct fop *o)
 {
@@ -665,6 +762,9 @@ static void exec_op(struct fop *o)
     if (o->kind == OP_WAIT)
       log_add("exec:cudaStreamWaitEvent");
     break;
+  case OP_LAUNCH:
+    exec_launch(o);
+    break;
   }
 }
 
@@ -677,6 +777,8 @@ static void discard_op(struct fop *o)
     free_now(o->alloc);
     log_add("exec:cudaFreeAsync");
   }
+  if (o->kind == OP_LAUNCH)
+    o->kernel->lib->queued--;
 }
 
 /* Runs (or, on a sticky device, discards) s's queue up to position pos.
@@ -877,6 +979,11 @@ static const struct {
     {217, "cudaErrorPeerAccessUnsupported",
      "peer access is not supported between these two devices"},
     {218, "cudaErrorInvalidPtx", "a PTX JIT compilation failed"},
+    {221, "cudaErrorJitCompilerNotFound",
+     "PTX JIT compiler library not found"},
+    {222, "cudaErrorUnsupportedPtxVersion",
+     "the provided PTX was compiled with an unsupported toolchain."},
+    {300, "cudaErrorInvalidSource", "device kernel image is invalid"},
     {301, "cudaErrorFileNotFound", "file not found"},
     {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {500, "cudaErrorSymbolNotFound", "named symbol not found"},
@@ -1220,6 +1327,25 @@ static CUresult CUDAAPI fk_primary_ctx_retain(CUcontext *pctx, CUdevice dev)
 static size_t count_allocations(int device);
 static size_t count_streams(int device);
 static size_t count_events(int device);
+static size_t count_libraries(int device);
+static struct flibrary *find_library(cudaLibrary_t h);
+
+/* cuLibraryGetModule: a fake library is loaded whole at cudaLibraryLoadData
+ * (its image was checked then), so its module always exists. */
+static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib)
+{
+  cudaError_t e = begin("cuLibraryGetModule", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave_driver(e);
+  if (!pmod)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  struct flibrary *l = find_library((cudaLibrary_t)lib);
+  if (!l || l->unloaded)
+    violation("cuLibraryGetModule of library %p, which is not loaded",
+              (void *)lib);
+  *pmod = (CUmodule)(void *)l;
+  return leave_driver(cudaSuccess);
+}
 
 static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev)
 {
@@ -1235,11 +1361,12 @@ static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev)
               dev);
   if (--d->ctx_refs == 0) {
     size_t na = count_allocations(dev), ns = count_streams(dev),
-           ne = count_events(dev);
-    if (na || ns || ne)
+           ne = count_events(dev), nl = count_libraries(dev);
+    if (na || ns || ne || nl)
       violation("primary context of device %d released with %zu "
-                "allocation%s, %zu stream%s, %zu event%s alive",
-                dev, na, plural(na), ns, plural(ns), ne, plural(ne));
+                "allocation%s, %zu stream%s, %zu event%s, %zu librar%s alive",
+                dev, na, plural(na), ns, plural(ns), ne, plural(ne), nl,
+                nl == 1 ? "y" : "ies");
   }
   return leave_driver(cudaSuccess);
 }
@@ -1267,7 +1394,13 @@ static cudaError_t fk_get_driver_entry_point(
   _Static_assert(sizeof fn == sizeof retain, "function pointer size");
   int is_retain = strcmp(symbol, "cuDevicePrimaryCtxRetain") == 0;
   int is_release = strcmp(symbol, "cuDevicePrimaryCtxRelease") == 0;
-  if (is_retain || is_release) {
+  if (strcmp(symbol, "cuLibraryGetModule") == 0) {
+    CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
+    result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
+                                  : cudaDriverEntryPointSuccess;
+    if (result == cudaDriverEntryPointSuccess)
+      memcpy(&fn, &get_module, sizeof fn);
+  } else if (is_retain || is_release) {
     /* Both exist since CUDA 7.0. */
     if (cuda_version < 7000) {
       result = cudaDriverEntryPointVersionNotSufficent;
@@ -1803,6 +1936,1317 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
 }
 
 /* ------------------------------------------------------------------------ */
+/* Libraries and kernels                                                      */
+/* ------------------------------------------------------------------------ */
+
+#define FAKE_IMAGE_MAGIC "FAKECUBIN"
+#define DEFAULT_MAX_THREADS 1024
+#define STATIC_SHARED_MAX (48 * 1024)   /* static __shared__ per block */
+#define DEFAULT_SHARED (48 * 1024)      /* per block without opt-in */
+#define OPTIN_SHARED (227 * 1024)       /* per block with opt-in */
+#define SM_SHARED (228 * 1024)          /* per multiprocessor */
+#define SM_THREADS 2048
+#define SM_BLOCKS 32
+#define PARAM_SPACE_MAX 32764 /* bytes of kernel parameters (CUDA 12.1+) */
+
+/* The kernels built into cusafe (from kernels/), with their layouts.  The
+ * indices say which parameter is which for the semantics of exec_builtin. */
+static const struct builtin_def {
+  const char *name;
+  enum builtin_op op;
+  size_t elem;
+  const char *params;
+} builtin_defs[] = {
+    {"cusafe_fill_f32", BI_FILL, 4, "p 4 8"},
+    {"cusafe_fill_f64", BI_FILL, 8, "p 8 8"},
+    {"cusafe_scale_f32", BI_SCALE, 4, "p 4 8"},
+    {"cusafe_scale_f64", BI_SCALE, 8, "p 8 8"},
+    {"cusafe_axpy_f32", BI_AXPY, 4, "p 4 p 8"},
+    {"cusafe_axpy_f64", BI_AXPY, 8, "p 8 p 8"},
+    {"cusafe_vecadd_f32", BI_VECADD, 4, "p p p 8"},
+    {"cusafe_vecadd_f64", BI_VECADD, 8, "p p p 8"},
+};
+#define NBUILTINS (sizeof builtin_defs / sizeof builtin_defs[0])
+
+static char *xstrdup(const char *s)
+{
+  size_t n = strlen(s) + 1;
+  char *d = xrealloc(NULL, n);
+  memcpy(d, s, n);
+  return d;
+}
+
+static char *xstrndup(const char *s, size_t n)
+{
+  char *d = xrealloc(NULL, n + 1);
+  memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+/* Whether `s` starts with `prefix`, reading no byte of s past the first
+ * mismatch (an image of unknown size may be shorter than the prefix). */
+static int starts_with(const unsigned char *s, const char *prefix)
+{
+  for (size_t i = 0; prefix[i]; i++)
+    if (s[i] != (unsigned char)prefix[i])
+      return 0;
+  return 1;
+}
+
+/* The alignment of a parameter: the largest power of two that divides its
+ * size, at most 8 (so 4 -> 4, 8 -> 8, 16 -> 8, 12 -> 4, 3 -> 1). */
+static size_t param_align(size_t size)
+{
+  size_t a = 1;
+  while (a < 8 && size % (2 * a) == 0)
+    a *= 2;
+  return a;
+}
+
+/* Adds a parameter to k; returns 0 if the parameter space overflows. */
+static int kernel_add_param(struct fkernel *k, size_t size, int pointer)
+{
+  size_t align = param_align(size);
+  size_t off = (k->argbytes + align - 1) / align * align;
+  if (size > PARAM_SPACE_MAX || off > PARAM_SPACE_MAX - size)
+    return 0;
+  k->psize = xrealloc(k->psize, (k->nparams + 1) * sizeof *k->psize);
+  k->poffset = xrealloc(k->poffset, (k->nparams + 1) * sizeof *k->poffset);
+  k->pointer = xrealloc(k->pointer, (k->nparams + 1) * sizeof *k->pointer);
+  k->psize[k->nparams] = size;
+  k->poffset[k->nparams] = off;
+  k->pointer[k->nparams] = (unsigned char)(pointer != 0);
+  k->nparams++;
+  k->argbytes = off + size;
+  return 1;
+}
+
+/* Parses a decimal number in [min, max] from the whole of [s, e). */
+static int parse_number(const char *s, const char *e, unsigned long min,
+                        unsigned long max, unsigned long *out)
+{
+  unsigned long v = 0;
+  if (s == e)
+    return 0;
+  for (const char *p = s; p < e; p++) {
+    if (*p < '0' || *p > '9')
+      return 0;
+    if (v > (max - (unsigned long)(*p - '0')) / 10)
+      return 0;
+    v = v * 10 + (unsigned long)(*p - '0');
+  }
+  if (v < min)
+    return 0;
+  *out = v;
+  return 1;
+}
+
+static int is_ident_start(int c) { return isalpha(c) || c == '_'; }
+static int is_ident_char(int c) { return isalnum(c) || c == '_'; }
+
+/* One line "kernel NAME [maxthreads=N] [shared=BYTES] PARAM..." (already
+ * without its line end) into a new kernel of lib.  Returns 0 if it is
+ * malformed. */
+static int parse_kernel_line(struct flibrary *lib, const char *line,
+                             const char *end)
+{
+  const char *tok[512];
+  const char *tok_end[512];
+  size_t ntok = 0;
+  const char *p = line;
+  while (p < end) {
+    while (p < end && (*p == ' ' || *p == '\t'))
+      p++;
+    if (p == end)
+      break;
+    if (ntok == sizeof tok / sizeof tok[0])
+      return 0;
+    tok[ntok] = p;
+    while (p < end && *p != ' ' && *p != '\t')
+      p++;
+    tok_end[ntok++] = p;
+  }
+  if (ntok < 2 || tok_end[0] - tok[0] != 6 || strncmp(tok[0], "kernel", 6))
+    return 0;
+  if (!is_ident_start((unsigned char)tok[1][0]))
+    return 0;
+  for (const char *q = tok[1]; q < tok_end[1]; q++)
+    if (!is_ident_char((unsigned char)*q))
+      return 0;
+  size_t namelen = (size_t)(tok_end[1] - tok[1]);
+  for (size_t i = 0; i < lib->nkernels; i++)
+    if (strlen(lib->kernels[i].name) == namelen &&
+        strncmp(lib->kernels[i].name, tok[1], namelen) == 0)
+      return 0; /* one name, one kernel */
+
+  lib->kernels =
+      xrealloc(lib->kernels, (lib->nkernels + 1) * sizeof *lib->kernels);
+  struct fkernel *k = &lib->kernels[lib->nkernels++];
+  memset(k, 0, sizeof *k);
+  k->lib = lib;
+  k->name = xstrndup(tok[1], namelen);
+  k->maxthreads = DEFAULT_MAX_THREADS;
+  for (size_t i = 2; i < ntok; i++) {
+    const char *s = tok[i], *e = tok_end[i];
+    unsigned long v;
+    if (e - s > 11 && strncmp(s, "maxthreads=", 11) == 0) {
+      if (!parse_number(s + 11, e, 1, DEFAULT_MAX_THREADS, &v))
+        return 0;
+      k->maxthreads = (int)v;
+    } else if (e - s > 7 && strncmp(s, "shared=", 7) == 0) {
+      if (!parse_number(s + 7, e, 0, STATIC_SHARED_MAX, &v))
+        return 0;
+      k->static_shared = v;
+    } else if (e - s == 1 && *s == 'p') {
+      if (!kernel_add_param(k, sizeof(void *), 1))
+        return 0;
+    } else {
+      if (!parse_number(s, e, 1, PARAM_SPACE_MAX, &v) ||
+          !kernel_add_param(k, v, 0))
+        return 0;
+    }
+  }
+  for (int d = 0; d < MAX_DEVICES; d++)
+    k->max_dynamic[d] = (int)(DEFAULT_SHARED - k->static_shared);
+  return 1;
+}
+
+/* Parses a NUL-terminated FAKECUBIN text into lib's kernels. */
+static int parse_fake_image(struct flibrary *lib, const char *text)
+{
+  const char *p = text + strlen(FAKE_IMAGE_MAGIC);
+  /* the rest of the first line: blanks only */
+  while (*p == ' ' || *p == '\t' || *p == '\r')
+    p++;
+  if (*p != '\n' && *p != '\0')
+    return 0;
+  while (*p) {
+    p++; /* past the '\n' */
+    const char *line = p;
+    while (*p && *p != '\n')
+      p++;
+    const char *end = p;
+    while (end > line && (end[-1] == '\r' || end[-1] == ' ' ||
+                          end[-1] == '\t'))
+      end--;
+    const char *first = line;
+    while (first < end && (*first == ' ' || *first == '\t'))
+      first++;
+    if (first == end || *first == '#')
+      continue; /* blank lines and comments */
+    if (!parse_kernel_line(lib, first, end))
+      return 0;
+  }
+  return 1;
+}
+
+/* The built-in kernels, for a real fatbin or cubin image. */
+static void make_builtin_kernels(struct flibrary *lib)
+{
+  lib->builtin = 1;
+  for (size_t i = 0; i < NBUILTINS; i++) {
+    char line[128];
+    snprintf(line, sizeof line, "kernel %s %s", builtin_defs[i].name,
+             builtin_defs[i].params);
+    if (!parse_kernel_line(lib, line, line + strlen(line)))
+      abort(); /* the table above is wrong */
+    lib->kernels[lib->nkernels - 1].op = builtin_defs[i].op;
+    lib->kernels[lib->nkernels - 1].elem = builtin_defs[i].elem;
+  }
+}
+
+/* Loads `code` (see fakecuda.h for what is accepted) into a new library of
+ * the current device. */
+static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
+{
+  int dev;
+  cudaError_t e = current_device(&dev);
+  if (e == cudaSuccess)
+    e = sticky(dev);
+  if (e != cudaSuccess)
+    return e;
+  struct flibrary *lib = calloc(1, sizeof *lib);
+  if (!lib)
+    return cudaErrorMemoryAllocation;
+  lib->device = dev;
+  /* The fatbin magic, 0xBA55ED50 little-endian; the prefixes are compared
+   * byte by byte, so a shorter text image ends (NUL) before the mismatch. */
+  static const char fatbin_magic[] = "\x50\xED\x55\xBA";
+  if (starts_with(code, FAKE_IMAGE_MAGIC)) {
+    if (!parse_fake_image(lib, (const char *)code))
+      e = cudaErrorInvalidKernelImage;
+  } else if (starts_with(code, "\x7f" "ELF") ||
+             starts_with(code, fatbin_magic)) {
+    make_builtin_kernels(lib);
+  } else if (starts_with(code, ".version") || starts_with(code, "//")) {
+    e = cudaErrorInvalidPtx;
+  } else {
+    e = cudaErrorInvalidKernelImage;
+  }
+  if (e != cudaSuccess) {
+    free_library(lib);
+    return e;
+  }
+  if (g.nlibraries == g.cap_libraries) {
+    g.cap_libraries = g.cap_libraries ? 2 * g.cap_libraries : 16;
+    g.libraries = xrealloc(g.libraries, g.cap_libraries * sizeof *g.libraries);
+  }
+  g.libraries[g.nlibraries++] = lib;
+  *out = (cudaLibrary_t)(void *)lib;
+  return cudaSuccess;
+}
+
+static cudaError_t check_load_options(enum cudaJitOption *jit_options,
+                                      void **jit_values, unsigned int njit,
+                                      enum cudaLibraryOption *options,
+                                      void **values, unsigned int noptions)
+{
+  if ((njit && (!jit_options || !jit_values)) ||
+      (noptions && (!options || !values)))
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+static cudaError_t fk_library_load_data(
+    cudaLibrary_t *library, const void *code, enum cudaJitOption *jit_options,
+    void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
+    void **values, unsigned int noptions)
+{
+  cudaError_t e = begin("cudaLibraryLoadData", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (!library || !code)
+    return leave(cudaErrorInvalidValue);
+  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
+                              noptions)) != cudaSuccess)
+    return leave(e);
+  return leave(load_image(library, code));
+}
+
+static cudaError_t fk_library_load_file(
+    cudaLibrary_t *library, const char *path, enum cudaJitOption *jit_options,
+    void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
+    void **values, unsigned int noptions)
+{
+  cudaError_t e = begin("cudaLibraryLoadFromFile", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (!library || !path)
+    return leave(cudaErrorInvalidValue);
+  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
+                              noptions)) != cudaSuccess)
+    return leave(e);
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return leave(cudaErrorFileNotFound);
+  /* The whole file, with a NUL after it (and enough zero bytes for the
+   * magic checks of a short file). */
+  size_t len = 0, cap = 4096;
+  unsigned char *buf = xrealloc(NULL, cap);
+  size_t n;
+  while ((n = fread(buf + len, 1, cap - len - 8, f)) > 0) {
+    len += n;
+    if (cap - len < 4096) {
+      cap *= 2;
+      buf = xrealloc(buf, cap);
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return leave(cudaErrorFileNotFound);
+  }
+  memset(buf + len, 0, 8);
+  e = load_image(library, buf);
+  free(buf);
+  return leave(e);
+}
+
+static struct flibrary *find_library(cudaLibrary_t h)
+{
+  for (size_t i = 0; i < g.nlibraries; i++)
+    if (g.libraries[i] == (struct flibrary *)(void *)h)
+      return g.libraries[i];
+  return NULL;
+}
+
+static struct flibrary *resolve_library(const char *fn, cudaLibrary_t h)
+{
+  struct flibrary *lib = find_library(h);
+  if (!lib)
+    violation("%s of %p, which is not a library", fn, (void *)h);
+  if (lib->unloaded)
+    violation("%s of library %p after it was unloaded", fn, (void *)h);
+  return lib;
+}
+
+/* A kernel of a live library, or a VIOLATION. */
+static struct fkernel *resolve_kernel(const char *fn, const void *func)
+{
+  uintptr_t p = (uintptr_t)func;
+  for (size_t i = 0; i < g.nlibraries; i++) {
+    struct flibrary *lib = g.libraries[i];
+    uintptr_t b = (uintptr_t)lib->kernels;
+    if (lib->nkernels && p >= b &&
+        p < b + lib->nkernels * sizeof *lib->kernels &&
+        (p - b) % sizeof *lib->kernels == 0) {
+      struct fkernel *k = &lib->kernels[(p - b) / sizeof *lib->kernels];
+      if (lib->unloaded)
+        violation("%s of kernel %s (%p), whose library %p was unloaded", fn,
+                  k->name, func, (void *)lib);
+      return k;
+    }
+  }
+  violation("%s of %p, which is not a kernel", fn, func);
+}
+
+/* Unloading does not wait for queued launches (nothing says it does): a
+ * library must outlive the work that runs its kernels. */
+static cudaError_t fk_library_unload(cudaLibrary_t library)
+{
+  cudaError_t e = begin("cudaLibraryUnload", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct flibrary *lib = find_library(library);
+  if (!lib)
+    violation("cudaLibraryUnload of %p, which is not a library",
+              (void *)library);
+  if (lib->unloaded)
+    violation("cudaLibraryUnload of library %p, which was already unloaded",
+              (void *)library);
+  if (lib->queued && !sticky(lib->device))
+    violation("cudaLibraryUnload of library %p while %zu launch%s of its "
+              "kernels %s still queued",
+              (void *)library, lib->queued, lib->queued == 1 ? "" : "es",
+              lib->queued == 1 ? "is" : "are");
+  lib->unloaded = 1;
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_library_get_kernel(cudaKernel_t *kernel,
+                                         cudaLibrary_t library,
+                                         const char *name)
+{
+  cudaError_t e = begin("cudaLibraryGetKernel", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (!kernel || !name)
+    return leave(cudaErrorInvalidValue);
+  struct flibrary *lib = resolve_library("cudaLibraryGetKernel", library);
+  for (size_t i = 0; i < lib->nkernels; i++)
+    if (strcmp(lib->kernels[i].name, name) == 0) {
+      *kernel = (cudaKernel_t)(void *)&lib->kernels[i];
+      return leave(cudaSuccess);
+    }
+  return leave(cudaErrorSymbolNotFound);
+}
+
+static cudaError_t fk_func_get_param_info(const void *func, size_t index,
+                                          size_t *offset, size_t *size)
+{
+  cudaError_t e = begin("cudaFuncGetParamInfo", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fkernel *k = resolve_kernel("cudaFuncGetParamInfo", func);
+  if (!offset || !size || index >= k->nparams)
+    return leave(cudaErrorInvalidValue);
+  *offset = k->poffset[index];
+  *size = k->psize[index];
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_func_get_attributes(struct cudaFuncAttributes *attr,
+                                          const void *func)
+{
+  int dev;
+  cudaError_t e = begin("cudaFuncGetAttributes", DRIVER_CHECK);
+  if (e == cudaSuccess)
+    e = current_device(&dev);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fkernel *k = resolve_kernel("cudaFuncGetAttributes", func);
+  if (!attr)
+    return leave(cudaErrorInvalidValue);
+  memset(attr, 0, sizeof *attr);
+  attr->sharedSizeBytes = k->static_shared;
+  attr->maxThreadsPerBlock = k->maxthreads;
+  attr->numRegs = 32;
+  attr->ptxVersion = 90;
+  attr->binaryVersion = 90;
+  attr->maxDynamicSharedSizeBytes = k->max_dynamic[dev];
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_kernel_set_attribute_for_device(
+    cudaKernel_t kernel, enum cudaFuncAttribute attr, int value, int device)
+{
+  cudaError_t e = begin("cudaKernelSetAttributeForDevice", DRIVER_CHECK);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fkernel *k =
+      resolve_kernel("cudaKernelSetAttributeForDevice", (const void *)kernel);
+  if (!valid_device(device))
+    return leave(cudaErrorInvalidDevice);
+  if ((e = sticky(device)) != cudaSuccess)
+    return leave(e);
+  switch (attr) {
+  case cudaFuncAttributeMaxDynamicSharedMemorySize:
+    if (value < 0 || (size_t)value > OPTIN_SHARED - k->static_shared)
+      return leave(cudaErrorInvalidValue);
+    k->max_dynamic[device] = value;
+    return leave(cudaSuccess);
+  case cudaFuncAttributePreferredSharedMemoryCarveout:
+    if (value < -1 || value > 100)
+      return leave(cudaErrorInvalidValue);
+    return leave(cudaSuccess); /* a hint; nothing to model */
+  default:
+    return leave(cudaErrorInvalidValue);
+  }
+}
+
+/* A deterministic model of an H100-like multiprocessor: 2048 threads (in
+ * whole warps), 32 blocks and 228 KiB of shared memory. */
+static cudaError_t fk_occupancy_max_active_blocks(int *blocks,
+                                                  const void *func,
+                                                  int block_size,
+                                                  size_t dynamic_shared)
+{
+  int dev;
+  cudaError_t e = begin("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                        DRIVER_CHECK);
+  if (e == cudaSuccess)
+    e = current_device(&dev);
+  if (e == cudaSuccess)
+    e = sticky(dev);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fkernel *k = resolve_kernel(
+      "cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
+  if (!blocks || block_size <= 0)
+    return leave(cudaErrorInvalidValue);
+  if (block_size > k->maxthreads ||
+      dynamic_shared > (size_t)k->max_dynamic[dev]) {
+    *blocks = 0;
+    return leave(cudaSuccess);
+  }
+  size_t warps = ((size_t)block_size + 31) / 32;
+  size_t n = SM_THREADS / (warps * 32);
+  if (n > SM_BLOCKS)
+    n = SM_BLOCKS;
+  size_t shared = k->static_shared + dynamic_shared;
+  if (shared && SM_SHARED / shared < n)
+    n = SM_SHARED / shared;
+  *blocks = (int)n;
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
+                                    void **args, size_t shared_memory,
+                                    cudaStream_t stream)
+{
+  struct fstream *s;
+  cudaError_t e = begin("cudaLaunchKernel", DRIVER_CHECK);
+  if (e == cudaSuccess)
+    e = resolve_stream("cudaLaunchKernel", stream, &s);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fkernel *k = resolve_kernel("cudaLaunchKernel", func);
+  if (k->lib->device != s->device)
+    violation("cudaLaunchKernel of kernel %s, loaded on device %d, on a "
+              "stream of device %d",
+              k->name, k->lib->device, s->device);
+  if ((e = sticky(s->device)) != cudaSuccess)
+    return leave(e);
+  uint64_t threads = (uint64_t)block.x * block.y * block.z;
+  if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
+      block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024 ||
+      threads > (uint64_t)k->maxthreads || grid.x > 2147483647u ||
+      grid.y > 65535 || grid.z > 65535)
+    return leave(cudaErrorInvalidConfiguration);
+  if (shared_memory > (size_t)k->max_dynamic[s->device])
+    return leave(cudaErrorInvalidValue);
+  if (k->nparams && !args)
+    violation("cudaLaunchKernel of kernel %s, which has %zu parameter%s, "
+              "with args NULL",
+              k->name, k->nparams, plural(k->nparams));
+  unsigned char *values = calloc(1, k->argbytes ? k->argbytes : 1);
+  if (!values)
+    return leave(cudaErrorMemoryAllocation);
+  for (size_t i = 0; i < k->nparams; i++) {
+    if (!args[i]) {
+      free(values);
+      violation("cudaLaunchKernel of kernel %s with args[%zu] NULL", k->name,
+                i);
+    }
+    memcpy(values + k->poffset[i], args[i], k->psize[i]);
+  }
+  unsigned char *copy = xrealloc(g.launch_args, k->argbytes + 1);
+  memcpy(copy, values, k->argbytes);
+  g.launch_args = copy;
+  g.launch_args_size = k->argbytes;
+  struct fop *o = new_op(OP_LAUNCH);
+  o->kernel = k;
+  o->staging = values;
+  k->lib->queued++;
+  enqueue(s, o);
+  return leave(cudaSuccess);
+}
+
+static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
+                         size_t i)
+{
+  void *p;
+  memcpy(&p, v + k->poffset[i], sizeof p);
+  return p;
+}
+
+/* Checks the n elements a built-in kernel touches through parameter i.
+ * Returns 0 (after making the device sticky, as a GPU's fault does) if the
+ * pointer is misaligned. */
+static int check_builtin_range(const struct fkernel *k, const char *what,
+                               const unsigned char *v, size_t i, size_t n)
+{
+  void *p = arg_pointer(k, v, i);
+  if (n > SIZE_MAX / k->elem)
+    violation("queued %s makes an out-of-bounds access: %zu elements of %zu "
+              "bytes at %p (argument %zu)",
+              what, n, k->elem, p, i);
+  check_access(what, p, n * k->elem);
+  int known = 0;
+  for (struct falloc *a = g.live; a; a = a->next)
+    if ((uintptr_t)p >= (uintptr_t)a->base &&
+        (uintptr_t)p < (uintptr_t)a->base + a->size)
+      known = 1;
+  if (!known)
+    violation("queued %s reads or writes %p (argument %zu), which is no "
+              "memory allocated through CUDA",
+              what, p, i);
+  if ((uintptr_t)p % k->elem) {
+    g.dev[k->lib->device].sticky = cudaErrorMisalignedAddress;
+    return 0;
+  }
+  return 1;
+}
+
+/* The semantics of the built-in kernels, over all n elements whatever the
+ * grid (they are grid-stride loops). */
+static void exec_builtin(const struct fkernel *k, const char *what,
+                         const unsigned char *v)
+{
+  size_t n = 0;
+  memcpy(&n, v + k->poffset[k->nparams - 1], sizeof n);
+  if (n == 0)
+    return;
+  for (size_t i = 0; i < k->nparams; i++)
+    if (k->pointer[i] && !check_builtin_range(k, what, v, i, n))
+      return;
+  unsigned char *p0 = arg_pointer(k, v, 0);
+  const unsigned char *scalar = v + k->poffset[1];
+  for (size_t i = 0; i < n; i++) {
+    size_t off = i * k->elem;
+    if (k->elem == 4) {
+      float x, s, y, z;
+      switch (k->op) {
+      case BI_FILL:
+        memcpy(p0 + off, scalar, 4);
+        break;
+      case BI_SCALE:
+        memcpy(&x, p0 + off, 4);
+        memcpy(&s, scalar, 4);
+        x *= s;
+        memcpy(p0 + off, &x, 4);
+        break;
+      case BI_AXPY: /* y = a * x + y: (y, a, x, n) */
+        memcpy(&y, p0 + off, 4);
+        memcpy(&s, scalar, 4);
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, 2) + off, 4);
+        y = s * x + y;
+        memcpy(p0 + off, &y, 4);
+        break;
+      case BI_VECADD: /* c = a + b: (c, a, b, n) */
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, 1) + off, 4);
+        memcpy(&z, (unsigned char *)arg_pointer(k, v, 2) + off, 4);
+        y = x + z;
+        memcpy(p0 + off, &y, 4);
+        break;
+      case BI_NONE:
+        break;
+      }
+    } else {
+      double x, s, y, z;
+      switch (k->op) {
+      case BI_FILL:
+        memcpy(p0 + off, scalar, 8);
+        break;
+      case BI_SCALE:
+        memcpy(&x, p0 + off, 8);
+        memcpy(&s, scalar, 8);
+        x *= s;
+        memcpy(p0 + off, &x, 8);
+        break;
+      case BI_AXPY:
+        memcpy(&y, p0 + off, 8);
+        memcpy(&s, scalar, 8);
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, 2) + off, 8);
+        y = s * x + y;
+        memcpy(p0 + off, &y, 8);
+        break;
+      case BI_VECADD:
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, 1) + off, 8);
+        memcpy(&z, (unsigned char *)arg_pointer(k, v, 2) + off, 8);
+        y = x + z;
+        memcpy(p0 + off, &y, 8);
+        break;
+      case BI_NONE:
+        break;
+      }
+    }
+  }
+}
+
+/* A queued launch runs: every pointer argument must still point at live
+ * memory (or the test's host memory); the built-in kernels do their work. */
+static void exec_launch(struct fop *o)
+{
+  struct fkernel *k = o->kernel;
+  const unsigned char *v = o->staging;
+  char what[256];
+  snprintf(what, sizeof what, "kernel %s", k->name);
+  k->lib->queued--;
+  log_add("exec:cudaLaunchKernel");
+  if (k->op != BI_NONE) {
+    exec_builtin(k, what, v);
+    return;
+  }
+  for (size_t i = 0; i < k->nparams; i++) {
+    void *p;
+    if (k->pointer[i] && (p = arg_pointer(k, v, i)) != NULL)
+      check_access(what, p, 1);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* NVRTC                                                                      */
+/* ------------------------------------------------------------------------ */
+
+static const char *const nvrtc_names[] = {
+    "NVRTC_SUCCESS",
+    "NVRTC_ERROR_OUT_OF_MEMORY",
+    "NVRTC_ERROR_PROGRAM_CREATION_FAILURE",
+    "NVRTC_ERROR_INVALID_INPUT",
+    "NVRTC_ERROR_INVALID_PROGRAM",
+    "NVRTC_ERROR_INVALID_OPTION",
+    "NVRTC_ERROR_COMPILATION",
+    "NVRTC_ERROR_BUILTIN_OPERATION_FAILURE",
+    "NVRTC_ERROR_NO_NAME_EXPRESSIONS_AFTER_COMPILATION",
+    "NVRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION",
+    "NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID",
+    "NVRTC_ERROR_INTERNAL_ERROR",
+    "NVRTC_ERROR_TIME_FILE_WRITE_FAILED",
+    "NVRTC_ERROR_NO_PCH_CREATE_ATTEMPTED",
+    "NVRTC_ERROR_PCH_CREATE_HEAP_EXHAUSTED",
+    "NVRTC_ERROR_PCH_CREATE",
+    "NVRTC_ERROR_CANCELLED",
+    "NVRTC_ERROR_TIME_TRACE_FILE_WRITE_FAILED",
+};
+
+static const char *fk_nvrtc_get_error_string(nvrtcResult result)
+{
+  if ((unsigned)result < sizeof nvrtc_names / sizeof nvrtc_names[0])
+    return nvrtc_names[result];
+  return "NVRTC_ERROR unknown";
+}
+
+/* The result an injected cudaError_t becomes (see fakecuda.h). */
+static nvrtcResult nvrtc_of(cudaError_t e)
+{
+  switch (e) {
+  case cudaSuccess:
+    return NVRTC_SUCCESS;
+  case cudaErrorMemoryAllocation:
+    return NVRTC_ERROR_OUT_OF_MEMORY;
+  case cudaErrorInvalidValue:
+    return NVRTC_ERROR_INVALID_INPUT;
+  default:
+    return NVRTC_ERROR_INTERNAL_ERROR;
+  }
+}
+
+/* The prologue of the NVRTC calls: counted, logged and failed on request
+ * like the runtime's, but NVRTC needs no driver and has no sticky state.
+ * Whatever it returns, the caller ends through leave_nvrtc(). */
+static nvrtcResult begin_nvrtc(const char *name)
+{
+  lock();
+  g.calls++;
+  log_add(name);
+  if (g.torn_down) {
+    if (g.strict)
+      violation("%s called after the CUDA runtime was torn down", name);
+    return NVRTC_ERROR_INTERNAL_ERROR;
+  }
+  return nvrtc_of(injected_fault(name));
+}
+
+static nvrtcResult leave_nvrtc(nvrtcResult r)
+{
+  unlock();
+  return r;
+}
+
+static struct fprogram *resolve_program(const char *fn, nvrtcProgram h)
+{
+  for (size_t i = 0; i < g.nprograms; i++)
+    if (g.programs[i] == (struct fprogram *)(void *)h) {
+      if (g.programs[i]->destroyed)
+        violation("%s of program %p after it was destroyed", fn, (void *)h);
+      return g.programs[i];
+    }
+  violation("%s of %p, which is not a program", fn, (void *)h);
+}
+
+static nvrtcResult fk_nvrtc_create_program(nvrtcProgram *prog,
+                                           const char *source,
+                                           const char *name, int nheaders,
+                                           const char *const *headers,
+                                           const char *const *include_names)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcCreateProgram");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  if (!prog || !source || nheaders < 0 ||
+      (nheaders > 0 && (!headers || !include_names)))
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  struct fprogram *p = calloc(1, sizeof *p);
+  if (!p)
+    return leave_nvrtc(NVRTC_ERROR_OUT_OF_MEMORY);
+  p->source = xstrdup(source);
+  p->name = xstrdup(name ? name : "default_program");
+  p->log = xstrdup("");
+  if (g.nprograms == g.cap_programs) {
+    g.cap_programs = g.cap_programs ? 2 * g.cap_programs : 16;
+    g.programs = xrealloc(g.programs, g.cap_programs * sizeof *g.programs);
+  }
+  g.programs[g.nprograms++] = p;
+  *prog = (nvrtcProgram)(void *)p;
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+static int has_prefix(const char *s, const char *prefix)
+{
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* "sm_90", "sm_90a", "compute_90": digits after the prefix, then at most
+ * one letter. */
+static int valid_arch(const char *v, int *real)
+{
+  const char *d;
+  if (has_prefix(v, "sm_")) {
+    d = v + 3;
+    *real = 1;
+  } else if (has_prefix(v, "compute_")) {
+    d = v + 8;
+    *real = 0;
+  } else {
+    return 0;
+  }
+  if (!isdigit((unsigned char)d[0]) || !isdigit((unsigned char)d[1]))
+    return 0;
+  d += 2;
+  while (isdigit((unsigned char)*d))
+    d++;
+  if (*d == 'a' || *d == 'f')
+    d++;
+  return *d == '\0';
+}
+
+/* Returns 0 and a log if the option is unknown or its value bad.  *real is
+ * cleared by an -arch for a virtual architecture (no cubin then). */
+static int check_option(const char *o, char **log, int *real)
+{
+  static const char *const exact[] = {"-G", "-lineinfo", "--use_fast_math",
+                                      "-default-device"};
+  static const char *const prefix[] = {"-D", "-I", "-std=", "--std="};
+  for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+    if (strcmp(o, exact[i]) == 0)
+      return 1;
+  for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++)
+    if (has_prefix(o, prefix[i]) && o[strlen(prefix[i])] != '\0')
+      return 1;
+  const char *arch = has_prefix(o, "-arch=") ? o + 6
+                     : has_prefix(o, "--gpu-architecture=") ? o + 19
+                                                            : NULL;
+  if (arch) {
+    if (valid_arch(arch, real))
+      return 1;
+    *log = xstrdup("nvrtc: error: invalid value for --gpu-architecture "
+                   "(-arch)");
+    return 0;
+  }
+  const char *fmt = "nvrtc: error: unrecognized option %s found";
+  size_t n = strlen(fmt) + strlen(o);
+  *log = xrealloc(NULL, n);
+  snprintf(*log, n, fmt, o);
+  return 0;
+}
+
+static char *format_log(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static char *format_log(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = xrealloc(NULL, (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+static int line_of(const char *src, const char *at)
+{
+  int line = 1;
+  for (const char *p = src; p < at; p++)
+    if (*p == '\n')
+      line++;
+  return line;
+}
+
+/* A copy of src with its comments blanked out (newlines kept, so that
+ * line numbers stay right). */
+static char *strip_comments(const char *src)
+{
+  char *s = xstrdup(src);
+  for (char *p = s; *p; p++) {
+    if (p[0] == '/' && p[1] == '/') {
+      while (*p && *p != '\n')
+        *p++ = ' ';
+      if (!*p)
+        break;
+    } else if (p[0] == '/' && p[1] == '*') {
+      *p++ = ' ';
+      *p = ' ';
+      while (p[1] && !(p[1] == '*' && p[2] == '/')) {
+        p++;
+        if (*p != '\n')
+          *p = ' ';
+      }
+      if (p[1]) {
+        p[1] = p[2] = ' ';
+        p += 2;
+      } else {
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+/* The size of a parameter of the C type `type` (blanks normalised), or 0. */
+static size_t c_type_size(const char *type)
+{
+  static const struct {
+    const char *name;
+    size_t size;
+  } types[] = {
+      {"char", 1},           {"signed char", 1},
+      {"unsigned char", 1},  {"int8_t", 1},
+      {"uint8_t", 1},        {"bool", 1},
+      {"short", 2},          {"unsigned short", 2},
+      {"int16_t", 2},        {"uint16_t", 2},
+      {"int", 4},            {"unsigned", 4},
+      {"unsigned int", 4},   {"float", 4},
+      {"int32_t", 4},        {"uint32_t", 4},
+      {"long", 8},           {"long long", 8},
+      {"unsigned long", 8},  {"unsigned long long", 8},
+      {"size_t", 8},         {"double", 8},
+      {"int64_t", 8},        {"uint64_t", 8},
+  };
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+    if (strcmp(type, types[i].name) == 0)
+      return types[i].size;
+  return 0;
+}
+
+static int is_qualifier(const char *w, size_t n)
+{
+  static const char *const q[] = {"const", "volatile", "__restrict__",
+                                  "restrict", "__grid_constant__"};
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+    if (strlen(q[i]) == n && strncmp(w, q[i], n) == 0)
+      return 1;
+  return 0;
+}
+
+/* Appends to a growing string. */
+static void append(char **s, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char **s, size_t *len, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  *s = xrealloc(*s, *len + (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(*s + *len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  *len += (size_t)n;
+}
+
+/* One parameter declaration [s, e) of a kernel into the image's line:
+ * " p" or " <size>".  Returns 0 with *log set for an unknown type. */
+static int add_param_decl(const struct fprogram *p, const char *src,
+                          const char *s, const char *e, char **img,
+                          size_t *len, char **log)
+{
+  for (const char *q = s; q < e; q++)
+    if (*q == '*') {
+      append(img, len, " p");
+      return 1;
+    }
+  /* the words, without qualifiers */
+  const char *w[16];
+  size_t wn[16], nw = 0;
+  int odd = 0;
+  for (const char *q = s; q < e;) {
+    if (isspace((unsigned char)*q)) {
+      q++;
+      continue;
+    }
+    const char *b = q;
+    if (is_ident_char((unsigned char)*q) || *q == ':') {
+      while (q < e && (is_ident_char((unsigned char)*q) || *q == ':'))
+        q++;
+    } else {
+      odd = 1;
+      q++;
+    }
+    if (is_qualifier(b, (size_t)(q - b)))
+      continue;
+    if (nw == 16)
+      odd = 1;
+    else {
+      w[nw] = b;
+      wn[nw++] = (size_t)(q - b);
+    }
+  }
+  char type[256] = "";
+  size_t size = 0;
+  /* With the parameter's name (the last word) dropped, or without. */
+  for (int drop = 0; !odd && drop <= 1 && !size; drop++) {
+    if ((size_t)drop >= nw)
+      break;
+    size_t tl = 0;
+    type[0] = '\0';
+    for (size_t i = 0; i + (size_t)drop < nw; i++)
+      tl += (size_t)snprintf(type + tl, sizeof type - tl, "%s%.*s",
+                             i ? " " : "", (int)wn[i], w[i]);
+    size = c_type_size(type);
+  }
+  if (!size) {
+    /* the declaration, trimmed, and its line */
+    while (s < e && isspace((unsigned char)*s))
+      s++;
+    while (e > s && isspace((unsigned char)e[-1]))
+      e--;
+    snprintf(type, sizeof type, "%.*s", (int)(e - s), s);
+    *log = format_log("%s(%d): error: unknown type \"%s\"", p->name,
+                      line_of(src, s), type);
+    return 0;
+  }
+  append(img, len, " %zu", size);
+  return 1;
+}
+
+/* Finds `extern "C" __global__ void [__launch_bounds__(N[,...])] NAME(...)`
+ * in the source and makes a FAKECUBIN image of them. */
+static nvrtcResult fake_compile(struct fprogram *p, char **log)
+{
+  char *src = strip_comments(p->source);
+  char *img = NULL;
+  size_t len = 0;
+  char **names = NULL;
+  size_t nnames = 0;
+  nvrtcResult r = NVRTC_SUCCESS;
+  append(&img, &len, "%s\n", FAKE_IMAGE_MAGIC);
+
+  /* #error, first */
+  for (char *line = src; line && *line;) {
+    char *q = line;
+    while (*q == ' ' || *q == '\t')
+      q++;
+    if (*q == '#') {
+      q++;
+      while (*q == ' ' || *q == '\t')
+        q++;
+      if (has_prefix(q, "error") &&
+          (q[5] == '\0' || q[5] == '\n' || isspace((unsigned char)q[5]))) {
+        q += 5;
+        while (*q == ' ' || *q == '\t')
+          q++;
+        char *end = strchr(q, '\n');
+        if (!end)
+          end = q + strlen(q);
+        while (end > q && isspace((unsigned char)end[-1]))
+          end--;
+        *log = format_log("%s(%d): error: %.*s", p->name, line_of(src, line),
+                          (int)(end - q), q);
+        r = NVRTC_ERROR_COMPILATION;
+        goto out;
+      }
+    }
+    line = strchr(line, '\n');
+    if (line)
+      line++;
+  }
+
+  for (char *g_at = strstr(src, "__global__"); g_at;
+       g_at = strstr(g_at + 1, "__global__")) {
+    /* a whole word, after `extern "C"` */
+    if ((g_at > src && is_ident_char((unsigned char)g_at[-1])) ||
+        is_ident_char((unsigned char)g_at[10]))
+      continue;
+    char *b = g_at;
+    while (b > src && isspace((unsigned char)b[-1]))
+      b--;
+    if (b - src < 3 || strncmp(b - 3, "\"C\"", 3) != 0)
+      continue;
+    b -= 3;
+    while (b > src && isspace((unsigned char)b[-1]))
+      b--;
+    if (b - src < 6 || strncmp(b - 6, "extern", 6) != 0 ||
+        (b - 6 > src && is_ident_char((unsigned char)b[-7])))
+      continue;
+    char *q = g_at + 10;
+    while (isspace((unsigned char)*q))
+      q++;
+    if (strncmp(q, "void", 4) != 0 || is_ident_char((unsigned char)q[4]))
+      continue;
+    q += 4;
+    while (isspace((unsigned char)*q))
+      q++;
+    unsigned long maxthreads = 0;
+    if (has_prefix(q, "__launch_bounds__")) {
+      q += 17;
+      while (isspace((unsigned char)*q))
+        q++;
+      if (*q != '(')
+        continue;
+      char *num = ++q;
+      while (isspace((unsigned char)*num))
+        num++;
+      char *ne = num;
+      while (isdigit((unsigned char)*ne))
+        ne++;
+      if (!parse_number(num, ne, 1, DEFAULT_MAX_THREADS, &maxthreads)) {
+        *log = format_log("%s(%d): error: bad __launch_bounds__", p->name,
+                          line_of(src, q));
+        r = NVRTC_ERROR_COMPILATION;
+        break;
+      }
+      q = strchr(q, ')');
+      if (!q)
+        continue;
+      q++;
+      while (isspace((unsigned char)*q))
+        q++;
+    }
+    if (!is_ident_start((unsigned char)*q))
+      continue;
+    char *name = q;
+    while (is_ident_char((unsigned char)*q))
+      q++;
+    size_t namelen = (size_t)(q - name);
+    while (isspace((unsigned char)*q))
+      q++;
+    if (*q != '(')
+      continue;
+    char *params = ++q;
+    int depth = 0;
+    while (*q && !(depth == 0 && *q == ')')) {
+      if (*q == '(' || *q == '<' || *q == '[')
+        depth++;
+      else if (*q == ')' || *q == '>' || *q == ']')
+        depth--;
+      q++;
+    }
+    if (!*q)
+      continue;
+    char *params_end = q;
+    int dup = 0;
+    for (size_t i = 0; i < nnames; i++)
+      if (strlen(names[i]) == namelen && !strncmp(names[i], name, namelen))
+        dup = 1;
+    if (dup) {
+      *log = format_log("%s(%d): error: function \"%.*s\" has already been "
+                        "defined",
+                        p->name, line_of(src, name), (int)namelen, name);
+      r = NVRTC_ERROR_COMPILATION;
+      break;
+    }
+    names = xrealloc(names, (nnames + 1) * sizeof *names);
+    names[nnames++] = xstrndup(name, namelen);
+    append(&img, &len, "kernel %.*s", (int)namelen, name);
+    if (maxthreads)
+      append(&img, &len, " maxthreads=%lu", maxthreads);
+    /* (void) and () take nothing */
+    char *ps = params;
+    while (ps < params_end && isspace((unsigned char)*ps))
+      ps++;
+    char *pe = params_end;
+    while (pe > ps && isspace((unsigned char)pe[-1]))
+      pe--;
+    if (pe > ps && !(pe - ps == 4 && strncmp(ps, "void", 4) == 0)) {
+      char *start = params;
+      depth = 0;
+      for (char *c = params; c <= params_end; c++) {
+        if (c < params_end && (*c == '(' || *c == '<' || *c == '['))
+          depth++;
+        else if (c < params_end && (*c == ')' || *c == '>' || *c == ']'))
+          depth--;
+        if (c == params_end || (depth == 0 && *c == ',')) {
+          if (!add_param_decl(p, src, start, c, &img, &len, log)) {
+            r = NVRTC_ERROR_COMPILATION;
+            break;
+          }
+          start = c + 1;
+        }
+      }
+      if (r != NVRTC_SUCCESS)
+        break;
+    }
+    append(&img, &len, "\n");
+  }
+out:
+  for (size_t i = 0; i < nnames; i++)
+    free(names[i]);
+  free(names);
+  free(src);
+  if (r == NVRTC_SUCCESS) {
+    p->image = img;
+    p->image_size = len + 1;
+  } else {
+    free(img);
+  }
+  return r;
+}
+
+static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
+                                            const char *const *options)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcCompileProgram");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  struct fprogram *p = resolve_program("nvrtcCompileProgram", prog);
+  if (noptions < 0 || (noptions > 0 && !options))
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  for (int i = 0; i < noptions; i++)
+    if (!options[i])
+      return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  /* The options, for fake_last_nvrtc_options(). */
+  char *joined = NULL;
+  size_t jl = 0;
+  append(&joined, &jl, "%s", "");
+  for (int i = 0; i < noptions; i++)
+    append(&joined, &jl, "%s%s", i ? " " : "", options[i]);
+  free(g.nvrtc_options);
+  g.nvrtc_options = joined;
+
+  free(p->log);
+  free(p->image);
+  p->log = NULL;
+  p->image = NULL;
+  p->image_size = 0;
+  char *log = NULL;
+  int real = 1;
+  for (int i = 0; i < noptions; i++)
+    if (!check_option(options[i], &log, &real)) {
+      p->log = log;
+      return leave_nvrtc(NVRTC_ERROR_INVALID_OPTION);
+    }
+  r = fake_compile(p, &log);
+  p->log = log ? log : xstrdup("");
+  if (r == NVRTC_SUCCESS && !real) { /* PTX only: no cubin */
+    free(p->image);
+    p->image = NULL;
+    p->image_size = 0;
+  }
+  return leave_nvrtc(r);
+}
+
+static nvrtcResult fk_nvrtc_get_program_log_size(nvrtcProgram prog,
+                                                 size_t *size)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLogSize");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  struct fprogram *p = resolve_program("nvrtcGetProgramLogSize", prog);
+  if (!size)
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  *size = strlen(p->log) + 1;
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLog");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  struct fprogram *p = resolve_program("nvrtcGetProgramLog", prog);
+  if (!log)
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  memcpy(log, p->log, strlen(p->log) + 1);
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+/* As the real one: 0 bytes, successfully, when there is no cubin (not
+ * compiled, failed, or compiled for a virtual architecture). */
+static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcGetCUBINSize");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  struct fprogram *p = resolve_program("nvrtcGetCUBINSize", prog);
+  if (!size)
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  *size = p->image_size;
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcGetCUBIN");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  struct fprogram *p = resolve_program("nvrtcGetCUBIN", prog);
+  if (!cubin)
+    return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
+  if (p->image)
+    memcpy(cubin, p->image, p->image_size);
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog)
+{
+  nvrtcResult r = begin_nvrtc("nvrtcDestroyProgram");
+  if (r != NVRTC_SUCCESS)
+    return leave_nvrtc(r);
+  if (!prog)
+    return leave_nvrtc(NVRTC_ERROR_INVALID_PROGRAM);
+  struct fprogram *p = resolve_program("nvrtcDestroyProgram", *prog);
+  free_program_parts(p);
+  p->destroyed = 1;
+  *prog = NULL;
+  return leave_nvrtc(NVRTC_SUCCESS);
+}
+
+/* ------------------------------------------------------------------------ */
 /* The table                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -1840,6 +3284,23 @@ static const struct cs_cuda fake_table = {
     .memcpy_async = fk_memcpy_async,
     .memcpy_peer_async = fk_memcpy_peer_async,
     .memset_async = fk_memset_async,
+    .library_load_data = fk_library_load_data,
+    .library_load_file = fk_library_load_file,
+    .library_unload = fk_library_unload,
+    .library_get_kernel = fk_library_get_kernel,
+    .func_get_param_info = fk_func_get_param_info,
+    .func_get_attributes = fk_func_get_attributes,
+    .kernel_set_attribute_for_device = fk_kernel_set_attribute_for_device,
+    .occupancy_max_active_blocks = fk_occupancy_max_active_blocks,
+    .launch_kernel = fk_launch_kernel,
+    .nvrtc_create_program = fk_nvrtc_create_program,
+    .nvrtc_compile_program = fk_nvrtc_compile_program,
+    .nvrtc_get_program_log_size = fk_nvrtc_get_program_log_size,
+    .nvrtc_get_program_log = fk_nvrtc_get_program_log,
+    .nvrtc_get_cubin_size = fk_nvrtc_get_cubin_size,
+    .nvrtc_get_cubin = fk_nvrtc_get_cubin,
+    .nvrtc_destroy_program = fk_nvrtc_destroy_program,
+    .nvrtc_get_error_string = fk_nvrtc_get_error_string,
 };
 
 FAKE_EXPORT const struct cs_cuda *const cs_cu = &fake_table;
@@ -1863,6 +3324,16 @@ static size_t count_streams(int device)
   for (size_t i = 0; i < g.nstreams; i++)
     if ((device < 0 || g.streams[i]->device == device) &&
         stream_alive(g.streams[i]))
+      n++;
+  return n;
+}
+
+static size_t count_libraries(int device)
+{
+  size_t n = 0;
+  for (size_t i = 0; i < g.nlibraries; i++)
+    if ((device < 0 || g.libraries[i]->device == device) &&
+        !g.libraries[i]->unloaded)
       n++;
   return n;
 }
@@ -2078,6 +3549,43 @@ FAKE_EXPORT size_t fake_live_events(int device)
   return n;
 }
 
+FAKE_EXPORT size_t fake_live_libraries(int device)
+{
+  lock();
+  size_t n = count_libraries(device);
+  unlock();
+  return n;
+}
+
+FAKE_EXPORT size_t fake_live_programs(void)
+{
+  size_t n = 0;
+  lock();
+  for (size_t i = 0; i < g.nprograms; i++)
+    if (!g.programs[i]->destroyed)
+      n++;
+  unlock();
+  return n;
+}
+
+FAKE_EXPORT const char *fake_last_nvrtc_options(void)
+{
+  lock();
+  const char *s = g.nvrtc_options ? g.nvrtc_options : "";
+  unlock();
+  return s;
+}
+
+FAKE_EXPORT size_t fake_last_launch_args(void *dst, size_t capacity)
+{
+  lock();
+  size_t n = g.launch_args_size;
+  if (dst && g.launch_args)
+    memcpy(dst, g.launch_args, n < capacity ? n : capacity);
+  unlock();
+  return n;
+}
+
 FAKE_EXPORT int fake_primary_ctx_refcount(int device)
 {
   check_control_device("fake_primary_ctx_refcount", device);
@@ -2107,6 +3615,11 @@ FAKE_EXPORT void fake_reset(void)
   lock();
   free_everything();
   log_free();
+  free(g.nvrtc_options);
+  g.nvrtc_options = NULL;
+  free(g.launch_args);
+  g.launch_args = NULL;
+  g.launch_args_size = 0;
   set_defaults();
   g.torn_down = 0; /* the atexit registration, though, stays */
   t_device = 0;

@@ -9,8 +9,13 @@
  * It fails the test -- prints "fakecuda: VIOLATION: <what>" on stderr and
  * calls abort() -- when a lifetime rule is broken:
  *   - a device's primary context is released (by cusafe's last retain) while
- *     allocations, streams or events made on that device are still alive;
+ *     allocations, streams, events or libraries made on that device are
+ *     still alive;
  *   - queued work touches device memory that was already freed;
+ *   - a library is unloaded twice, or while a launch of one of its kernels
+ *     is still queued; a kernel of an unloaded library is used; a kernel is
+ *     launched on a stream of a device other than its library's;
+ *   - an NVRTC program is used after nvrtcDestroyProgram;
  *   - a pointer that is not a live allocation is freed, or freed twice;
  *   - a stream or event is destroyed twice, or used after destruction;
  *   - a call other than the error-string ones arrives after the fake's
@@ -79,17 +84,21 @@ void fake_set_memory_limit(int device, size_t bytes);
  * last fake_reset().  fake_fail_after(n, err, persistent): the n-th call
  * from now (n >= 1; 1 = the very next call) returns err without doing
  * anything; with persistent != 0, every call from then on does too, until
- * fake_fail_clear().  Calls of get_error_name/get_error_string are never
- * counted nor failed. */
+ * fake_fail_clear().  Calls of get_error_name/get_error_string and
+ * nvrtcGetErrorString are never counted nor failed.  An NVRTC call (they
+ * are counted, logged and failed like the others) returns err as an
+ * nvrtcResult: cudaErrorMemoryAllocation -> NVRTC_ERROR_OUT_OF_MEMORY,
+ * cudaErrorInvalidValue -> NVRTC_ERROR_INVALID_INPUT, any other error ->
+ * NVRTC_ERROR_INTERNAL_ERROR. */
 void fake_fail_after(unsigned long n, cudaError_t err, int persistent);
 void fake_fail_clear(void);
 /* Makes every call of the named table entry (the cuda function name, e.g.
- * "cudaMallocAsync", "cuDevicePrimaryCtxRetain") return err, until
- * fake_fail_clear().  Up to 16 names at once; err 0 stops failing that name
- * only.  Failures injected by either function are counted and logged like
- * any call, and do nothing else (no allocation, nothing queued, outputs
- * untouched).  For the driver functions err becomes the CUresult of the
- * same number. */
+ * "cudaMallocAsync", "cuDevicePrimaryCtxRetain", "nvrtcCompileProgram")
+ * return err, until fake_fail_clear().  Up to 16 names at once; err 0
+ * stops failing that name only.  Failures injected by either function are
+ * counted and logged like any call, and do nothing else (no allocation,
+ * nothing queued, outputs untouched).  For the driver functions err
+ * becomes the CUresult of the same number; for NVRTC, see above. */
 void fake_fail_function(const char *name, cudaError_t err);
 unsigned long fake_call_count(void);
 
@@ -113,6 +122,105 @@ void fake_set_paused(int paused);
  * new, releases its memory at once. */
 void fake_set_sticky_error(int device, cudaError_t err);
 
+/* Modules and kernels.
+ *
+ * cudaLibraryLoadData and cudaLibraryLoadFromFile (the file's bytes are
+ * taken as the image) accept:
+ *
+ *   (a) A fake image: NUL-terminated text whose first line is FAKECUBIN,
+ *       then one line per kernel (blank lines and lines starting with '#'
+ *       are ignored):
+ *
+ *         FAKECUBIN
+ *         kernel NAME [maxthreads=N] [shared=BYTES] PARAM...
+ *
+ *       NAME is a C identifier, unique in the image.  Each PARAM is `p` (a
+ *       pointer: 8 bytes, checked when the launch runs, see below) or a
+ *       decimal size in bytes (`4`, `8`, `1`, `16`, ...).  maxthreads
+ *       (1..1024, default 1024) is the kernel's maxThreadsPerBlock; shared
+ *       (0..49152, default 0) its static shared memory per block.  Example:
+ *         "FAKECUBIN\nkernel scale2 maxthreads=256 p 4 8\n"
+ *       Anything malformed: cudaErrorInvalidKernelImage.
+ *   (b) A real image: anything starting with the fatbin magic 0xBA55ED50
+ *       (little-endian) or with "\x7f" "ELF" (a cubin).  Its contents are
+ *       not read: it holds the kernels built into cusafe, with these
+ *       layouts and semantics, which the fake performs on the memory when
+ *       the launch runs (over all n elements, whatever the grid):
+ *         cusafe_fill_f32(float *x, float value, size_t n)   x[i] = value
+ *         cusafe_scale_f32(float *x, float a, size_t n)      x[i] *= a
+ *         cusafe_axpy_f32(float *y, float a, const float *x, size_t n)
+ *                                                     y[i] = a * x[i] + y[i]
+ *         cusafe_vecadd_f32(float *c, const float *a, const float *b,
+ *                           size_t n)                 c[i] = a[i] + b[i]
+ *       and the same with double for _f64.  Their pointers must point at
+ *       n elements of memory allocated through the fake (else a
+ *       VIOLATION); a pointer not aligned to the element size faults as on
+ *       a GPU: the device gets the sticky error cudaErrorMisalignedAddress.
+ *   (c) Anything else: cudaErrorInvalidKernelImage, or cudaErrorInvalidPtx
+ *       for a text starting with ".version" or "//" (PTX).  A NULL image
+ *       or path: cudaErrorInvalidValue; a file that cannot be read:
+ *       cudaErrorFileNotFound.
+ *
+ * A library belongs to the device current at its load, and counts as alive
+ * on it until unloaded.  A cudaKernel_t points into its library, valid
+ * until the library is unloaded.  cudaLibraryGetKernel of an unknown name:
+ * cudaErrorSymbolNotFound.  cudaFuncGetParamInfo: parameters at increasing
+ * offsets, each aligned to the largest power of two (at most 8) dividing
+ * its size; an index past the last: cudaErrorInvalidValue.
+ * cudaFuncGetAttributes (for the current device): maxThreadsPerBlock,
+ * sharedSizeBytes (static), maxDynamicSharedSizeBytes (the device's
+ * setting; default 48 KiB minus the static size), numRegs 32, ptxVersion
+ * and binaryVersion 90, the rest 0.  cudaKernelSetAttributeForDevice takes
+ * cudaFuncAttributeMaxDynamicSharedMemorySize up to 227 KiB minus the
+ * static size (more: cudaErrorInvalidValue) and
+ * cudaFuncAttributePreferredSharedMemoryCarveout (ignored); other
+ * attributes: cudaErrorInvalidValue.
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor models a multiprocessor of
+ * 2048 threads (counted in whole warps of 32), 32 blocks and 228 KiB of
+ * shared memory (static + dynamic per block); a block above the kernel's
+ * maxThreadsPerBlock, or dynamic shared memory above its limit, gives 0.
+ *
+ * cudaLaunchKernel checks what the real one checks: a grid or block
+ * dimension of 0, a block of more threads than the kernel's or the
+ * device's limit (1024; dimensions 1024, 1024, 64), a grid beyond
+ * (2^31-1, 65535, 65535): cudaErrorInvalidConfiguration; dynamic shared
+ * memory above the kernel's limit for the device: cudaErrorInvalidValue.
+ * It copies the argument values at the call (args[i] points at a value of
+ * parameter i's size) and queues the launch on the stream.  When it runs
+ * ("exec:cudaLaunchKernel" in the log), every non-NULL pointer argument is
+ * checked like the pointers of a queued copy (one byte, or, for the
+ * built-in kernels, the n elements they touch): one into freed memory is a
+ * VIOLATION ("queued kernel NAME touches freed memory ...").  On a device
+ * with a sticky error queued launches never run.  The sticky error of the
+ * device applies to loading (the current device), launching (the
+ * stream's), occupancy (the current device) and setting an attribute (the
+ * device given); the other queries and unloading always work.
+ *
+ * NVRTC.  nvrtcCreateProgram keeps the source and name (NULL:
+ * "default_program").  nvrtcCompileProgram accepts the options -D..., -I...,
+ * -std=..., --std=..., -arch=... and --gpu-architecture=... (sm_NN[a|f] or
+ * compute_NN[a|f]), -G, -lineinfo, --use_fast_math and -default-device;
+ * any other gives NVRTC_ERROR_INVALID_OPTION with the log
+ * "nvrtc: error: unrecognized option OPTION found" (a bad -arch value:
+ * "nvrtc: error: invalid value for --gpu-architecture (-arch)").  A source
+ * with a line `#error TEXT` (no preprocessing: wherever it stands) gives
+ * NVRTC_ERROR_COMPILATION with the log "NAME(LINE): error: TEXT".
+ * Otherwise the "compilation" finds every
+ *   extern "C" __global__ void [__launch_bounds__(N)] KERNEL(PARAMS)
+ * (comments ignored) and makes a FAKECUBIN image of them: a parameter
+ * whose type contains '*' is `p`; char, signed char, unsigned char, int8_t,
+ * uint8_t, bool: 1; short, unsigned short, int16_t, uint16_t: 2; int,
+ * unsigned, unsigned int, float, int32_t, uint32_t: 4; long, long long,
+ * unsigned long, unsigned long long, size_t, double, int64_t, uint64_t: 8
+ * (const, volatile, __restrict__ ignored); any other type is a compile
+ * error with the log "NAME(LINE): error: unknown type \"DECLARATION\"".
+ * __launch_bounds__(N) becomes maxthreads=N.  Kernels not declared
+ * extern "C" are not in the image.  Logs carry no final newline; the log
+ * size counts the NUL.  nvrtcGetCUBINSize / nvrtcGetCUBIN give the image
+ * (the size counts its NUL), or 0 bytes when there is none (not compiled,
+ * failed, or an -arch=compute_NN).  Programs count as alive until
+ * nvrtcDestroyProgram. */
+
 /* Strict teardown (the default, 1): a call after the fake's teardown is a
  * VIOLATION.  With 0 it answers cudaErrorCudartUnloading (4) silently, as
  * the real runtime does, so that tests can check how cusafe copes. */
@@ -122,8 +230,8 @@ void fake_set_strict_teardown(int strict);
  * "cudaMemcpyAsync" (failed calls and calls after the teardown included;
  * the error-string functions excepted).  Execution of queued work is logged
  * as well, as "exec:cudaMemcpyAsync", "exec:cudaMemcpyPeerAsync",
- * "exec:cudaMemsetAsync", "exec:cudaFreeAsync" and
- * "exec:cudaStreamWaitEvent", at the moment it runs.  Entries are static
+ * "exec:cudaMemsetAsync", "exec:cudaFreeAsync", "exec:cudaLaunchKernel"
+ * and "exec:cudaStreamWaitEvent", at the moment it runs.  Entries are static
  * strings, valid for ever.  The log survives the teardown. */
 size_t fake_log_length(void);
 const char *fake_log_entry(size_t i); /* NULL past the end */
@@ -140,6 +248,19 @@ size_t fake_live_allocations(int device); /* device, pinned and managed */
 size_t fake_live_bytes(int device);
 size_t fake_live_streams(int device);
 size_t fake_live_events(int device);
+/* Libraries loaded on a device (all devices: -1) and not unloaded. */
+size_t fake_live_libraries(int device);
+/* NVRTC programs created and not destroyed. */
+size_t fake_live_programs(void);
+/* The options of the last nvrtcCompileProgram, joined by single spaces
+ * ("" if none yet).  Valid until the next compile or fake_reset(). */
+const char *fake_last_nvrtc_options(void);
+/* The argument values of the last cudaLaunchKernel that succeeded, as
+ * the kernel receives them: each parameter at its offset (see
+ * cudaFuncGetParamInfo above), padding zeroed.  Copies the first
+ * min(size, capacity) bytes to dst (unless NULL) and returns the size (0
+ * before any launch). */
+size_t fake_last_launch_args(void *dst, size_t capacity);
 /* cusafe's current retain count of a device's primary context. */
 int fake_primary_ctx_refcount(int device);
 /* Whether the fake's exit teardown has run. */

@@ -1,0 +1,1169 @@
+"""cusafe.py -- a ctypes binding of libcusafe, the resource-safe CUDA runtime.
+
+Copy this one file next to your program (it needs nothing but the standard
+library; numpy arrays work wherever bytes do, through the buffer protocol).
+
+    import cusafe
+
+    with cusafe.Context(0) as ctx:
+        a = ctx.alloc(4 * n)
+        a.write(array.array("f", values))
+        ...
+
+Loading.  The first use loads the library: the path given to load(), else
+the one in the environment variable CUSAFE_LIBRARY, else the installed
+libcusafe.so.0 (then libcusafe.so) through the dynamic linker's usual search.
+A library that cannot be loaded raises LibraryNotFoundError, which says what
+was tried.
+
+Errors.  Every failed call raises CusafeError(status, message, cuda_error):
+`status` is a Status, `message` the library's sentence (such as "copy of
+100 bytes at offset 0 exceeds buffer of 64 bytes"), `cuda_error` the
+cudaError_t behind it (0 if none).  A machine without a CUDA driver or
+device raises NoDeviceError, a subclass, at the first call that needs one.
+
+Lifetime.  Every object (Context, Stream, Event, Buffer, Module, Kernel)
+owns one reference on a library handle.  close(), the end of a `with` block
+or the garbage collector releases it.  The library keeps each object's
+parents alive for it (a buffer its context, a view its buffer, a kernel its
+module), and queued work keeps its buffers alive, so Python objects may be
+dropped in any order.  At interpreter exit, objects still alive are left to
+the library's own exit handler, which destroys them in dependency order
+before the CUDA runtime tears itself down; objects that daemon threads still
+use thus stay valid until the very end.  After shutdown() (or at exit) every
+release is a no-op and every other call raises CusafeError with status
+SHUTDOWN.  In a child process forked after CUDA was used, every call raises
+CusafeError with status FORKED.
+
+Threads.  Every function and object may be used from any thread.
+"""
+
+import ctypes
+import enum
+import os
+import threading
+import weakref
+
+__all__ = [
+    "Status", "HandleType", "Memory", "ArgKind",
+    "CusafeError", "NoDeviceError", "LibraryNotFoundError",
+    "DeviceProperties", "Arg", "LaunchConfig",
+    "load", "library", "status_string", "version", "device_count",
+    "device_properties", "shutdown", "release_handle", "retain_handle",
+    "handle_type",
+    "Context", "Stream", "Event", "Buffer", "Module", "Kernel",
+    "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "F32", "F64",
+    "Bytes",
+    "MEMORY_DEVICE", "MEMORY_HOST_PINNED", "MEMORY_MANAGED",
+    "STREAM_NON_BLOCKING", "EVENT_DISABLE_TIMING", "EVENT_BLOCKING_SYNC",
+]
+
+# --------------------------------------------------------------------------
+# The C interface, mirrored from include/cusafe.h
+# --------------------------------------------------------------------------
+
+
+class Status(enum.IntEnum):
+    """cusafe_status."""
+    SUCCESS = 0
+    INVALID_HANDLE = 1
+    INVALID_VALUE = 2
+    INVALID_SIZE = 3
+    OUT_OF_RANGE = 4
+    INVALID_DEVICE = 5
+    CONTEXT_MISMATCH = 6
+    NO_DRIVER = 7
+    NO_DEVICE = 8
+    OUT_OF_MEMORY = 9
+    NOT_READY = 10
+    NOT_SUPPORTED = 11
+    CUDA = 12
+    SHUTDOWN = 13
+    FORKED = 14
+    INVALID_ARGUMENTS = 15
+    INVALID_CONFIGURATION = 16
+    INVALID_IMAGE = 17
+    COMPILE = 18
+    NOT_FOUND = 19
+
+
+class HandleType(enum.IntEnum):
+    """cusafe_handle_type."""
+    INVALID = 0
+    CONTEXT = 1
+    STREAM = 2
+    EVENT = 3
+    BUFFER = 4
+    MODULE = 5
+    KERNEL = 6
+
+
+class Memory(enum.IntEnum):
+    """cusafe_memory."""
+    DEVICE = 0
+    HOST_PINNED = 1
+    MANAGED = 2
+
+
+MEMORY_DEVICE = Memory.DEVICE
+MEMORY_HOST_PINNED = Memory.HOST_PINNED
+MEMORY_MANAGED = Memory.MANAGED
+
+
+class ArgKind(enum.IntEnum):
+    """cusafe_arg_kind."""
+    BUFFER = 1
+    I8 = 2
+    U8 = 3
+    I16 = 4
+    U16 = 5
+    I32 = 6
+    U32 = 7
+    I64 = 8
+    U64 = 9
+    F32 = 10
+    F64 = 11
+    BYTES = 12
+
+
+STREAM_NON_BLOCKING = 0x1
+EVENT_DISABLE_TIMING = 0x1
+EVENT_BLOCKING_SYNC = 0x2
+
+NULL_HANDLE = 0
+
+c_handle = ctypes.c_uint64   # cusafe_handle and all its typedefs
+c_status = ctypes.c_int      # cusafe_status (a C enum)
+c_enum = ctypes.c_int        # the other C enums
+
+
+class DeviceProperties(ctypes.Structure):
+    """cusafe_device_properties."""
+    _fields_ = [
+        ("name", ctypes.c_char * 256),
+        ("total_memory", ctypes.c_size_t),
+        ("compute_capability_major", ctypes.c_int),
+        ("compute_capability_minor", ctypes.c_int),
+        ("multiprocessor_count", ctypes.c_int),
+        ("max_threads_per_block", ctypes.c_int),
+        ("max_block_dim", ctypes.c_int * 3),
+        ("max_grid_dim", ctypes.c_int * 3),
+        ("shared_memory_per_block", ctypes.c_size_t),
+        ("shared_memory_per_block_optin", ctypes.c_size_t),
+        ("warp_size", ctypes.c_int),
+        ("managed_memory", ctypes.c_int),
+        ("concurrent_managed_access", ctypes.c_int),
+        ("memory_pools", ctypes.c_int),
+        ("pci_bus_id", ctypes.c_int),
+        ("pci_device_id", ctypes.c_int),
+        ("pci_domain_id", ctypes.c_int),
+    ]
+
+    @property
+    def device_name(self):
+        """The device's name, as a str (`name` is the raw bytes)."""
+        return self.name.decode("utf-8", "replace")
+
+    @property
+    def compute_capability(self):
+        return (self.compute_capability_major, self.compute_capability_minor)
+
+    def __repr__(self):
+        return "<cusafe.DeviceProperties %r, CC %d.%d, %d bytes>" % (
+            self.device_name, self.compute_capability_major,
+            self.compute_capability_minor, self.total_memory)
+
+
+class _ArgValue(ctypes.Union):
+    _fields_ = [
+        ("buffer", c_handle),
+        ("i", ctypes.c_int64),
+        ("u", ctypes.c_uint64),
+        ("f32", ctypes.c_float),
+        ("f64", ctypes.c_double),
+        ("bytes", ctypes.c_void_p),
+    ]
+
+
+class Arg(ctypes.Structure):
+    """cusafe_arg: one kernel argument, a tagged value of 16 bytes."""
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("value", _ArgValue),
+    ]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cusafe_launch_config."""
+    _fields_ = [
+        ("grid", ctypes.c_uint32 * 3),
+        ("block", ctypes.c_uint32 * 3),
+        ("shared_memory", ctypes.c_size_t),
+        ("stream", c_handle),
+    ]
+
+
+_P = ctypes.POINTER
+_h = c_handle
+_sz = ctypes.c_size_t
+_vp = ctypes.c_void_p
+
+# name: (restype, argtypes), for every function that cusafe.h declares.
+_PROTOTYPES = {
+    # status codes and error reporting
+    "cusafe_status_string": (ctypes.c_char_p, [c_status]),
+    "cusafe_last_error_message": (ctypes.c_char_p, []),
+    "cusafe_last_cuda_error": (ctypes.c_int, []),
+    "cusafe_version_string": (ctypes.c_char_p, []),
+    # handles
+    "cusafe_retain": (c_status, [_h]),
+    "cusafe_release": (c_status, [_h]),
+    "cusafe_handle_get_type": (c_status, [_P(c_enum), _h]),
+    "cusafe_handle_set_label": (c_status, [_h, ctypes.c_char_p]),
+    # library and devices
+    "cusafe_shutdown": (c_status, []),
+    "cusafe_device_count": (c_status, [_P(ctypes.c_int)]),
+    "cusafe_device_get_properties": (c_status, [_P(DeviceProperties),
+                                                ctypes.c_int]),
+    # contexts
+    "cusafe_context_create": (c_status, [_P(_h), ctypes.c_int]),
+    "cusafe_context_retain": (c_status, [_h]),
+    "cusafe_context_release": (c_status, [_h]),
+    "cusafe_context_get_device": (c_status, [_P(ctypes.c_int), _h]),
+    "cusafe_context_synchronize": (c_status, [_h]),
+    "cusafe_context_stream_priority_range": (
+        c_status, [_P(ctypes.c_int), _P(ctypes.c_int), _h]),
+    # streams
+    "cusafe_stream_create": (c_status, [_P(_h), _h, ctypes.c_uint,
+                                        ctypes.c_int]),
+    "cusafe_stream_retain": (c_status, [_h]),
+    "cusafe_stream_release": (c_status, [_h]),
+    "cusafe_stream_synchronize": (c_status, [_h]),
+    "cusafe_stream_query": (c_status, [_h]),
+    "cusafe_stream_wait_event": (c_status, [_h, _h]),
+    "cusafe_stream_get_context": (c_status, [_P(_h), _h]),
+    # events
+    "cusafe_event_create": (c_status, [_P(_h), _h, ctypes.c_uint]),
+    "cusafe_event_retain": (c_status, [_h]),
+    "cusafe_event_release": (c_status, [_h]),
+    "cusafe_event_record": (c_status, [_h, _h]),
+    "cusafe_event_synchronize": (c_status, [_h]),
+    "cusafe_event_query": (c_status, [_h]),
+    "cusafe_event_elapsed_ms": (c_status, [_P(ctypes.c_float), _h, _h]),
+    # buffers
+    "cusafe_buffer_alloc": (c_status, [_P(_h), _h, c_enum, _sz]),
+    "cusafe_buffer_alloc_async": (c_status, [_P(_h), _h, _sz]),
+    "cusafe_buffer_view": (c_status, [_P(_h), _h, _sz, _sz]),
+    "cusafe_buffer_retain": (c_status, [_h]),
+    "cusafe_buffer_release": (c_status, [_h]),
+    "cusafe_buffer_get_size": (c_status, [_P(_sz), _h]),
+    "cusafe_buffer_get_memory": (c_status, [_P(c_enum), _h]),
+    "cusafe_buffer_get_context": (c_status, [_P(_h), _h]),
+    "cusafe_buffer_write": (c_status, [_h, _sz, _vp, _sz]),
+    "cusafe_buffer_read": (c_status, [_h, _sz, _vp, _sz]),
+    "cusafe_buffer_write_async": (c_status, [_h, _sz, _vp, _sz, _h]),
+    "cusafe_buffer_read_async": (c_status, [_h, _sz, _vp, _sz, _h]),
+    "cusafe_buffer_copy": (c_status, [_h, _sz, _h, _sz, _sz, _h]),
+    "cusafe_buffer_fill": (c_status, [_h, _sz, _sz, ctypes.c_ubyte, _h]),
+    # interop
+    "cusafe_buffer_interop_pointer": (c_status, [_P(_vp), _h]),
+    "cusafe_stream_interop_handle": (c_status, [_P(_vp), _h]),
+    # modules and kernels
+    "cusafe_module_load_builtin": (c_status, [_P(_h), _h]),
+    "cusafe_module_load_file": (c_status, [_P(_h), _h, ctypes.c_char_p]),
+    "cusafe_module_load_data": (c_status, [_P(_h), _h, _vp, _sz]),
+    "cusafe_module_compile": (c_status, [_P(_h), _h, ctypes.c_char_p,
+                                         ctypes.c_char_p,
+                                         _P(ctypes.c_char_p), _sz]),
+    "cusafe_last_compile_log": (ctypes.c_char_p, []),
+    "cusafe_module_retain": (c_status, [_h]),
+    "cusafe_module_release": (c_status, [_h]),
+    "cusafe_module_get_kernel": (c_status, [_P(_h), _h, ctypes.c_char_p]),
+    "cusafe_kernel_retain": (c_status, [_h]),
+    "cusafe_kernel_release": (c_status, [_h]),
+    "cusafe_kernel_get_params": (c_status, [_P(_sz), _P(_sz), _sz, _h]),
+    "cusafe_kernel_launch": (c_status, [_h, _P(LaunchConfig), _P(Arg), _sz]),
+    "cusafe_kernel_suggest_config": (c_status, [_P(ctypes.c_uint32),
+                                                _P(ctypes.c_uint32), _h,
+                                                _sz, _sz]),
+}
+
+del _P, _h, _sz, _vp
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class LibraryNotFoundError(OSError):
+    """libcusafe could not be loaded."""
+
+
+class CusafeError(Exception):
+    """A cusafe call failed.
+
+    status     -- a Status (a plain int for a status this binding does not
+                  know)
+    message    -- the library's sentence about the failure (may be "")
+    cuda_error -- the cudaError_t behind it, or 0
+    """
+
+    def __init__(self, status, message="", cuda_error=0):
+        try:
+            status = Status(status)
+        except ValueError:
+            status = int(status)
+        super().__init__(status, message, cuda_error)
+        self.status = status
+        self.message = message
+        self.cuda_error = cuda_error
+
+    def __str__(self):
+        text = status_string(self.status)
+        return "%s: %s" % (text, self.message) if self.message else text
+
+    def __repr__(self):
+        name = self.status.name if isinstance(self.status, Status) \
+            else str(self.status)
+        return "%s(%s, %r, cuda_error=%d)" % (
+            type(self).__name__, name, self.message, self.cuda_error)
+
+
+class NoDeviceError(CusafeError):
+    """No CUDA driver (status NO_DRIVER) or no CUDA device (NO_DEVICE)."""
+
+
+_STATUS_WORDS = {
+    0: "success", 1: "invalid handle", 2: "invalid value",
+    3: "invalid size", 4: "out of range", 5: "invalid device",
+    6: "context mismatch", 7: "no CUDA driver", 8: "no CUDA device",
+    9: "out of memory", 10: "not ready", 11: "not supported",
+    12: "CUDA error", 13: "shut down", 14: "forked",
+    15: "invalid arguments", 16: "invalid configuration",
+    17: "invalid image", 18: "compile error", 19: "not found",
+}
+
+
+def status_string(status):
+    """The library's description of a status (cusafe_status_string)."""
+    try:
+        lib = library()
+    except LibraryNotFoundError:
+        return _STATUS_WORDS.get(int(status), "unknown status")
+    return lib.fn.cusafe_status_string(int(status)).decode("utf-8",
+                                                           "replace")
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+
+class _Missing:
+    """Stands for a function that the loaded library does not export (an
+    older libcusafe than this binding): calling it raises CusafeError."""
+
+    def __init__(self, name, path):
+        self.name = name
+        self.path = path
+
+    def __call__(self, *args):
+        raise CusafeError(Status.NOT_SUPPORTED,
+                          "%s does not export %s (is it older than this "
+                          "binding?)" % (self.path, self.name))
+
+
+class _Functions:
+    pass
+
+
+class Library:
+    """A loaded libcusafe.  `cdll` is the ctypes.CDLL; `fn` holds every
+    function of cusafe.h as a ctypes function with its argtypes and restype
+    declared (a function missing from the library raises CusafeError with
+    status NOT_SUPPORTED when called); `path` is what was loaded."""
+
+    def __init__(self, cdll, path):
+        self.cdll = cdll
+        self.path = path
+        self.fn = _Functions()
+        self.missing = []
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            try:
+                # Indexing makes a new function object, private to this
+                # binding: nobody else's argtypes can change it.
+                f = cdll[name]
+            except AttributeError:
+                self.missing.append(name)
+                setattr(self.fn, name, _Missing(name, path))
+                continue
+            f.restype = restype
+            f.argtypes = argtypes
+            setattr(self.fn, name, f)
+
+    def check(self, status):
+        """Raises the error for a failed call; the message and the CUDA
+        error are the calling thread's, so call it right after the call."""
+        if status == 0:
+            return
+        message = self.fn.cusafe_last_error_message()
+        message = message.decode("utf-8", "replace") if message else ""
+        cuda_error = self.fn.cusafe_last_cuda_error()
+        cls = NoDeviceError if status in (Status.NO_DRIVER,
+                                          Status.NO_DEVICE) else CusafeError
+        err = cls(status, message, cuda_error)
+        if status == Status.COMPILE:
+            log = self.fn.cusafe_last_compile_log()
+            err.log = log.decode("utf-8", "replace") if log else ""
+        raise err
+
+    def __repr__(self):
+        return "<cusafe.Library %r>" % (self.path,)
+
+
+_lock = threading.Lock()
+_library = None
+
+DEFAULT_NAMES = ("libcusafe.so.0", "libcusafe.so")
+
+
+def load(path=None):
+    """Loads libcusafe and returns the Library.  `path`: the file to load;
+    None: $CUSAFE_LIBRARY if set, else libcusafe.so.0, then libcusafe.so,
+    through the dynamic linker's search path.  Loading twice returns the
+    same Library; asking for another file once one is loaded raises
+    RuntimeError (one process, one cusafe)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            if path is not None and \
+                    os.path.realpath(path) != os.path.realpath(
+                        _library.path) and path != _library.path:
+                raise RuntimeError("cusafe is already loaded from %s"
+                                   % _library.path)
+            return _library
+        if path is not None:
+            candidates = [("the path given to cusafe.load()", path)]
+        elif os.environ.get("CUSAFE_LIBRARY"):
+            candidates = [("CUSAFE_LIBRARY", os.environ["CUSAFE_LIBRARY"])]
+        else:
+            candidates = [("the default", name) for name in DEFAULT_NAMES]
+        tried = []
+        for origin, name in candidates:
+            try:
+                cdll = ctypes.CDLL(name)
+            except OSError as e:
+                tried.append("%s (%s): %s" % (name, origin, e))
+                continue
+            _library = Library(cdll, name)
+            return _library
+        raise LibraryNotFoundError(
+            "cannot load libcusafe; tried " + "; ".join(tried) +
+            ". Install cusafe (and run ldconfig), or set CUSAFE_LIBRARY to "
+            "the path of libcusafe.so")
+
+
+def library():
+    """The loaded Library, loading the default one on first use."""
+    lib = _library
+    return lib if lib is not None else load()
+
+
+def _call(name, *args):
+    lib = library()
+    lib.check(getattr(lib.fn, name)(*args))
+
+
+# --------------------------------------------------------------------------
+# Library-wide functions
+# --------------------------------------------------------------------------
+
+
+def version():
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    return library().fn.cusafe_version_string().decode()
+
+
+def device_count():
+    """The number of CUDA devices.  Raises NoDeviceError without a driver
+    or device."""
+    n = ctypes.c_int(0)
+    _call("cusafe_device_count", ctypes.byref(n))
+    return n.value
+
+
+def device_properties(device=0):
+    """The DeviceProperties of a device."""
+    props = DeviceProperties()
+    _call("cusafe_device_get_properties", ctypes.byref(props), device)
+    return props
+
+
+def shutdown():
+    """Destroys every object still alive, in dependency order, and shuts
+    the library down (cusafe_shutdown).  Afterwards releases are no-ops and
+    every other call raises CusafeError with status SHUTDOWN.  Idempotent."""
+    _call("cusafe_shutdown")
+
+
+def handle_type(handle):
+    """The HandleType of a live handle (an int)."""
+    t = c_enum(0)
+    _call("cusafe_handle_get_type", ctypes.byref(t), handle)
+    return HandleType(t.value)
+
+
+def retain_handle(handle):
+    """Adds a reference to a handle of any type (cusafe_retain)."""
+    _call("cusafe_retain", handle)
+
+
+def release_handle(handle):
+    """Drops a reference of a handle of any type (cusafe_release)."""
+    _call("cusafe_release", handle)
+
+
+# --------------------------------------------------------------------------
+# Objects
+# --------------------------------------------------------------------------
+
+
+class _Object:
+    """An owned reference on one library handle."""
+
+    __slots__ = ("_handle", "_finalizer", "__weakref__")
+    _release_name = "cusafe_release"
+
+    def __init__(self):
+        raise TypeError("cusafe.%s objects are made by their own "
+                        "constructors or methods" % type(self).__name__)
+
+    def _own(self, handle):
+        lib = library()
+        self._handle = handle
+        # The release function is bound now, not looked up at release
+        # time, so that it still works while the interpreter shuts down
+        # and module globals are gone.  It is a raw ctypes function (no
+        # Python code runs in it) that ignores its status: after shutdown
+        # or in a forked child a release is a no-op anyway.
+        self._finalizer = weakref.finalize(
+            self, getattr(lib.fn, self._release_name), handle)
+        # At interpreter exit the library's own exit handler destroys what
+        # is still alive, in dependency order; releasing from Python's exit
+        # hooks could pull objects from under daemon threads still using
+        # them.
+        self._finalizer.atexit = False
+
+    @classmethod
+    def _adopt(cls, handle):
+        """An object owning `handle`, a reference the caller hands over."""
+        obj = object.__new__(cls)
+        obj._own(handle)
+        return obj
+
+    @property
+    def handle(self):
+        """The handle, an int.  Raises ValueError once closed."""
+        if not self._finalizer.alive:
+            raise ValueError("this cusafe.%s is closed" % type(self).__name__)
+        return self._handle
+
+    @property
+    def closed(self):
+        return not self._finalizer.alive
+
+    def close(self):
+        """Releases the reference now; closing twice is a no-op."""
+        lib = library()
+        status = self._finalizer()
+        if status:  # None when already closed
+            lib.check(status)
+
+    def set_label(self, label):
+        """Attaches a label (where or why the object was made) that the
+        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it."""
+        _call("cusafe_handle_set_label", self.handle,
+              None if label is None else _encode(label))
+        return self
+
+    def detach(self):
+        """Gives up ownership: returns the handle, which the caller must
+        release (release_handle()); the object is closed."""
+        handle = self.handle
+        self._finalizer.detach()
+        return handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _describe(self):
+        return ""
+
+    def __repr__(self):
+        name = type(self).__name__
+        if self.closed:
+            return "<cusafe.%s closed>" % name
+        extra = self._describe()
+        return "<cusafe.%s 0x%016x%s>" % (name, self._handle,
+                                          " " + extra if extra else "")
+
+    def __eq__(self, other):
+        return type(other) is type(self) and not self.closed and \
+            not other.closed and other._handle == self._handle
+
+    def __hash__(self):
+        return hash((type(self), self._handle))
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return 0
+    if isinstance(stream, Stream):
+        return stream.handle
+    raise TypeError("stream must be a cusafe.Stream or None, not %s"
+                    % type(stream).__name__)
+
+
+class Context(_Object):
+    """A device's context (cusafe_context_create): one per device, shared
+    with the CUDA runtime and other libraries; each Context object holds
+    one reference."""
+
+    __slots__ = ("_device",)
+    _release_name = "cusafe_context_release"
+
+    def __init__(self, device=0):
+        h = c_handle(0)
+        _call("cusafe_context_create", ctypes.byref(h), device)
+        self._device = device
+        self._own(h.value)
+
+    @classmethod
+    def _adopt(cls, handle):
+        obj = super()._adopt(handle)
+        d = ctypes.c_int(0)
+        _call("cusafe_context_get_device", ctypes.byref(d), handle)
+        obj._device = d.value
+        return obj
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def properties(self):
+        return device_properties(self._device)
+
+    def synchronize(self):
+        """Waits for all work on the device."""
+        _call("cusafe_context_synchronize", self.handle)
+
+    def stream_priority_range(self):
+        """(least, greatest) stream priority of the device."""
+        least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+        _call("cusafe_context_stream_priority_range", ctypes.byref(least),
+              ctypes.byref(greatest), self.handle)
+        return least.value, greatest.value
+
+    # Factories, for convenience.
+    def stream(self, non_blocking=False, priority=0):
+        return Stream(self, non_blocking=non_blocking, priority=priority)
+
+    def event(self, timing=True, blocking_sync=False):
+        return Event(self, timing=timing, blocking_sync=blocking_sync)
+
+    def alloc(self, size, memory=Memory.DEVICE):
+        return Buffer(self, size, memory)
+
+    def load_builtin(self):
+        return Module.builtin(self)
+
+    def compile(self, source, name=None, options=()):
+        return Module.compile(self, source, name, options)
+
+    def _describe(self):
+        return "device %d" % self._device
+
+
+class Stream(_Object):
+    """A CUDA stream of a context (cusafe_stream_create)."""
+
+    __slots__ = ()
+    _release_name = "cusafe_stream_release"
+
+    def __init__(self, ctx, non_blocking=False, priority=0, flags=None):
+        if flags is None:
+            flags = STREAM_NON_BLOCKING if non_blocking else 0
+        h = c_handle(0)
+        _call("cusafe_stream_create", ctypes.byref(h), ctx.handle, flags,
+              priority)
+        self._own(h.value)
+
+    def synchronize(self):
+        _call("cusafe_stream_synchronize", self.handle)
+
+    def query(self):
+        """True if all queued work has completed."""
+        lib = library()
+        st = lib.fn.cusafe_stream_query(self.handle)
+        if st == Status.NOT_READY:
+            return False
+        lib.check(st)
+        return True
+
+    def wait_event(self, event):
+        """Makes later work on the stream wait for the event's last record."""
+        _call("cusafe_stream_wait_event", self.handle, event.handle)
+
+    @property
+    def context(self):
+        h = c_handle(0)
+        _call("cusafe_stream_get_context", ctypes.byref(h), self.handle)
+        return Context._adopt(h.value)
+
+    def interop_handle(self):
+        """The cudaStream_t, as an int; cusafe keeps ownership."""
+        p = ctypes.c_void_p()
+        _call("cusafe_stream_interop_handle", ctypes.byref(p), self.handle)
+        return p.value or 0
+
+
+class Event(_Object):
+    """A CUDA event of a context (cusafe_event_create)."""
+
+    __slots__ = ()
+    _release_name = "cusafe_event_release"
+
+    def __init__(self, ctx, timing=True, blocking_sync=False, flags=None):
+        if flags is None:
+            flags = (0 if timing else EVENT_DISABLE_TIMING) | \
+                (EVENT_BLOCKING_SYNC if blocking_sync else 0)
+        h = c_handle(0)
+        _call("cusafe_event_create", ctypes.byref(h), ctx.handle, flags)
+        self._own(h.value)
+
+    def record(self, stream=None):
+        """Records the event on `stream` (None: the context's default)."""
+        _call("cusafe_event_record", self.handle, _stream_handle(stream))
+
+    def synchronize(self):
+        _call("cusafe_event_synchronize", self.handle)
+
+    def query(self):
+        """True if the work before the last record has completed."""
+        lib = library()
+        st = lib.fn.cusafe_event_query(self.handle)
+        if st == Status.NOT_READY:
+            return False
+        lib.check(st)
+        return True
+
+    def elapsed_ms(self, end):
+        """Milliseconds from this event to `end` (both recorded, done)."""
+        ms = ctypes.c_float(0)
+        _call("cusafe_event_elapsed_ms", ctypes.byref(ms), self.handle,
+              end.handle)
+        return ms.value
+
+
+class _HostMemory:
+    """The address and size of a host object with the buffer protocol
+    (bytes, bytearray, memoryview, array.array, numpy arrays, ...).  It
+    holds the export for as long as it lives."""
+
+    __slots__ = ("view", "array", "keep", "address", "nbytes")
+
+    def __init__(self, obj, writable):
+        view = obj if isinstance(obj, memoryview) else memoryview(obj)
+        if not view.c_contiguous:
+            raise ValueError("host memory must be C-contiguous")
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+        self.view = view
+        self.nbytes = view.nbytes
+        self.keep = None
+        self.array = None
+        if not view.readonly:
+            self.array = (ctypes.c_char * self.nbytes).from_buffer(view)
+            self.address = ctypes.addressof(self.array)
+        elif writable:
+            raise TypeError("cannot read into read-only memory (%s)"
+                            % type(obj).__name__)
+        elif isinstance(obj, bytes):
+            # ctypes passes a bytes object's own storage: no copy.
+            self.keep = obj
+            self.address = ctypes.cast(ctypes.c_char_p(obj),
+                                       ctypes.c_void_p).value
+        else:
+            self.keep = view.tobytes()
+            self.address = ctypes.cast(ctypes.c_char_p(self.keep),
+                                       ctypes.c_void_p).value
+
+    def release(self):
+        self.array = None
+        self.view.release()
+
+
+class Buffer(_Object):
+    """Device, pinned host or managed memory (cusafe_buffer_alloc), or a
+    view of a byte range of another buffer (Buffer.view)."""
+
+    __slots__ = ("_size", "_memory")
+    _release_name = "cusafe_buffer_release"
+
+    def __init__(self, ctx, size, memory=Memory.DEVICE, stream=None):
+        """Allocates `size` bytes of `memory` in ctx; with a `stream`,
+        device memory ordered on that stream (cusafe_buffer_alloc_async)."""
+        h = c_handle(0)
+        if stream is not None:
+            if memory != Memory.DEVICE:
+                raise ValueError("stream-ordered allocation is for device "
+                                 "memory only")
+            _call("cusafe_buffer_alloc_async", ctypes.byref(h),
+                  _stream_handle(stream), size)
+        else:
+            _call("cusafe_buffer_alloc", ctypes.byref(h), ctx.handle,
+                  int(memory), size)
+        self._size = size
+        self._memory = Memory(memory)
+        self._own(h.value)
+
+    @classmethod
+    def _adopt(cls, handle):
+        obj = super()._adopt(handle)
+        size, mem = ctypes.c_size_t(0), c_enum(0)
+        _call("cusafe_buffer_get_size", ctypes.byref(size), handle)
+        _call("cusafe_buffer_get_memory", ctypes.byref(mem), handle)
+        obj._size = size.value
+        obj._memory = Memory(mem.value)
+        return obj
+
+    @classmethod
+    def from_host(cls, ctx, data, memory=Memory.DEVICE):
+        """A new buffer holding a copy of host data (any object with the
+        buffer protocol)."""
+        host = _HostMemory(data, writable=False)
+        try:
+            buf = cls(ctx, host.nbytes, memory)
+            try:
+                _call("cusafe_buffer_write", buf.handle, 0, host.address,
+                      host.nbytes)
+            except BaseException:
+                buf.close()
+                raise
+        finally:
+            host.release()
+        return buf
+
+    @property
+    def size(self):
+        return self._size
+
+    def __len__(self):
+        return self._size
+
+    @property
+    def memory(self):
+        return self._memory
+
+    @property
+    def context(self):
+        h = c_handle(0)
+        _call("cusafe_buffer_get_context", ctypes.byref(h), self.handle)
+        return Context._adopt(h.value)
+
+    def view(self, offset, size):
+        """A Buffer for bytes [offset, offset + size); it keeps this
+        buffer's memory alive."""
+        h = c_handle(0)
+        _call("cusafe_buffer_view", ctypes.byref(h), self.handle, offset,
+              size)
+        obj = object.__new__(Buffer)
+        obj._size = size
+        obj._memory = self._memory
+        obj._own(h.value)
+        return obj
+
+    def write(self, data, offset=0, stream=None):
+        """Copies host data (bytes, bytearray, memoryview, array.array,
+        numpy arrays, ...) into the buffer at `offset`.  Without a stream
+        it returns when the copy is complete; with one it is ordered on
+        that stream (the data may be reused when it returns)."""
+        host = _HostMemory(data, writable=False)
+        try:
+            if stream is None:
+                _call("cusafe_buffer_write", self.handle, offset,
+                      host.address, host.nbytes)
+            else:
+                _call("cusafe_buffer_write_async", self.handle, offset,
+                      host.address, host.nbytes, _stream_handle(stream))
+        finally:
+            host.release()
+
+    def read(self, out=None, offset=0, size=None, stream=None):
+        """Copies bytes of the buffer from `offset` into host memory.  With
+        `out` (a writable object with the buffer protocol: bytearray,
+        memoryview, array.array, numpy array, ...) it fills all of `out`
+        and returns it; without, it returns a bytearray of `size` bytes
+        (default: up to the end).  Returns when the data is there."""
+        if out is None:
+            if size is None:
+                size = self._size - offset if offset <= self._size else 0
+            out = bytearray(size)
+        host = _HostMemory(out, writable=True)
+        try:
+            if stream is None:
+                _call("cusafe_buffer_read", self.handle, offset,
+                      host.address, host.nbytes)
+            else:
+                _call("cusafe_buffer_read_async", self.handle, offset,
+                      host.address, host.nbytes, _stream_handle(stream))
+        finally:
+            host.release()
+        return out
+
+    def copy_from(self, src, size=None, dst_offset=0, src_offset=0,
+                  stream=None):
+        """Copies `size` bytes (default: all of src from src_offset) from
+        buffer src, ordered on `stream`."""
+        if size is None:
+            size = src.size - src_offset
+        _call("cusafe_buffer_copy", self.handle, dst_offset, src.handle,
+              src_offset, size, _stream_handle(stream))
+
+    def fill(self, value, offset=0, size=None, stream=None):
+        """Sets bytes to `value` (0..255), ordered on `stream`."""
+        if size is None:
+            size = self._size - offset
+        _call("cusafe_buffer_fill", self.handle, offset, size, value,
+              _stream_handle(stream))
+
+    def interop_pointer(self):
+        """The raw address of the first byte, as an int; valid while this
+        object is open.  Work queued through it is not tracked."""
+        p = ctypes.c_void_p()
+        _call("cusafe_buffer_interop_pointer", ctypes.byref(p), self.handle)
+        return p.value or 0
+
+    def _describe(self):
+        return "%d bytes %s" % (self._size, self._memory.name.lower())
+
+
+def _encode(text):
+    return text.encode() if isinstance(text, str) else text
+
+
+class Module(_Object):
+    """Loaded code of a context: Module.builtin(ctx), Module.from_file(),
+    Module.from_data() or Module.compile()."""
+
+    __slots__ = ("_origin",)
+    _release_name = "cusafe_module_release"
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Module.builtin(), Module.from_file(), "
+                        "Module.from_data() or Module.compile()")
+
+    @classmethod
+    def _make(cls, origin, fn, *args):
+        h = c_handle(0)
+        _call(fn, ctypes.byref(h), *args)
+        obj = object.__new__(cls)
+        obj._origin = origin
+        obj._own(h.value)
+        return obj
+
+    @classmethod
+    def builtin(cls, ctx):
+        """The kernels built into cusafe (cusafe_vecadd_f32, ...)."""
+        return cls._make("builtin", "cusafe_module_load_builtin", ctx.handle)
+
+    @classmethod
+    def from_file(cls, ctx, path):
+        """A cubin, fatbin or PTX file."""
+        return cls._make(os.fspath(path), "cusafe_module_load_file",
+                         ctx.handle, os.fsencode(path))
+
+    @classmethod
+    def from_data(cls, ctx, image):
+        """A cubin, fatbin or PTX image in memory (PTX as str or bytes; a
+        NUL is added where missing)."""
+        if isinstance(image, str):
+            image = image.encode()
+        if isinstance(image, (bytes, bytearray)) and image[:1] != b"\x7f" \
+                and not image.endswith(b"\0") and b".version" in image[:4096]:
+            image = bytes(image) + b"\0"  # PTX text
+        host = _HostMemory(image, writable=False)
+        try:
+            return cls._make("data", "cusafe_module_load_data", ctx.handle,
+                             host.address, host.nbytes)
+        finally:
+            host.release()
+
+    @classmethod
+    def compile(cls, ctx, source, name=None, options=()):
+        """CUDA C++ compiled with NVRTC for the context's device.  A
+        failure raises CusafeError with status COMPILE and the compiler's
+        log in its `log` attribute."""
+        opts = [_encode(o) for o in options]
+        array = (ctypes.c_char_p * max(len(opts), 1))(*opts)
+        return cls._make(name or "source.cu", "cusafe_module_compile",
+                         ctx.handle, _encode(source),
+                         _encode(name) if name is not None else None,
+                         array, len(opts))
+
+    def kernel(self, name):
+        """The Kernel called `name` (CusafeError NOT_FOUND if none)."""
+        h = c_handle(0)
+        _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,
+              _encode(name))
+        obj = object.__new__(Kernel)
+        obj._name = name
+        obj._own(h.value)
+        return obj
+
+    __getitem__ = kernel
+
+    def _describe(self):
+        return self._origin
+
+
+# Typed kernel arguments.  A plain int is passed as I64 and a float as F64;
+# wrap a value to pass another type: kernel.launch(g, b, buf, F32(2.0), n).
+class _Scalar:
+    __slots__ = ("value",)
+    kind = None
+    field = None
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return "%s(%r)" % (type(self).__name__, self.value)
+
+
+def _scalar(kind, field, lo=None, hi=None):
+    def check(self):
+        v = self.value
+        if lo is not None and not lo <= v <= hi:
+            raise OverflowError("%r does not fit %s" % (v, kind.name))
+    cls = type(kind.name, (_Scalar,), {"__slots__": (), "kind": kind,
+                                      "field": field, "_check": check})
+    cls.__doc__ = "A kernel argument of type %s." % kind.name
+    return cls
+
+
+I8 = _scalar(ArgKind.I8, "i", -2**7, 2**7 - 1)
+U8 = _scalar(ArgKind.U8, "u", 0, 2**8 - 1)
+I16 = _scalar(ArgKind.I16, "i", -2**15, 2**15 - 1)
+U16 = _scalar(ArgKind.U16, "u", 0, 2**16 - 1)
+I32 = _scalar(ArgKind.I32, "i", -2**31, 2**31 - 1)
+U32 = _scalar(ArgKind.U32, "u", 0, 2**32 - 1)
+I64 = _scalar(ArgKind.I64, "i", -2**63, 2**63 - 1)
+U64 = _scalar(ArgKind.U64, "u", 0, 2**64 - 1)
+F32 = _scalar(ArgKind.F32, "f32")
+F64 = _scalar(ArgKind.F64, "f64")
+
+
+class Bytes:
+    """A kernel argument passed by value as raw bytes (a struct): any
+    object with the buffer protocol, such as a ctypes.Structure."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = bytes(memoryview(data).cast("B"))
+
+
+def _dims(v, what):
+    if isinstance(v, int):
+        v = (v,)
+    v = tuple(v)
+    if not 1 <= len(v) <= 3:
+        raise ValueError("%s must be an int or 1 to 3 ints" % what)
+    return v + (1,) * (3 - len(v))
+
+
+class Kernel(_Object):
+    """A kernel of a module (Module.kernel)."""
+
+    __slots__ = ("_name",)
+    _release_name = "cusafe_kernel_release"
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Module.kernel(name)")
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def params(self):
+        """The sizes in bytes of the kernel's parameters, as a list."""
+        count = ctypes.c_size_t(0)
+        _call("cusafe_kernel_get_params", ctypes.byref(count), None, 0,
+              self.handle)
+        sizes = (ctypes.c_size_t * max(count.value, 1))()
+        _call("cusafe_kernel_get_params", ctypes.byref(count), sizes,
+              count.value, self.handle)
+        return list(sizes[:count.value])
+
+    def suggest_config(self, n, shared=0):
+        """(grid, block) that covers n threads with the best occupancy."""
+        block, grid = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        _call("cusafe_kernel_suggest_config", ctypes.byref(block),
+              ctypes.byref(grid), self.handle, shared, n)
+        return grid.value, block.value
+
+    def launch(self, grid, block, *args, shared=0, stream=None):
+        """Launches the kernel: grid and block are ints or tuples of up to
+        3 ints; args are Buffers (passed as their device address), ints
+        (I64), floats (F64), typed values (I32(...), F32(...), ...) or
+        Bytes(...).  Ordered on `stream` (None: the context's default);
+        the buffers stay alive until the kernel has completed."""
+        config = LaunchConfig()
+        config.grid[:] = _dims(grid, "grid")
+        config.block[:] = _dims(block, "block")
+        config.shared_memory = shared
+        config.stream = _stream_handle(stream)
+        cargs = (Arg * max(len(args), 1))()
+        keep = []
+        for i, a in enumerate(args):
+            c = cargs[i]
+            if isinstance(a, Buffer):
+                c.kind = ArgKind.BUFFER
+                c.value.buffer = a.handle
+            elif isinstance(a, _Scalar):
+                a._check()
+                c.kind = a.kind
+                setattr(c.value, a.field, a.value)
+            elif isinstance(a, Bytes):
+                c.kind = ArgKind.BYTES
+                c.size = len(a.data)
+                keep.append(a.data)
+                c.value.bytes = ctypes.cast(ctypes.c_char_p(a.data),
+                                            ctypes.c_void_p).value
+            elif isinstance(a, bool):
+                raise TypeError("argument %d: pass a bool as I32() or U8()"
+                                % i)
+            elif isinstance(a, int):
+                I64(a)._check()
+                c.kind = ArgKind.I64
+                c.value.i = a
+            elif isinstance(a, float):
+                c.kind = ArgKind.F64
+                c.value.f64 = a
+            else:
+                raise TypeError("argument %d: cannot pass %s to a kernel"
+                                % (i, type(a).__name__))
+        _call("cusafe_kernel_launch", self.handle, ctypes.byref(config),
+              cargs, len(args))
+
+    __call__ = launch
+
+    def _describe(self):
+        return self._name

@@ -1,0 +1,354 @@
+/* kernel.c -- checked kernel launches and launch configurations.
+ *
+ * Arguments are checked against the parameter layout read at lookup
+ * (cudaFuncGetParamInfo), the configuration against the kernel's and the
+ * device's limits, so that a wrong launch is an error with a sentence, not
+ * a corrupt kernel.  Buffers are chained onto the launch's stream like any
+ * other operation on them (buffer.c), which keeps them alive until the
+ * kernel has completed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Arguments held on the stack; more go to the heap. */
+#define STACK_ARGS 32
+
+static const char dims[3] = {'x', 'y', 'z'};
+
+/* The size an argument of `kind` passes, or 0 for an unknown kind. */
+static size_t arg_size(const cusafe_arg *a) {
+  switch (a->kind) {
+  case CUSAFE_ARG_BUFFER: return sizeof(void *);
+  case CUSAFE_ARG_I8:
+  case CUSAFE_ARG_U8: return 1;
+  case CUSAFE_ARG_I16:
+  case CUSAFE_ARG_U16: return 2;
+  case CUSAFE_ARG_I32:
+  case CUSAFE_ARG_U32:
+  case CUSAFE_ARG_F32: return 4;
+  case CUSAFE_ARG_I64:
+  case CUSAFE_ARG_U64:
+  case CUSAFE_ARG_F64: return 8;
+  case CUSAFE_ARG_BYTES: return a->size;
+  }
+  return 0;
+}
+
+/* Stores a scalar argument's value, in its own width, in *slot. */
+static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
+  union {
+    int8_t i8;
+    uint8_t u8;
+    int16_t i16;
+    uint16_t u16;
+    int32_t i32;
+    uint32_t u32;
+    float f32;
+    uint64_t all;
+  } v = {.all = 0};
+  switch (a->kind) {
+  case CUSAFE_ARG_I8: v.i8 = (int8_t)a->value.i; break;
+  case CUSAFE_ARG_U8: v.u8 = (uint8_t)a->value.u; break;
+  case CUSAFE_ARG_I16: v.i16 = (int16_t)a->value.i; break;
+  case CUSAFE_ARG_U16: v.u16 = (uint16_t)a->value.u; break;
+  case CUSAFE_ARG_I32: v.i32 = (int32_t)a->value.i; break;
+  case CUSAFE_ARG_U32: v.u32 = (uint32_t)a->value.u; break;
+  case CUSAFE_ARG_F32: v.f32 = a->value.f32; break;
+  default: memcpy(&v.all, &a->value, 8); break; /* 64-bit kinds */
+  }
+  *slot = v.all;
+  return slot;
+}
+
+static cusafe_status check_config(const struct cs_kernel *k,
+                                  const struct cs_context *ctx,
+                                  const cusafe_launch_config *c) {
+  for (int d = 0; d < 3; d++) {
+    if (c->grid[d] == 0)
+      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                     "grid dimension %c is 0", dims[d]);
+    if (c->block[d] == 0)
+      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                     "block dimension %c is 0", dims[d]);
+  }
+  for (int d = 0; d < 3; d++)
+    if (c->block[d] > (uint32_t)ctx->max_block[d])
+      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                     "block dimension %c of %u exceeds the device's limit "
+                     "of %d",
+                     dims[d], c->block[d], ctx->max_block[d]);
+  uint64_t threads =
+      (uint64_t)c->block[0] * c->block[1] * (uint64_t)c->block[2];
+  if (threads > (uint64_t)k->max_threads)
+    return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                   "block of %llu threads exceeds the kernel's limit of %d",
+                   (unsigned long long)threads, k->max_threads);
+  for (int d = 0; d < 3; d++)
+    if (c->grid[d] > (uint32_t)ctx->max_grid[d])
+      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                     "grid dimension %c of %u exceeds the device's limit "
+                     "of %d",
+                     dims[d], c->grid[d], ctx->max_grid[d]);
+  size_t limit = ctx->shared_optin > k->static_shared
+                     ? ctx->shared_optin - k->static_shared
+                     : 0;
+  if (c->shared_memory > limit)
+    return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                   "%zu bytes of shared memory exceed the device's limit of "
+                   "%zu",
+                   c->shared_memory, limit);
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes) {
+  if (CS_LIKELY(bytes <= atomic_load_explicit(&k->dynamic_limit,
+                                              memory_order_relaxed)))
+    return CUSAFE_SUCCESS;
+  cusafe_status st = CUSAFE_SUCCESS;
+  pthread_mutex_lock(&k->limit_lock);
+  if (bytes > atomic_load(&k->dynamic_limit)) {
+    cudaError_t err = cs_cu->kernel_set_attribute_for_device(
+        k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes,
+        k->module->ctx->device);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaKernelSetAttributeForDevice");
+    else
+      atomic_store(&k->dynamic_limit, bytes);
+  }
+  pthread_mutex_unlock(&k->limit_lock);
+  return st;
+}
+
+/* The buffers of one launch: their roots, locked in address order. */
+struct launch_buffers {
+  struct cs_buffer **held; /* acquired handles, released at the end */
+  struct cs_buffer **roots;
+  size_t nheld, nroots;
+};
+
+static int compare_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a;
+  uintptr_t y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts and deduplicates the roots so that two launches sharing buffers
+ * always lock them in the same order. */
+static void roots_unique(struct launch_buffers *lb) {
+  if (lb->nroots < 2)
+    return;
+  qsort(lb->roots, lb->nroots, sizeof *lb->roots, compare_ptr);
+  size_t n = 1;
+  for (size_t i = 1; i < lb->nroots; i++)
+    if (lb->roots[i] != lb->roots[n - 1])
+      lb->roots[n++] = lb->roots[i];
+  lb->nroots = n;
+}
+
+/* Resolves every argument to the pointer cudaLaunchKernel wants. */
+static cusafe_status resolve_args(const struct cs_kernel *k,
+                                  const struct cs_context *ctx,
+                                  const cusafe_arg *args, size_t nargs,
+                                  void **argv, uint64_t *values,
+                                  struct launch_buffers *lb) {
+  for (size_t i = 0; i < nargs; i++) {
+    const cusafe_arg *a = &args[i];
+    size_t size = arg_size(a);
+    if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
+      return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                     "argument %zu has unknown kind %u", i, a->kind);
+    if (size != k->param_size[i])
+      return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                     "argument %zu of kernel %s is %zu bytes, parameter %zu "
+                     "is %zu bytes",
+                     i, k->name, size, i, k->param_size[i]);
+    if (a->kind == CUSAFE_ARG_BYTES) {
+      if (!a->value.bytes)
+        return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes",
+                       i);
+      argv[i] = (void *)a->value.bytes;
+    } else if (a->kind == CUSAFE_ARG_BUFFER) {
+      struct cs_buffer *b;
+      cusafe_status st = cs_acquire_nth(a->value.buffer, CS_BUFFER,
+                                        "argument", i,
+                                        (struct cs_object **)&b);
+      if (st != CUSAFE_SUCCESS)
+        return st;
+      lb->held[lb->nheld++] = b;
+      if (b->ctx != ctx)
+        return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
+                       "argument %zu belongs to device %d but kernel belongs "
+                       "to device %d",
+                       i, b->ctx->device, ctx->device);
+      lb->roots[lb->nroots++] = b->root;
+      memcpy(&values[i], &b->ptr, sizeof b->ptr);
+      argv[i] = &values[i];
+    } else {
+      argv[i] = scalar_value(a, &values[i]);
+    }
+  }
+  return CUSAFE_SUCCESS;
+}
+
+static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
+                            const cusafe_launch_config *c, void **argv,
+                            struct launch_buffers *lb) {
+  struct cs_context *ctx = k->module->ctx;
+  cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  int saved;
+  st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  roots_unique(lb);
+  for (size_t i = 0; i < lb->nroots; i++)
+    pthread_mutex_lock(&lb->roots[i]->lock);
+  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++)
+    st = cs_buffer_chain(lb->roots[i], q);
+  if (st == CUSAFE_SUCCESS) {
+    dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
+    dim3 block = {c->block[0], c->block[1], c->block[2]};
+    cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
+                                           argv, c->shared_memory, q->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaLaunchKernel");
+  }
+  for (size_t i = lb->nroots; i-- > 0;)
+    pthread_mutex_unlock(&lb->roots[i]->lock);
+  cs_device_leave(saved);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_kernel_launch(
+    cusafe_kernel kernel, const cusafe_launch_config *config,
+    const cusafe_arg *args, size_t nargs) {
+  CS_ENTER();
+  struct cs_kernel *k;
+  cusafe_status st = cs_acquire(kernel, CS_KERNEL, "kernel",
+                                (struct cs_object **)&k);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = k->module->ctx;
+  void *argv_stack[STACK_ARGS];
+  uint64_t values_stack[STACK_ARGS];
+  struct cs_buffer *held_stack[STACK_ARGS], *roots_stack[STACK_ARGS];
+  void **argv = argv_stack;
+  uint64_t *values = values_stack;
+  struct launch_buffers lb = {held_stack, roots_stack, 0, 0};
+  struct cs_queue *q = NULL;
+  struct cs_object *stream = NULL;
+
+  if (!config) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
+    goto out;
+  }
+  if (!args && nargs) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, "args is NULL");
+    goto out;
+  }
+  if (nargs != k->nparams) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                 "kernel %s takes %zu arguments, %zu given", k->name,
+                 k->nparams, nargs);
+    goto out;
+  }
+  st = check_config(k, ctx, config);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  st = cs_queue_get(config->stream, ctx, &q, &stream);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  if (q->ctx != ctx) {
+    st = cs_mismatch("stream", q->ctx, "kernel", ctx);
+    goto out;
+  }
+  if (nargs > STACK_ARGS) {
+    argv = malloc(nargs * sizeof *argv);
+    values = malloc(nargs * sizeof *values);
+    lb.held = malloc(nargs * sizeof *lb.held);
+    lb.roots = malloc(nargs * sizeof *lb.roots);
+    if (!argv || !values || !lb.held || !lb.roots) {
+      st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+      goto out;
+    }
+  }
+  st = resolve_args(k, ctx, args, nargs, argv, values, &lb);
+  if (st == CUSAFE_SUCCESS)
+    st = launch(k, q, config, argv, &lb);
+out:
+  for (size_t i = 0; i < lb.nheld; i++)
+    cs_unref(&lb.held[i]->hdr);
+  if (argv != argv_stack) {
+    free(argv);
+    free(values);
+    free(lb.held);
+    free(lb.roots);
+  }
+  if (stream)
+    cs_unref(stream);
+  cs_unref(&k->hdr);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
+                                                      uint32_t *grid,
+                                                      cusafe_kernel kernel,
+                                                      size_t shared_memory,
+                                                      size_t n) {
+  CS_ENTER();
+  if (!block)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "block is NULL");
+  if (!grid)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "grid is NULL");
+  struct cs_kernel *k;
+  cusafe_status st = cs_acquire(kernel, CS_KERNEL, "kernel",
+                                (struct cs_object **)&k);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = k->module->ctx;
+  cusafe_launch_config probe = {{1, 1, 1}, {1, 1, 1}, shared_memory, 0};
+  st = check_config(k, ctx, &probe);
+  if (st == CUSAFE_SUCCESS)
+    st = cs_kernel_allow_shared(k, shared_memory);
+  int saved;
+  if (st == CUSAFE_SUCCESS)
+    st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    goto out;
+  /* The largest block size that reaches the highest occupancy, as the
+   * runtime's own cudaOccupancyMaxPotentialBlockSize chooses. */
+  int best_threads = 0, best_block = 0;
+  for (int size = ctx->warp_size; size <= k->max_threads;
+       size += ctx->warp_size) {
+    int blocks = 0;
+    cudaError_t err = cs_cu->occupancy_max_active_blocks(
+        &blocks, (const void *)k->fn, size, shared_memory);
+    if (err != cudaSuccess) {
+      st = cs_fail_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      break;
+    }
+    if (blocks * size >= best_threads && blocks > 0) {
+      best_threads = blocks * size;
+      best_block = size;
+    }
+  }
+  cs_device_leave(saved);
+  if (st == CUSAFE_SUCCESS && best_block == 0)
+    st = cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                 "kernel %s cannot run with %zu bytes of shared memory",
+                 k->name, shared_memory);
+  if (st == CUSAFE_SUCCESS) {
+    size_t blocks = n / (size_t)best_block + (n % (size_t)best_block != 0);
+    if (blocks == 0)
+      blocks = 1;
+    if (blocks > (size_t)ctx->max_grid[0])
+      blocks = (size_t)ctx->max_grid[0];
+    *block = (uint32_t)best_block;
+    *grid = (uint32_t)blocks;
+  }
+out:
+  cs_unref(&k->hdr);
+  return st;
+}

@@ -1,0 +1,1758 @@
+/* check_launch.c -- modules, kernels and launches, against the fake CUDA.
+ *
+ * Each test runs in its own process with a fresh library and a fresh fake
+ * (two devices, a working driver).  Modules are fake images (FAKECUBIN
+ * text, see fakecuda.h), the built-in kernels (the fake runs them on host
+ * memory), or sources "compiled" by the fake NVRTC.  The fake aborts the
+ * process with "fakecuda: VIOLATION: ..." when a lifetime rule is broken:
+ * a library unloaded while a launch of its kernel is queued, memory freed
+ * before a queued kernel that uses it ran, a primary context released with
+ * a library loaded. */
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cusafe.h"
+#include "fakecuda.h"
+#include "testutil.h"
+
+#define KIB ((size_t)1024)
+
+static const char shutdown_message[] = "cusafe has been shut down";
+
+/* A fake image; the parameters' offsets follow from their sizes:
+ *   k1     (p, 4, 8)                   0, 8, 16
+ *   k0     ()
+ *   small  (p), at most 128 threads, 1 KiB of static shared memory
+ *   two    (p, p, 8)
+ *   kall   (p, 1, 1, 2, 2, 4, 4, 8, 8, 4, 8, 16)
+ *          at 0, 8, 9, 10, 12, 16, 20, 24, 32, 40, 48, 56; 72 bytes */
+static const char fake_image[] =
+    "FAKECUBIN\n"
+    "kernel k1 p 4 8\n"
+    "kernel k0\n"
+    "kernel small maxthreads=128 shared=1024 p\n"
+    "kernel two p p 8\n"
+    "\n"
+    "# every kind of argument\n"
+    "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
+
+/* Nothing of CUDA is left: no memory, stream, event, library or NVRTC
+ * program, and the primary contexts of both devices are released. */
+#define CHECK_NOTHING_LIVE()                                                \
+  do {                                                                      \
+    TU_ASSERT(fake_live_allocations(-1) == 0, "%zu allocations alive",      \
+              fake_live_allocations(-1));                                   \
+    TU_ASSERT(fake_live_streams(-1) == 0, "%zu streams alive",              \
+              fake_live_streams(-1));                                       \
+    TU_ASSERT(fake_live_events(-1) == 0, "%zu events alive",                \
+              fake_live_events(-1));                                        \
+    TU_ASSERT(fake_live_libraries(-1) == 0, "%zu libraries alive",          \
+              fake_live_libraries(-1));                                     \
+    TU_ASSERT(fake_live_programs() == 0, "%zu NVRTC programs alive",        \
+              fake_live_programs());                                        \
+    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
+      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
+                "primary context of device %d still retained %d time(s)",   \
+                cnl_d_, fake_primary_ctx_refcount(cnl_d_));                 \
+  } while (0)
+
+/* A one-block launch on the context's default stream. */
+static cusafe_launch_config config1(void) {
+  cusafe_launch_config c = {{1, 1, 1}, {32, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
+  return c;
+}
+
+static cusafe_module load_fake_image(cusafe_context ctx) {
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_data(&m, ctx, fake_image, sizeof fake_image));
+  return m;
+}
+
+static cusafe_kernel get_kernel(cusafe_module m, const char *name) {
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_get_kernel(&k, m, name));
+  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
+  return k;
+}
+
+/* Writes `text` to a new temporary file; returns its path (malloc'd). */
+static char *write_temp(const void *data, size_t size) {
+  char *path = strdup("/tmp/cusafe-check-launch-XXXXXX");
+  TU_ASSERT(path != NULL, "out of memory");
+  int fd = mkstemp(path);
+  TU_ASSERT(fd >= 0, "mkstemp failed");
+  TU_ASSERT(write(fd, data, size) == (ssize_t)size, "write failed");
+  close(fd);
+  return path;
+}
+
+/* Runs fn in a forked child and returns its wait status. */
+static int run_in_child(void (*fn)(void *), void *arg) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ne(pid, -1);
+  if (pid == 0) {
+    tu_in_child = 1;
+    fn(arg);
+    exit(0);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loading                                                                    */
+/* ------------------------------------------------------------------------ */
+
+START_TEST(test_load_data) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  size_t count = 99, sizes[16];
+  TU_OK(cusafe_context_create(&ctx, 0));
+  /* The image may go at once: it was copied. */
+  char *copy = tu_xmalloc(sizeof fake_image);
+  memcpy(copy, fake_image, sizeof fake_image);
+  TU_OK(cusafe_module_load_data(&m, ctx, copy, sizeof fake_image));
+  memset(copy, 0, sizeof fake_image);
+  free(copy);
+  TU_LIVE(m, CUSAFE_TYPE_MODULE);
+  ck_assert_uint_eq(fake_live_libraries(0), 1);
+  ck_assert_uint_eq(fake_live_libraries(1), 0);
+
+  k = get_kernel(m, "k1");
+  TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
+  ck_assert_uint_eq(count, 3);
+  memset(sizes, 0, sizeof sizes);
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 16, k));
+  ck_assert_uint_eq(count, 3);
+  ck_assert_uint_eq(sizes[0], 8);
+  ck_assert_uint_eq(sizes[1], 4);
+  ck_assert_uint_eq(sizes[2], 8);
+  ck_assert_uint_eq(sizes[3], 0);
+  TU_ERR(cusafe_kernel_get_params(NULL, sizes, 16, k),
+         CUSAFE_ERROR_INVALID_VALUE, "count is NULL");
+  TU_OK(cusafe_kernel_release(k));
+
+  /* Only `capacity` sizes are written. */
+  k = get_kernel(m, "kall");
+  for (size_t i = 0; i < 16; i++)
+    sizes[i] = 777;
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 4, k));
+  ck_assert_uint_eq(count, 12);
+  const size_t want[4] = {8, 1, 1, 2};
+  for (size_t i = 0; i < 4; i++)
+    ck_assert_uint_eq(sizes[i], want[i]);
+  ck_assert_uint_eq(sizes[4], 777);
+  TU_OK(cusafe_kernel_release(k));
+
+  k = get_kernel(m, "k0");
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 16, k));
+  ck_assert_uint_eq(count, 0);
+
+  /* Two kernels of one name are two handles. */
+  cusafe_kernel k0b = get_kernel(m, "k0");
+  ck_assert_uint_ne(k0b, k);
+  TU_OK(cusafe_kernel_release(k0b));
+  TU_OK(cusafe_kernel_release(k));
+
+  cusafe_kernel out = (cusafe_kernel)0x1234;
+  TU_ERR(cusafe_module_get_kernel(&out, m, "nope"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"nope\" not found in module <memory image>");
+  ck_assert_uint_eq(out, CUSAFE_NULL_HANDLE);
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorSymbolNotFound);
+  out = (cusafe_kernel)0x1234;
+  TU_ERR(cusafe_module_get_kernel(&out, m, NULL), CUSAFE_ERROR_INVALID_VALUE,
+         "name is NULL");
+  ck_assert_uint_eq(out, CUSAFE_NULL_HANDLE);
+  TU_ERR(cusafe_module_get_kernel(NULL, m, "k1"), CUSAFE_ERROR_INVALID_VALUE,
+         "out is NULL");
+  TU_ERR(cusafe_module_get_kernel(&out, ctx, "k1"),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "module 0x%016llx is a context, not a module", TU_HX(ctx));
+  TU_ERR(cusafe_module_get_kernel(&out, CUSAFE_NULL_HANDLE, "k1"),
+         CUSAFE_ERROR_INVALID_HANDLE, "module is the NULL handle");
+
+  TU_OK(cusafe_module_release(m));
+  TU_STALE(m);
+  ck_assert_uint_eq(fake_live_libraries(-1), 0);
+  TU_ERR(cusafe_module_release(m), CUSAFE_ERROR_INVALID_HANDLE,
+         "module 0x%016llx is stale: its object was released", TU_HX(m));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_load_file) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  size_t count = 0;
+  char *path = write_temp(fake_image, sizeof fake_image);
+  TU_OK(cusafe_context_create(&ctx, 1));
+  TU_OK(cusafe_module_load_file(&m, ctx, path));
+  ck_assert_uint_eq(fake_live_libraries(1), 1);
+  ck_assert_uint_eq(fake_live_libraries(0), 0);
+  /* The file may go once loaded. */
+  unlink(path);
+  cusafe_kernel k = get_kernel(m, "two");
+  TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
+  ck_assert_uint_eq(count, 3);
+  cusafe_kernel out = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_module_get_kernel(&out, m, "nope"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"nope\" not found in module %s", path);
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+  free(path);
+}
+END_TEST
+
+START_TEST(test_load_errors) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = (cusafe_module)0x1234;
+  static const char garbage[] = "this is no image";
+  static const char ptx[] = ".version 8.0\n.target sm_90\n";
+  static const char ptx_comment[] = "// Generated by NVIDIA NVVM Compiler\n";
+  static const char bad_line[] = "FAKECUBIN\nkernel k1 p q\n";
+  TU_OK(cusafe_context_create(&ctx, 0));
+
+  TU_ERR(cusafe_module_load_data(&m, ctx, garbage, sizeof garbage),
+         CUSAFE_ERROR_INVALID_IMAGE,
+         "module <memory image> cannot be loaded: "
+         "device kernel image is invalid");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorInvalidKernelImage);
+  TU_ERR(cusafe_module_load_data(&m, ctx, bad_line, sizeof bad_line),
+         CUSAFE_ERROR_INVALID_IMAGE,
+         "module <memory image> cannot be loaded: "
+         "device kernel image is invalid");
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_load_data(&m, ctx, ptx, sizeof ptx),
+         CUSAFE_ERROR_INVALID_IMAGE,
+         "module <memory image> cannot be loaded: a PTX JIT compilation "
+         "failed");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorInvalidPtx);
+  TU_ERR(cusafe_module_load_data(&m, ctx, ptx_comment, sizeof ptx_comment),
+         CUSAFE_ERROR_INVALID_IMAGE,
+         "module <memory image> cannot be loaded: a PTX JIT compilation "
+         "failed");
+
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 100),
+         CUSAFE_ERROR_INVALID_VALUE, "image is NULL");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_load_data(&m, ctx, fake_image, 0),
+         CUSAFE_ERROR_INVALID_SIZE, "image of 0 bytes");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  TU_ERR(cusafe_module_load_data(NULL, ctx, fake_image, sizeof fake_image),
+         CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_load_file(&m, ctx, "/nonexistent/k.cubin"),
+         CUSAFE_ERROR_INVALID_IMAGE,
+         "module /nonexistent/k.cubin cannot be loaded: file not found");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorFileNotFound);
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_load_file(&m, ctx, NULL), CUSAFE_ERROR_INVALID_VALUE,
+         "path is NULL");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  TU_ERR(cusafe_module_load_file(NULL, ctx, "/nonexistent/k.cubin"),
+         CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  char *path = write_temp(garbage, sizeof garbage);
+  TU_ERR(cusafe_module_load_file(&m, ctx, path), CUSAFE_ERROR_INVALID_IMAGE,
+         "module %s cannot be loaded: device kernel image is invalid", path);
+  unlink(path);
+  free(path);
+
+  /* Handles are checked. */
+  TU_ERR(cusafe_module_load_data(&m, CUSAFE_NULL_HANDLE, fake_image,
+                                 sizeof fake_image),
+         CUSAFE_ERROR_INVALID_HANDLE, "context is the NULL handle");
+  TU_ERR(cusafe_module_load_builtin(&m, (cusafe_context)0x7f00000012345678ULL),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "context 0x7f00000012345678 is not a cusafe handle");
+  ck_assert_uint_eq(fake_live_libraries(-1), 0);
+  TU_OK(cusafe_context_release(ctx));
+  TU_ERR(cusafe_module_load_data(&m, ctx, fake_image, sizeof fake_image),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "context 0x%016llx is stale: its object was released", TU_HX(ctx));
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* The module's name in messages, for each way of loading. */
+START_TEST(test_not_found_names_module) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  static const char source[] =
+      "extern \"C\" __global__ void twice(float *x, size_t n) {}\n";
+  TU_OK(cusafe_context_create(&ctx, 0));
+
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  TU_ERR(cusafe_module_get_kernel(&k, m, "nope"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"nope\" not found in module <built-in kernels>");
+  TU_OK(cusafe_module_release(m));
+
+  TU_OK(cusafe_module_compile(&m, ctx, source, "twice.cu", NULL, 0));
+  TU_ERR(cusafe_module_get_kernel(&k, m, "nope"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"nope\" not found in module twice.cu");
+  TU_OK(cusafe_module_release(m));
+
+  TU_OK(cusafe_module_compile(&m, ctx, source, NULL, NULL, 0));
+  TU_ERR(cusafe_module_get_kernel(&k, m, "nope"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"nope\" not found in module source.cu");
+  ck_assert_uint_eq(k, CUSAFE_NULL_HANDLE);
+  TU_OK(cusafe_module_release(m));
+
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Arguments                                                                  */
+/* ------------------------------------------------------------------------ */
+
+struct fixture {
+  cusafe_context ctx, ctx1;
+  cusafe_module m;
+  cusafe_kernel k1, k0, small, two, kall;
+  cusafe_buffer buf, buf1;
+  cusafe_stream s1;
+};
+
+static void fixture_make(struct fixture *f) {
+  memset(f, 0, sizeof *f);
+  TU_OK(cusafe_context_create(&f->ctx, 0));
+  TU_OK(cusafe_context_create(&f->ctx1, 1));
+  f->m = load_fake_image(f->ctx);
+  f->k1 = get_kernel(f->m, "k1");
+  f->k0 = get_kernel(f->m, "k0");
+  f->small = get_kernel(f->m, "small");
+  f->two = get_kernel(f->m, "two");
+  f->kall = get_kernel(f->m, "kall");
+  TU_OK(cusafe_buffer_alloc(&f->buf, f->ctx, CUSAFE_MEMORY_DEVICE, 4 * KIB));
+  TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE,
+                            4 * KIB));
+  TU_OK(cusafe_stream_create(&f->s1, f->ctx1, CUSAFE_STREAM_NON_BLOCKING, 0));
+}
+
+static void fixture_release(struct fixture *f) {
+  /* Parents first: children keep them. */
+  const cusafe_handle all[] = {f->ctx,  f->ctx1, f->m,    f->k1,
+                               f->k0,   f->small, f->two, f->kall,
+                               f->buf,  f->buf1, f->s1};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    TU_OK(cusafe_release(all[i]));
+  CHECK_NOTHING_LIVE();
+}
+
+START_TEST(test_argument_checks) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  int32_t four = 4;
+  fixture_make(&f);
+  fake_log_clear();
+
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 2 given");
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1),
+                       CUSAFE_ARG_U64V(1), CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 4 given");
+  TU_ERR(cusafe_kernel_launch(f.k1, &c, NULL, 0),
+         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 0 given");
+  TU_ERR(CUSAFE_LAUNCH(f.k0, &c, CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k0 takes 0 arguments, 1 given");
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_I32V(1), CUSAFE_ARG_F32V(1),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 0 of kernel k1 is 4 bytes, parameter 0 is 8 bytes");
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F64V(1),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 1 of kernel k1 is 8 bytes, parameter 1 is 4 bytes");
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1),
+                       CUSAFE_ARG_U32V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 2 of kernel k1 is 4 bytes, parameter 2 is 8 bytes");
+  TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf),
+                       CUSAFE_ARG_INT(CUSAFE_ARG_I16, 1), CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 1 of kernel k1 is 2 bytes, parameter 1 is 4 bytes");
+  {
+    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
+                                {(uint32_t)99, 0, {.u = 1}},
+                                CUSAFE_ARG_U64V(1)};
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
+           CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 1 has unknown kind 99");
+  }
+  {
+    const cusafe_arg args[3] = {{0, 0, {.u = 0}},
+                                CUSAFE_ARG_F32V(1),
+                                CUSAFE_ARG_U64V(1)};
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
+           CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 0 has unknown kind 0");
+  }
+  {
+    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
+                                {CUSAFE_ARG_BYTES, 4, {.bytes = NULL}},
+                                CUSAFE_ARG_U64V(1)};
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
+           CUSAFE_ERROR_INVALID_VALUE, "argument 1 has no bytes");
+  }
+  {
+    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
+                                {CUSAFE_ARG_BYTES, 2, {.bytes = &four}},
+                                CUSAFE_ARG_U64V(1)};
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
+           CUSAFE_ERROR_INVALID_ARGUMENTS,
+           "argument 1 of kernel k1 is 2 bytes, parameter 1 is 4 bytes");
+  }
+  TU_ERR(CUSAFE_LAUNCH(f.k1, NULL, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
+  TU_ERR(cusafe_kernel_launch(f.k1, &c, NULL, 3), CUSAFE_ERROR_INVALID_VALUE,
+         "args is NULL");
+  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+
+  /* BYTES of the right size pass; no arguments at all too. */
+  {
+    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
+                                {CUSAFE_ARG_BYTES, 4, {.bytes = &four}},
+                                CUSAFE_ARG_U64V(1)};
+    TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  }
+  TU_OK(cusafe_kernel_launch(f.k0, &c, NULL, 0));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 2);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
+  fixture_release(&f);
+}
+END_TEST
+
+/* Every kind of argument reaches the kernel with its value, at its
+ * parameter's offset; a view passes its own address. */
+START_TEST(test_argument_values) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  cusafe_buffer view = CUSAFE_NULL_HANDLE;
+  struct {
+    uint32_t a, b;
+    double d;
+  } blob = {0xdeadbeefu, 0x12345678u, -0.125};
+  unsigned char got[128];
+  void *addr = NULL;
+  fixture_make(&f);
+  TU_OK(cusafe_buffer_view(&view, f.buf, 24, 100));
+  TU_OK(cusafe_buffer_interop_pointer(&addr, view));
+  TU_OK(CUSAFE_LAUNCH(
+      f.kall, &c, CUSAFE_ARG_BUF(view), CUSAFE_ARG_INT(CUSAFE_ARG_I8, -3),
+      CUSAFE_ARG_UINT(CUSAFE_ARG_U8, 250), CUSAFE_ARG_INT(CUSAFE_ARG_I16, -300),
+      CUSAFE_ARG_UINT(CUSAFE_ARG_U16, 60000), CUSAFE_ARG_I32V(-70000),
+      CUSAFE_ARG_U32V(4000000000u), CUSAFE_ARG_I64V(-5000000000000LL),
+      CUSAFE_ARG_U64V((uint64_t)1 << 40), CUSAFE_ARG_F32V(1.5f),
+      CUSAFE_ARG_F64V(-2.25), CUSAFE_ARG_STRUCT(&blob)));
+  ck_assert_uint_eq(fake_last_launch_args(got, sizeof got), 72);
+
+  void *p;
+  int8_t i8;
+  uint8_t u8;
+  int16_t i16;
+  uint16_t u16;
+  int32_t i32;
+  uint32_t u32;
+  int64_t i64;
+  uint64_t u64;
+  float f32;
+  double f64;
+  memcpy(&p, got + 0, 8);
+  memcpy(&i8, got + 8, 1);
+  memcpy(&u8, got + 9, 1);
+  memcpy(&i16, got + 10, 2);
+  memcpy(&u16, got + 12, 2);
+  memcpy(&i32, got + 16, 4);
+  memcpy(&u32, got + 20, 4);
+  memcpy(&i64, got + 24, 8);
+  memcpy(&u64, got + 32, 8);
+  memcpy(&f32, got + 40, 4);
+  memcpy(&f64, got + 48, 8);
+  ck_assert_ptr_eq(p, addr);
+  ck_assert_int_eq(i8, -3);
+  ck_assert_uint_eq(u8, 250);
+  ck_assert_int_eq(i16, -300);
+  ck_assert_uint_eq(u16, 60000);
+  ck_assert_int_eq(i32, -70000);
+  ck_assert_uint_eq(u32, 4000000000u);
+  ck_assert_int_eq(i64, -5000000000000LL);
+  ck_assert_uint_eq(u64, (uint64_t)1 << 40);
+  ck_assert(f32 == 1.5f);
+  ck_assert(f64 == -2.25);
+  TU_BYTES_EQ(got + 56, &blob, 16);
+
+  /* The view's address is the buffer's plus its offset. */
+  void *base = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&base, f.buf));
+  ck_assert_ptr_eq(addr, (char *)base + 24);
+  TU_OK(cusafe_buffer_release(view));
+  fixture_release(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define LAUNCH_K1(f, c)                                                      \
+  CUSAFE_LAUNCH((f).k1, &(c), CUSAFE_ARG_BUF((f).buf), CUSAFE_ARG_F32V(1),   \
+                CUSAFE_ARG_U64V(1))
+#define LAUNCH_SMALL(f, c) CUSAFE_LAUNCH((f).small, &(c), CUSAFE_ARG_BUF((f).buf))
+
+START_TEST(test_config_checks) {
+  struct fixture f;
+  cusafe_launch_config c;
+  fixture_make(&f);
+  fake_log_clear();
+
+  c = config1();
+  c.grid[1] = 0;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension y is 0");
+  c = config1();
+  c.block[0] = 0;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block dimension x is 0");
+  c = config1();
+  c.grid[2] = 0;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension z is 0");
+
+  c = config1();
+  c.block[0] = 256;
+  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block of 256 threads exceeds the kernel's limit of 128");
+  c.block[0] = 32;
+  c.block[1] = 8;
+  c.block[2] = 2;
+  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block of 512 threads exceeds the kernel's limit of 128");
+  c = config1();
+  c.block[0] = 1024;
+  c.block[1] = 2;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block of 2048 threads exceeds the kernel's limit of 1024");
+  c = config1();
+  c.block[0] = 1;
+  c.block[2] = 65;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block dimension z of 65 exceeds the device's limit of 64");
+  c = config1();
+  c.block[0] = 2048;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block dimension x of 2048 exceeds the device's limit of 1024");
+  c = config1();
+  c.grid[1] = 65536;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension y of 65536 exceeds the device's limit of 65535");
+  c = config1();
+  c.grid[0] = 2147483648u;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension x of 2147483648 exceeds the device's limit of "
+         "2147483647");
+
+  /* The opt-in limit less the kernel's static shared memory. */
+  c = config1();
+  c.shared_memory = 227 * KIB - 1024 + 1;
+  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "%zu bytes of shared memory exceed the device's limit of %zu",
+         227 * KIB - 1024 + 1, 227 * KIB - 1024);
+  c.shared_memory = 227 * KIB + 1;
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "%zu bytes of shared memory exceed the device's limit of %zu",
+         227 * KIB + 1, 227 * KIB);
+  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  ck_assert_int_eq(fake_log_find("cudaKernelSetAttributeForDevice", 0), -1);
+
+  /* The limits themselves pass: the largest grid, the largest block. */
+  c = config1();
+  c.grid[0] = 2147483647u;
+  c.grid[1] = 65535;
+  c.grid[2] = 65535;
+  c.block[0] = 128;
+  TU_OK(LAUNCH_SMALL(f, c));
+  c = config1();
+  c.block[0] = 16;
+  c.block[1] = 1;
+  c.block[2] = 64;
+  TU_OK(LAUNCH_K1(f, c));
+  /* Up to the default limit, no opt-in. */
+  c = config1();
+  c.shared_memory = 48 * KIB - 1024;
+  TU_OK(LAUNCH_SMALL(f, c));
+  ck_assert_int_eq(fake_log_find("cudaKernelSetAttributeForDevice", 0), -1);
+  /* Above it, once. */
+  c.shared_memory = 227 * KIB - 1024;
+  TU_OK(LAUNCH_SMALL(f, c));
+  TU_OK(LAUNCH_SMALL(f, c));
+  c.shared_memory = 100 * KIB;
+  TU_OK(LAUNCH_SMALL(f, c));
+  ck_assert_uint_eq(fake_log_count("cudaKernelSetAttributeForDevice"), 1);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 6);
+  fixture_release(&f);
+}
+END_TEST
+
+START_TEST(test_suggest_config) {
+  struct fixture f;
+  uint32_t block = 0, grid = 0;
+  fixture_make(&f);
+  /* The fake's model: 2048 threads, 32 blocks, 228 KiB per multiprocessor. */
+  TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.small, 0, 1000));
+  ck_assert_uint_eq(block, 128);
+  ck_assert_uint_eq(grid, 8);
+  TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.k1, 0, 1));
+  ck_assert_uint_eq(block, 1024);
+  ck_assert_uint_eq(grid, 1);
+  TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.k1, 0, 0));
+  ck_assert_uint_eq(grid, 1);
+  TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.small, 100000, 1000));
+  ck_assert_uint_eq(block, 128);
+  ck_assert_uint_eq(grid, 8);
+  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.small, 227 * KIB,
+                                      1000),
+         CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "%zu bytes of shared memory exceed the device's limit of %zu",
+         227 * KIB, 227 * KIB - 1024);
+  TU_ERR(cusafe_kernel_suggest_config(NULL, &grid, f.small, 0, 1),
+         CUSAFE_ERROR_INVALID_VALUE, "block is NULL");
+  TU_ERR(cusafe_kernel_suggest_config(&block, NULL, f.small, 0, 1),
+         CUSAFE_ERROR_INVALID_VALUE, "grid is NULL");
+  fixture_release(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Handles and contexts                                                       */
+/* ------------------------------------------------------------------------ */
+
+START_TEST(test_context_mismatch) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  fixture_make(&f);
+  TU_ERR(CUSAFE_LAUNCH(f.two, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_BUF(f.buf1),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_CONTEXT_MISMATCH,
+         "argument 1 belongs to device 1 but kernel belongs to device 0");
+  c.stream = f.s1;
+  TU_ERR(CUSAFE_LAUNCH(f.two, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_BUF(f.buf),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_CONTEXT_MISMATCH,
+         "stream belongs to device 1 but kernel belongs to device 0");
+  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  fixture_release(&f);
+}
+END_TEST
+
+START_TEST(test_invalid_handles) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  cusafe_buffer gone = CUSAFE_NULL_HANDLE;
+  fixture_make(&f);
+  TU_OK(cusafe_buffer_alloc(&gone, f.ctx, CUSAFE_MEMORY_DEVICE, 64));
+  TU_OK(cusafe_buffer_release(gone));
+
+  TU_ERR(CUSAFE_LAUNCH(f.small, &c, CUSAFE_ARG_BUF(CUSAFE_NULL_HANDLE)),
+         CUSAFE_ERROR_INVALID_HANDLE, "argument 0 is the NULL handle");
+  TU_ERR(CUSAFE_LAUNCH(f.two, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_BUF(gone),
+                       CUSAFE_ARG_U64V(1)),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "argument 1 0x%016llx is stale: its object was released",
+         TU_HX(gone));
+  TU_ERR(CUSAFE_LAUNCH(f.small, &c, CUSAFE_ARG_BUF(f.s1)),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "argument 0 0x%016llx is a stream, not a buffer", TU_HX(f.s1));
+  TU_ERR(CUSAFE_LAUNCH(f.small, &c, CUSAFE_ARG_BUF(0x1234)),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "argument 0 0x0000000000001234 is not a cusafe handle");
+  /* The kernel, and the stream. */
+  TU_ERR(CUSAFE_LAUNCH(CUSAFE_NULL_HANDLE, &c, CUSAFE_ARG_BUF(f.buf)),
+         CUSAFE_ERROR_INVALID_HANDLE, "kernel is the NULL handle");
+  TU_ERR(CUSAFE_LAUNCH(f.m, &c, CUSAFE_ARG_BUF(f.buf)),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "kernel 0x%016llx is a module, not a kernel", TU_HX(f.m));
+  c.stream = f.buf;
+  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_HANDLE,
+         "stream 0x%016llx is a buffer, not a stream", TU_HX(f.buf));
+  c = config1();
+  cusafe_kernel k = f.small;
+  TU_OK(cusafe_kernel_release(k));
+  f.small = CUSAFE_NULL_HANDLE;
+  TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(f.buf)),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "kernel 0x%016llx is stale: its object was released", TU_HX(k));
+  TU_ERR(cusafe_kernel_release(k), CUSAFE_ERROR_INVALID_HANDLE,
+         "kernel 0x%016llx is stale: its object was released", TU_HX(k));
+  size_t count;
+  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, k),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "kernel 0x%016llx is stale: its object was released", TU_HX(k));
+  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  fixture_release(&f);
+}
+END_TEST
+
+/* Errors CUDA reports map to statuses, with CUDA's words. */
+START_TEST(test_cuda_failures) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  cusafe_module m = (cusafe_module)0x1234;
+  fixture_make(&f);
+
+  fake_fail_function("cudaLaunchKernel", cudaErrorInvalidConfiguration);
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "cudaLaunchKernel failed: invalid configuration argument");
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorInvalidConfiguration);
+  fake_fail_function("cudaLaunchKernel", cudaErrorLaunchOutOfResources);
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_CUDA,
+         "cudaLaunchKernel failed: too many resources requested for launch");
+  fake_fail_function("cudaLaunchKernel", cudaSuccess);
+  TU_OK(LAUNCH_K1(f, c));
+
+  const struct {
+    cudaError_t err;
+    const char *words;
+  } images[] = {
+      {cudaErrorNoKernelImageForDevice,
+       "no kernel image is available for execution on the device"},
+      {cudaErrorUnsupportedPtxVersion,
+       "the provided PTX was compiled with an unsupported toolchain."},
+      {cudaErrorInvalidSource, "device kernel image is invalid"},
+  };
+  for (size_t i = 0; i < sizeof images / sizeof images[0]; i++) {
+    fake_fail_function("cudaLibraryLoadData", images[i].err);
+    m = (cusafe_module)0x1234;
+    TU_ERR(cusafe_module_load_builtin(&m, f.ctx), CUSAFE_ERROR_INVALID_IMAGE,
+           "module <built-in kernels> cannot be loaded: %s", images[i].words);
+    ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+    ck_assert_int_eq(cusafe_last_cuda_error(), images[i].err);
+  }
+  fake_fail_function("cudaLibraryLoadData", cudaErrorMemoryAllocation);
+  TU_ERR(cusafe_module_load_builtin(&m, f.ctx), CUSAFE_ERROR_OUT_OF_MEMORY,
+         "cudaLibraryLoadData failed: out of memory");
+  fake_fail_function("cudaLibraryLoadData", cudaSuccess);
+
+  fake_fail_function("nvrtcCompileProgram", cudaErrorMemoryAllocation);
+  TU_ERR(cusafe_module_compile(&m, f.ctx, "", NULL, NULL, 0),
+         CUSAFE_ERROR_OUT_OF_MEMORY,
+         "nvrtcCompileProgram failed: NVRTC_ERROR_OUT_OF_MEMORY");
+  ck_assert_uint_eq(fake_live_programs(), 0);
+  fake_fail_function("nvrtcCompileProgram", cudaSuccess);
+
+  /* The kernel's module can still be used, and nothing leaked. */
+  ck_assert_uint_eq(fake_live_libraries(-1), 1);
+  TU_OK(LAUNCH_K1(f, c));
+  fixture_release(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Run-time compilation                                                       */
+/* ------------------------------------------------------------------------ */
+
+static const char saxpy_source[] =
+    "/* a kernel */\n"
+    "extern \"C\" __global__ void saxpy(float *y, float a,\n"
+    "                                   const float *__restrict__ x,\n"
+    "                                   unsigned long long n) {\n"
+    "  size_t i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) y[i] = a * x[i] + y[i];\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(256)\n"
+    "bytes(char c, short s, int i, double d, bool b) {}\n"
+    "template <typename T> __global__ void hidden(T *x) {}\n";
+
+START_TEST(test_compile) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  size_t count = 0, sizes[8];
+  const char *const opts[] = {"-DN=4", "-std=c++17", "-I/tmp"};
+  TU_OK(cusafe_context_create(&ctx, 0));
+
+  TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, "saxpy.cu", opts, 3));
+  ck_assert_str_eq(fake_last_nvrtc_options(),
+                   "-DN=4 -std=c++17 -I/tmp -arch=sm_90");
+  ck_assert_str_eq(cusafe_last_compile_log(), "");
+  ck_assert_uint_eq(fake_live_programs(), 0);
+  cusafe_kernel k = get_kernel(m, "saxpy");
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
+  ck_assert_uint_eq(count, 4);
+  ck_assert_uint_eq(sizes[0], 8);
+  ck_assert_uint_eq(sizes[1], 4);
+  ck_assert_uint_eq(sizes[2], 8);
+  ck_assert_uint_eq(sizes[3], 8);
+  cusafe_kernel b = get_kernel(m, "bytes");
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 8, b));
+  ck_assert_uint_eq(count, 5);
+  ck_assert_uint_eq(sizes[0], 1);
+  ck_assert_uint_eq(sizes[1], 2);
+  ck_assert_uint_eq(sizes[2], 4);
+  ck_assert_uint_eq(sizes[3], 8);
+  ck_assert_uint_eq(sizes[4], 1);
+  cusafe_launch_config c = config1();
+  c.block[0] = 512;
+  TU_ERR(CUSAFE_LAUNCH(b, &c, CUSAFE_ARG_INT(CUSAFE_ARG_I8, 1),
+                       CUSAFE_ARG_INT(CUSAFE_ARG_I16, 1), CUSAFE_ARG_I32V(1),
+                       CUSAFE_ARG_F64V(1), CUSAFE_ARG_UINT(CUSAFE_ARG_U8, 1)),
+         CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "block of 512 threads exceeds the kernel's limit of 256");
+  cusafe_kernel out = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_module_get_kernel(&out, m, "hidden"), CUSAFE_ERROR_NOT_FOUND,
+         "kernel \"hidden\" not found in module saxpy.cu");
+  TU_OK(cusafe_kernel_release(b));
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+
+  /* An architecture of the caller's own is kept, and none is added. */
+  const char *const arch[] = {"-arch=sm_80"};
+  TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, arch, 1));
+  ck_assert_str_eq(fake_last_nvrtc_options(), "-arch=sm_80");
+  TU_OK(cusafe_module_release(m));
+  const char *const gpu_arch[] = {"--gpu-architecture=sm_90a", "-lineinfo"};
+  TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, gpu_arch, 2));
+  ck_assert_str_eq(fake_last_nvrtc_options(),
+                   "--gpu-architecture=sm_90a -lineinfo");
+  TU_OK(cusafe_module_release(m));
+  /* No options: only the architecture. */
+  TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, NULL, 0));
+  ck_assert_str_eq(fake_last_nvrtc_options(), "-arch=sm_90");
+  TU_OK(cusafe_module_release(m));
+
+  /* A virtual architecture gives no cubin. */
+  const char *const virt[] = {"-arch=compute_90"};
+  m = (cusafe_module)0x1234;
+  TU_ERR(cusafe_module_compile(&m, ctx, saxpy_source, "v.cu", virt, 1),
+         CUSAFE_ERROR_COMPILE,
+         "compilation of v.cu produced no cubin (was a virtual architecture "
+         "given?)");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+
+  TU_ERR(cusafe_module_compile(&m, ctx, NULL, "x.cu", NULL, 0),
+         CUSAFE_ERROR_INVALID_VALUE, "source is NULL");
+  TU_ERR(cusafe_module_compile(&m, ctx, saxpy_source, "x.cu", NULL, 2),
+         CUSAFE_ERROR_INVALID_VALUE, "options is NULL");
+  TU_ERR(cusafe_module_compile(NULL, ctx, saxpy_source, "x.cu", NULL, 0),
+         CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_compile_errors) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = (cusafe_module)0x1234;
+  static const char bad[] = "int x;\n#error boom\n";
+  TU_OK(cusafe_context_create(&ctx, 0));
+
+  TU_ERR(cusafe_module_compile(&m, ctx, bad, "bad.cu", NULL, 0),
+         CUSAFE_ERROR_COMPILE, "compilation of bad.cu failed: bad.cu(2): "
+                               "error: boom");
+  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+  ck_assert_str_eq(cusafe_last_compile_log(), "bad.cu(2): error: boom");
+  ck_assert_uint_eq(fake_live_programs(), 0);
+  ck_assert_uint_eq(fake_live_libraries(-1), 0);
+
+  /* An unknown option; the log names it. */
+  const char *const opts[] = {"-DN=1", "--no-such-option"};
+  TU_ERR(cusafe_module_compile(&m, ctx, saxpy_source, NULL, opts, 2),
+         CUSAFE_ERROR_COMPILE,
+         "compilation of source.cu failed: nvrtc: error: unrecognized option "
+         "--no-such-option found");
+  ck_assert_str_eq(cusafe_last_compile_log(),
+                   "nvrtc: error: unrecognized option --no-such-option found");
+
+  /* A parameter type NVRTC would not know either. */
+  static const char odd[] =
+      "extern \"C\" __global__ void k(float *x,\n  struct S s) {}\n";
+  TU_ERR(cusafe_module_compile(&m, ctx, odd, "odd.cu", NULL, 0),
+         CUSAFE_ERROR_COMPILE,
+         "compilation of odd.cu failed: odd.cu(2): error: unknown type "
+         "\"struct S s\"");
+
+  /* A long log is cut in the message, and whole in the log. */
+  size_t n = 3000;
+  char *src = tu_xmalloc(n + 32), *log = tu_xmalloc(n + 64);
+  strcpy(src, "#error ");
+  for (size_t i = 0; i < n; i++)
+    src[7 + i] = (char)('a' + i % 26);
+  src[7 + n] = '\0';
+  snprintf(log, n + 64, "long.cu(1): error: %s", src + 7);
+  TU_STATUS(cusafe_module_compile(&m, ctx, src, "long.cu", NULL, 0),
+            CUSAFE_ERROR_COMPILE);
+  const char *msg = cusafe_last_error_message();
+  const char *prefix = "compilation of long.cu failed: ";
+  size_t len = strlen(msg);
+  TU_ASSERT(len > 500 && len < strlen(prefix) + strlen(log),
+            "message of %zu bytes for a log of %zu", len, strlen(log));
+  TU_ASSERT(strncmp(msg, prefix, strlen(prefix)) == 0, "message \"%.60s...\"",
+            msg);
+  TU_ASSERT(strncmp(msg + strlen(prefix), log, len - strlen(prefix)) == 0,
+            "the message does not hold the start of the log");
+  ck_assert_str_eq(cusafe_last_compile_log(), log);
+  /* Other calls leave the log alone; a successful compile clears it. */
+  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 1),
+         CUSAFE_ERROR_INVALID_VALUE, "image is NULL");
+  ck_assert_str_eq(cusafe_last_compile_log(), log);
+  TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, NULL, 0));
+  ck_assert_str_eq(cusafe_last_compile_log(), "");
+  TU_OK(cusafe_module_release(m));
+  free(src);
+  free(log);
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* The built-in kernels                                                       */
+/* ------------------------------------------------------------------------ */
+
+#define NELEM 1000
+#define PAD 3 /* elements before the view; the view ends 5 before the end */
+#define SENTINEL (-7.0)
+
+/* Host arrays of doubles to and from buffers of float or double. */
+static void put(cusafe_buffer b, const double *v, size_t n, int f64) {
+  if (f64) {
+    TU_OK(cusafe_buffer_write(b, 0, v, n * 8));
+    return;
+  }
+  float *t = tu_xmalloc(n * 4);
+  for (size_t i = 0; i < n; i++)
+    t[i] = (float)v[i];
+  TU_OK(cusafe_buffer_write(b, 0, t, n * 4));
+  free(t);
+}
+
+static void get(cusafe_buffer b, double *v, size_t n, int f64) {
+  if (f64) {
+    TU_OK(cusafe_buffer_read(b, 0, v, n * 8));
+    return;
+  }
+  float *t = tu_xmalloc(n * 4);
+  TU_OK(cusafe_buffer_read(b, 0, t, n * 4));
+  for (size_t i = 0; i < n; i++)
+    v[i] = t[i];
+  free(t);
+}
+
+static cusafe_arg scalar(double v, int f64) {
+  return f64 ? CUSAFE_ARG_F64V(v) : CUSAFE_ARG_F32V((float)v);
+}
+
+/* A buffer of NELEM + 8 elements set to `init(i)` (the sentinel outside
+ * the view), and the view of NELEM elements at element PAD. */
+struct vec {
+  cusafe_buffer whole, view;
+  double host[NELEM + 8];
+};
+
+static void vec_make(struct vec *v, cusafe_context ctx, int f64,
+                     double (*init)(size_t)) {
+  size_t es = f64 ? 8 : 4;
+  TU_OK(cusafe_buffer_alloc(&v->whole, ctx, CUSAFE_MEMORY_DEVICE,
+                            (NELEM + 8) * es));
+  for (size_t i = 0; i < NELEM + 8; i++)
+    v->host[i] = i >= PAD && i < PAD + NELEM ? init(i - PAD) : SENTINEL;
+  put(v->whole, v->host, NELEM + 8, f64);
+  TU_OK(cusafe_buffer_view(&v->view, v->whole, PAD * es, NELEM * es));
+}
+
+/* Reads the buffer back: the view must hold want(i), the rest the
+ * sentinel. */
+static void vec_check(struct vec *v, int f64, double (*want)(size_t),
+                      const char *what) {
+  double got[NELEM + 8];
+  get(v->whole, got, NELEM + 8, f64);
+  for (size_t i = 0; i < NELEM + 8; i++) {
+    double w = i >= PAD && i < PAD + NELEM ? want(i - PAD) : SENTINEL;
+    TU_ASSERT(got[i] == w, "%s (%s): element %zu is %g, expected %g", what,
+              f64 ? "f64" : "f32", i, got[i], w);
+  }
+}
+
+static void vec_release(struct vec *v) {
+  TU_OK(cusafe_buffer_release(v->view));
+  TU_OK(cusafe_buffer_release(v->whole));
+}
+
+static double f_index(size_t i) { return (double)i; }
+static double f_half(size_t i) { return 0.5 * (double)i; }
+static double f_twice(size_t i) { return 2.0 * (double)i; }
+static double f_thrice(size_t i) { return 3.0 * (double)i; }
+static double f_fill(size_t i) { (void)i; return 2.5; }
+static double f_axpy(size_t i) { return 1.5 * (double)i; } /* 2 * i/4 + i */
+static double f_quarter(size_t i) { return 0.25 * (double)i; }
+
+START_TEST(test_builtin_kernels) {
+  const int f64 = _i;
+  const char *sfx = f64 ? "f64" : "f32";
+  char name[64];
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  /* Fewer threads than elements: the kernels loop. */
+  cusafe_launch_config c = {{2, 1, 1}, {64, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
+  struct vec x, y, z;
+  size_t count = 0, sizes[8];
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  ck_assert_uint_eq(fake_live_libraries(0), 1);
+
+  snprintf(name, sizeof name, "cusafe_fill_%s", sfx);
+  k = get_kernel(m, name);
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
+  ck_assert_uint_eq(count, 3);
+  ck_assert_uint_eq(sizes[1], f64 ? 8 : 4);
+  vec_make(&x, ctx, f64, f_index);
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(2.5, f64),
+                      CUSAFE_ARG_U64V(NELEM)));
+  vec_check(&x, f64, f_fill, name);
+  vec_release(&x);
+  TU_OK(cusafe_kernel_release(k));
+
+  snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
+  k = get_kernel(m, name);
+  vec_make(&x, ctx, f64, f_half);
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, f64),
+                      CUSAFE_ARG_U64V(NELEM)));
+  vec_check(&x, f64, f_twice, name);
+  vec_release(&x);
+  TU_OK(cusafe_kernel_release(k));
+
+  snprintf(name, sizeof name, "cusafe_axpy_%s", sfx);
+  k = get_kernel(m, name);
+  vec_make(&y, ctx, f64, f_index);
+  vec_make(&x, ctx, f64, f_quarter);
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(y.view), scalar(2.0, f64),
+                      CUSAFE_ARG_BUF(x.view), CUSAFE_ARG_U64V(NELEM)));
+  vec_check(&y, f64, f_axpy, name);
+  vec_check(&x, f64, f_quarter, name);
+  vec_release(&x);
+  vec_release(&y);
+  TU_OK(cusafe_kernel_release(k));
+
+  snprintf(name, sizeof name, "cusafe_vecadd_%s", sfx);
+  k = get_kernel(m, name);
+  vec_make(&x, ctx, f64, f_index);
+  vec_make(&y, ctx, f64, f_twice);
+  vec_make(&z, ctx, f64, f_half);
+  c.grid[0] = 1000; /* more threads than elements */
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(z.view), CUSAFE_ARG_BUF(x.view),
+                      CUSAFE_ARG_BUF(y.view), CUSAFE_ARG_U64V(NELEM)));
+  vec_check(&z, f64, f_thrice, name);
+  /* In place, on a user stream, n = 0 touching nothing. */
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0, 0));
+  c.stream = s;
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(z.view), CUSAFE_ARG_BUF(x.view),
+                      CUSAFE_ARG_BUF(z.view), CUSAFE_ARG_U64V(0)));
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), CUSAFE_ARG_BUF(x.view),
+                      CUSAFE_ARG_BUF(x.view), CUSAFE_ARG_U64V(NELEM)));
+  vec_check(&x, f64, f_twice, name);
+  vec_check(&z, f64, f_thrice, name);
+  TU_OK(cusafe_stream_release(s));
+  c.stream = CUSAFE_STREAM_DEFAULT;
+  vec_release(&x);
+  vec_release(&y);
+  vec_release(&z);
+  TU_OK(cusafe_kernel_release(k));
+
+  /* A scalar of the other width is refused. */
+  snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
+  k = get_kernel(m, name);
+  vec_make(&x, ctx, f64, f_half);
+  TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, !f64),
+                       CUSAFE_ARG_U64V(NELEM)),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 1 of kernel %s is %d bytes, parameter 1 is %d bytes", name,
+         f64 ? 4 : 8, f64 ? 8 : 4);
+  vec_release(&x);
+  TU_OK(cusafe_kernel_release(k));
+
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* Built-in kernels on device 1, on pinned and managed memory. */
+START_TEST(test_builtin_other_memory) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer a = CUSAFE_NULL_HANDLE, b = CUSAFE_NULL_HANDLE;
+  cusafe_launch_config c = config1();
+  float host[64], back[64];
+  TU_OK(cusafe_context_create(&ctx, 1));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  ck_assert_uint_eq(fake_live_libraries(1), 1);
+  cusafe_kernel k = get_kernel(m, "cusafe_axpy_f32");
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_HOST_PINNED, sizeof host));
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_MANAGED, sizeof host));
+  for (int i = 0; i < 64; i++)
+    host[i] = (float)i;
+  TU_OK(cusafe_buffer_write(a, 0, host, sizeof host));
+  TU_OK(cusafe_buffer_write(b, 0, host, sizeof host));
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(a), CUSAFE_ARG_F32V(-1.0f),
+                      CUSAFE_ARG_BUF(b), CUSAFE_ARG_U64V(64)));
+  TU_OK(cusafe_buffer_read(a, 0, back, sizeof back));
+  for (int i = 0; i < 64; i++)
+    ck_assert(back[i] == 0.0f);
+  TU_OK(cusafe_release(a));
+  TU_OK(cusafe_release(b));
+  TU_OK(cusafe_release(k));
+  TU_OK(cusafe_release(m));
+  TU_OK(cusafe_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* A float pointer at an odd byte address faults the device, as on a GPU:
+ * the error is sticky, and everything can still be released. */
+START_TEST(test_builtin_misaligned_faults) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer a = CUSAFE_NULL_HANDLE, v = CUSAFE_NULL_HANDLE;
+  cusafe_launch_config c = config1();
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 1024));
+  TU_OK(cusafe_buffer_view(&v, a, 2, 512));
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(v), CUSAFE_ARG_F32V(1.0f),
+                      CUSAFE_ARG_U64V(16)));
+  TU_ERR_PREFIX(cusafe_context_synchronize(ctx), CUSAFE_ERROR_CUDA,
+                "cudaDeviceSynchronize failed: ");
+  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorMisalignedAddress);
+  cusafe_release(v);
+  cusafe_release(a);
+  cusafe_release(k);
+  cusafe_release(m);
+  cusafe_release(ctx);
+  TU_OK(cusafe_shutdown());
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Work in flight and ownership                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A queued kernel keeps its buffers, kernel, module and context alive: all
+ * are released before it runs, and it runs before any of them goes.
+ * _i == 1 keeps the output buffer and reads it. */
+START_TEST(test_release_all_while_launch_queued) {
+  const int keep_output = _i;
+  const size_t n = 512;
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer a = CUSAFE_NULL_HANDLE, b = CUSAFE_NULL_HANDLE,
+                out = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  float ha[512], hb[512], back[512];
+  for (size_t i = 0; i < n; i++) {
+    ha[i] = (float)i;
+    hb[i] = (float)(1000 - i);
+  }
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel k = get_kernel(m, "cusafe_vecadd_f32");
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
+  TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
+  TU_OK(cusafe_buffer_write(a, 0, ha, sizeof ha));
+  TU_OK(cusafe_buffer_write(b, 0, hb, sizeof hb));
+
+  fake_set_paused(1);
+  cusafe_launch_config c = {{4, 1, 1}, {128, 1, 1}, 0, s};
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(out), CUSAFE_ARG_BUF(a),
+                      CUSAFE_ARG_BUF(b), CUSAFE_ARG_U64V(n)));
+  ck_assert_int_eq(cusafe_stream_query(s), CUSAFE_ERROR_NOT_READY);
+  fake_log_clear();
+  TU_OK(cusafe_buffer_release(a));
+  TU_OK(cusafe_buffer_release(b));
+  if (!keep_output)
+    TU_OK(cusafe_buffer_release(out));
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_release(ctx));
+  TU_STALE(k);
+  TU_STALE(m);
+  TU_STALE(ctx);
+  if (keep_output) {
+    TU_OK(cusafe_buffer_read(out, 0, back, sizeof back));
+    for (size_t i = 0; i < n; i++)
+      TU_ASSERT(back[i] == 1000.0f, "element %zu is %g", i, back[i]);
+    TU_OK(cusafe_buffer_release(out));
+  }
+  long ran = fake_log_find("exec:cudaLaunchKernel", 0);
+  long freed = fake_log_find("exec:cudaFreeAsync", 0);
+  long unloaded = fake_log_find("cudaLibraryUnload", 0);
+  ck_assert_msg(ran >= 0, "the queued kernel never ran");
+  ck_assert_msg(freed > ran, "a buffer freed at log entry %ld, the kernel ran "
+                            "at %ld", freed, ran);
+  ck_assert_msg(unloaded > ran, "module unloaded at log entry %ld, the "
+                               "kernel ran at %ld", unloaded, ran);
+  fake_set_paused(0);
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* Shutdown with a launch queued: it runs before anything is freed. */
+START_TEST(test_shutdown_with_launch_queued) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer a = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel k = get_kernel(m, "cusafe_fill_f64");
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 8000));
+  fake_set_paused(1);
+  cusafe_launch_config c = config1();
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(a), CUSAFE_ARG_F64V(1.0),
+                      CUSAFE_ARG_U64V(1000)));
+  TU_OK(cusafe_kernel_retain(k)); /* extra references change nothing */
+  TU_OK(cusafe_module_retain(m));
+  fake_log_clear();
+  TU_OK(cusafe_shutdown());
+  long ran = fake_log_find("exec:cudaLaunchKernel", 0);
+  ck_assert_msg(ran >= 0, "the queued kernel never ran");
+  ck_assert_msg(fake_log_find("exec:cudaFreeAsync", 0) > ran,
+                "memory freed before the kernel ran");
+  ck_assert_msg(fake_log_find("cudaLibraryUnload", 0) > ran,
+                "module unloaded before the kernel ran");
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* The caller's handle of a module goes with its last reference; its
+ * kernels keep the module itself. */
+START_TEST(test_kernel_keeps_module) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer a = CUSAFE_NULL_HANDLE;
+  cusafe_launch_config c = config1();
+  float back[4];
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  TU_OK(cusafe_module_release(m));
+  TU_STALE(m);
+  ck_assert_uint_eq(fake_live_libraries(0), 1);
+  cusafe_kernel k2 = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_module_get_kernel(&k2, m, "cusafe_fill_f64"),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "module 0x%016llx is stale: its object was released", TU_HX(m));
+  TU_ERR(cusafe_module_release(m), CUSAFE_ERROR_INVALID_HANDLE,
+         "module 0x%016llx is stale: its object was released", TU_HX(m));
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, sizeof back));
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(a), CUSAFE_ARG_F32V(7.0f),
+                      CUSAFE_ARG_U64V(4)));
+  TU_OK(cusafe_buffer_read(a, 0, back, sizeof back));
+  for (int i = 0; i < 4; i++)
+    ck_assert(back[i] == 7.0f);
+  /* Retained and released, the kernel lives on to its last reference. */
+  TU_OK(cusafe_kernel_retain(k));
+  TU_OK(cusafe_kernel_release(k));
+  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
+  TU_OK(cusafe_kernel_release(k));
+  TU_STALE(k);
+  ck_assert_uint_eq(fake_live_libraries(0), 0);
+  TU_OK(cusafe_buffer_release(a));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_module_keeps_context) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_launch_config c = config1();
+  TU_OK(cusafe_context_create(&ctx, 1));
+  m = load_fake_image(ctx);
+  TU_OK(cusafe_context_release(ctx));
+  TU_STALE(ctx);
+  ck_assert_int_gt(fake_primary_ctx_refcount(1), 0);
+  cusafe_kernel k = get_kernel(m, "k0");
+  /* The context's default stream still works. */
+  TU_OK(cusafe_kernel_launch(k, &c, NULL, 0));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
+  TU_OK(cusafe_module_release(m));
+  ck_assert_int_gt(fake_primary_ctx_refcount(1), 0);
+  ck_assert_uint_eq(fake_live_libraries(1), 1);
+  TU_OK(cusafe_kernel_release(k));
+  /* The kernel went last: with it the module, then the context. */
+  ck_assert_uint_eq(fake_live_libraries(1), 0);
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_shutdown_unloads_everything) {
+  struct fixture f;
+  cusafe_module b = CUSAFE_NULL_HANDLE, comp = CUSAFE_NULL_HANDLE;
+  fixture_make(&f);
+  TU_OK(cusafe_module_load_builtin(&b, f.ctx1));
+  cusafe_kernel kb = get_kernel(b, "cusafe_scale_f64");
+  TU_OK(cusafe_module_compile(&comp, f.ctx, saxpy_source, NULL, NULL, 0));
+  cusafe_kernel kc = get_kernel(comp, "saxpy");
+  TU_OK(cusafe_module_release(b)); /* the kernel keeps it */
+  TU_OK(cusafe_kernel_retain(f.k1));
+  ck_assert_uint_eq(fake_live_libraries(-1), 3);
+  unsigned long calls = fake_call_count();
+  TU_OK(cusafe_shutdown());
+  ck_assert_uint_gt(fake_call_count(), calls);
+  CHECK_NOTHING_LIVE();
+
+  /* Afterwards every call is refused without calling CUDA, and every
+   * release is a silent no-op. */
+  calls = fake_call_count();
+  cusafe_module m = (cusafe_module)0x1234;
+  cusafe_kernel k = (cusafe_kernel)0x1234;
+  cusafe_launch_config c = config1();
+  size_t count;
+  uint32_t block, grid;
+  TU_ERR(cusafe_module_load_builtin(&m, f.ctx), CUSAFE_ERROR_SHUTDOWN, "%s",
+         shutdown_message);
+  TU_ERR(cusafe_module_load_data(&m, f.ctx, fake_image, sizeof fake_image),
+         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(cusafe_module_load_file(&m, f.ctx, "/tmp/x"), CUSAFE_ERROR_SHUTDOWN,
+         "%s", shutdown_message);
+  TU_ERR(cusafe_module_compile(&m, f.ctx, saxpy_source, NULL, NULL, 0),
+         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(cusafe_module_get_kernel(&k, f.m, "k1"), CUSAFE_ERROR_SHUTDOWN, "%s",
+         shutdown_message);
+  ck_assert_uint_eq(k, CUSAFE_NULL_HANDLE);
+  TU_ERR(cusafe_module_retain(f.m), CUSAFE_ERROR_SHUTDOWN, "%s",
+         shutdown_message);
+  TU_ERR(cusafe_kernel_retain(f.k1), CUSAFE_ERROR_SHUTDOWN, "%s",
+         shutdown_message);
+  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, f.k1),
+         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.k1, 0, 10),
+         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_OK(cusafe_kernel_release(kb));
+  TU_OK(cusafe_kernel_release(kc));
+  TU_OK(cusafe_module_release(comp));
+  fixture_release(&f);
+  TU_OK(cusafe_release(f.k1));
+  ck_assert_uint_eq(fake_call_count(), calls);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Fault injection                                                            */
+/* ------------------------------------------------------------------------ */
+
+struct composite {
+  cusafe_context ctx;
+  cusafe_module m;
+  cusafe_kernel k;
+  cusafe_buffer a, b, out;
+  cusafe_stream s;
+};
+
+#define STEP(expr)                                                          \
+  do {                                                                      \
+    ++*step;                                                                \
+    st = (expr);                                                            \
+    if (st != CUSAFE_SUCCESS)                                               \
+      return st;                                                            \
+  } while (0)
+#define STEP_NEW(out, expr)                                                 \
+  do {                                                                      \
+    ++*step;                                                                \
+    (out) = (cusafe_handle)0x1234;                                          \
+    st = (expr);                                                            \
+    if (st != CUSAFE_SUCCESS) {                                             \
+      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
+                "step %d (%s) failed but left handle 0x%016llx", *step,     \
+                #expr, TU_HX(out));                                         \
+      (out) = CUSAFE_NULL_HANDLE;                                           \
+      return st;                                                            \
+    }                                                                       \
+  } while (0)
+
+/* Runs the module's kernel on a and b into out and checks the result. */
+static cusafe_status composite_work(struct composite *c, int *step,
+                                    int builtin) {
+  float ha[300], hb[300], back[300];
+  cusafe_status st;
+  for (int i = 0; i < 300; i++) {
+    ha[i] = (float)i;
+    hb[i] = 0.5f * (float)i;
+  }
+  STEP_NEW(c->s, cusafe_stream_create(&c->s, c->ctx,
+                                      CUSAFE_STREAM_NON_BLOCKING, 0));
+  STEP_NEW(c->a, cusafe_buffer_alloc(&c->a, c->ctx, CUSAFE_MEMORY_DEVICE,
+                                     sizeof ha));
+  STEP_NEW(c->b, cusafe_buffer_alloc(&c->b, c->ctx, CUSAFE_MEMORY_DEVICE,
+                                     sizeof hb));
+  STEP_NEW(c->out, cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE,
+                                       sizeof back));
+  STEP(cusafe_buffer_write(c->a, 0, ha, sizeof ha));
+  STEP(cusafe_buffer_write(c->b, 0, hb, sizeof hb));
+  cusafe_launch_config cfg = {{2, 1, 1}, {128, 1, 1}, 64 * KIB, c->s};
+  if (builtin) {
+    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_BUF(c->b),
+                       CUSAFE_ARG_U64V(300)));
+  } else {
+    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_F32V(2.0f),
+                       CUSAFE_ARG_U64V(300)));
+  }
+  STEP(cusafe_stream_synchronize(c->s));
+  STEP(cusafe_buffer_read(c->out, 0, back, sizeof back));
+  if (builtin)
+    for (int i = 0; i < 300; i++)
+      TU_ASSERT(back[i] == 1.5f * (float)i,
+                "every step succeeded but element %d is %g", i, back[i]);
+  return CUSAFE_SUCCESS;
+}
+
+static cusafe_status composite_builtin(struct composite *c, int *step) {
+  cusafe_status st;
+  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
+  STEP_NEW(c->m, cusafe_module_load_builtin(&c->m, c->ctx));
+  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "cusafe_vecadd_f32"));
+  return composite_work(c, step, 1);
+}
+
+static cusafe_status composite_compiled(struct composite *c, int *step) {
+  static const char source[] =
+      "extern \"C\" __global__ void ax(float *y, const float *x, float a,\n"
+      "                                size_t n) {}\n";
+  const char *const opts[] = {"-DM=3"};
+  cusafe_status st;
+  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
+  STEP_NEW(c->m, cusafe_module_compile(&c->m, c->ctx, source, "ax.cu", opts,
+                                       1));
+  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
+  return composite_work(c, step, 0);
+}
+#undef STEP
+#undef STEP_NEW
+
+/* The context and module first: their children keep them. */
+static void composite_release(struct composite *c) {
+  const cusafe_handle all[] = {c->ctx, c->m, c->k, c->a, c->b, c->out, c->s};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    TU_OK(cusafe_release(all[i]));
+}
+
+/* The name of call number n (from 1) in the log, or "?". */
+static const char *call_name(unsigned long n) {
+  unsigned long call = 0;
+  const char *name;
+  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
+    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
+      return name;
+  return "?";
+}
+
+static int is_init_call(const char *name) {
+  static const char *const init[] = {
+      "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
+      "cudaGetDriverEntryPointByVersion"};
+  for (size_t i = 0; i < sizeof init / sizeof init[0]; i++)
+    if (strcmp(name, init[i]) == 0)
+      return 1;
+  return 0;
+}
+
+static int is_cleanup_call(const char *name) {
+  static const char *const cleanup[] = {
+      "cudaFreeAsync",     "cudaFreeHost",     "cudaFree",
+      "cudaStreamDestroy", "cudaEventDestroy", "cuDevicePrimaryCtxRelease",
+      "cudaLibraryUnload", "nvrtcDestroyProgram"};
+  for (size_t i = 0; i < sizeof cleanup / sizeof cleanup[0]; i++)
+    if (strcmp(name, cleanup[i]) == 0)
+      return 1;
+  return 0;
+}
+
+/* Whether an injected failure hit a call that frees something, among the
+ * calls numbered first..last: what it held cannot be freed any more. */
+static int failure_hit_cleanup(unsigned long first, unsigned long last) {
+  unsigned long call = 0;
+  const char *name;
+  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++) {
+    if (strncmp(name, "exec:", 5) == 0)
+      continue;
+    call++;
+    if (call >= first && call <= last && is_cleanup_call(name))
+      return 1;
+  }
+  return 0;
+}
+
+/* Whether `msg` is the message of a failure of call number k for some k in
+ * first..last (just `first` unless persistent). */
+static int names_failed_call(const char *msg, unsigned long first,
+                             unsigned long last) {
+  char want[160];
+  for (unsigned long k = first; k <= last; k++) {
+    const char *name = call_name(k);
+    if (strncmp(name, "nvrtc", 5) == 0)
+      snprintf(want, sizeof want, "%s failed: NVRTC_ERROR_INTERNAL_ERROR",
+               name);
+    else
+      snprintf(want, sizeof want, "%s failed: unknown error", name);
+    if (strcmp(msg, want) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+enum fault_result {
+  FAULT_COMPLETED = 0,
+  FAULT_FAILED = 10,
+  FAULT_ABSORBED = 11,
+  FAULT_EXCUSED = 12,
+  FAULT_NOT_REUSABLE = 13
+};
+
+struct fault_args {
+  unsigned long n;
+  int persistent;
+  cusafe_status (*run)(struct composite *c, int *step);
+};
+
+static void fault_child(void *arg) {
+  const struct fault_args *a = arg;
+  struct composite c;
+  int step = 0;
+  memset(&c, 0, sizeof c);
+  unsigned long start = fake_call_count();
+  fake_fail_after(a->n, cudaErrorUnknown, a->persistent);
+  cusafe_status st = a->run(&c, &step);
+  unsigned long end = fake_call_count();
+  int reached = end >= start + a->n;
+  char msg[1024];
+  tu_copy_message(msg, sizeof msg);
+  int cuda_err = cusafe_last_cuda_error();
+  fake_fail_clear();
+  const char *failed_call = call_name(start + a->n);
+  if (st != CUSAFE_SUCCESS) {
+    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
+              step, (int)st, msg, start + a->n);
+    if (st == CUSAFE_ERROR_NO_DRIVER) {
+      TU_ASSERT(is_init_call(failed_call),
+                "step %d: %s failing gave NO_DRIVER (\"%s\")", step,
+                failed_call, msg);
+      TU_ASSERT(strcmp(msg, "no CUDA driver found: unknown error") == 0,
+                "step %d, %s failing: message \"%s\"", step, failed_call,
+                msg);
+    } else {
+      int nvrtc = strncmp(msg, "nvrtc", 5) == 0;
+      cusafe_status want = nvrtc ? CUSAFE_ERROR_COMPILE : CUSAFE_ERROR_CUDA;
+      TU_ASSERT(st == want,
+                "step %d, %s failing: status %s (%d), expected %s; \"%s\"",
+                step, failed_call, cusafe_status_string(st), (int)st,
+                cusafe_status_string(want), msg);
+      TU_ASSERT(nvrtc || cuda_err == cudaErrorUnknown,
+                "step %d, %s failing: last CUDA error %d, expected %d", step,
+                failed_call, cuda_err, (int)cudaErrorUnknown);
+      TU_ASSERT(names_failed_call(msg, start + a->n,
+                                  a->persistent ? end : start + a->n),
+                "step %d, %s failing: message \"%s\" names no failed call",
+                step, failed_call, msg);
+    }
+  } else if (reached && !a->persistent) {
+    printf("fault %lu: %s failed, and the operation still succeeded\n", a->n,
+           failed_call);
+  }
+  int excused = reached && failure_hit_cleanup(
+                               start + a->n, a->persistent ? end : start + a->n);
+  composite_release(&c);
+  if (!excused)
+    CHECK_NOTHING_LIVE();
+
+  /* CUDA works again: so must the library. */
+  int reusable = 1;
+  if (st != CUSAFE_SUCCESS) {
+    struct composite again;
+    int again_step = 0;
+    memset(&again, 0, sizeof again);
+    cusafe_status st2 = a->run(&again, &again_step);
+    if (st2 != CUSAFE_SUCCESS) {
+      fprintf(stderr,
+              "fault %lu (%s): after the failure at step %d, a clean run "
+              "failed at step %d: %s\n",
+              a->n, a->persistent ? "persistent" : "single", step, again_step,
+              cusafe_last_error_message());
+      reusable = 0;
+    }
+    composite_release(&again);
+    if (!excused)
+      CHECK_NOTHING_LIVE();
+  }
+  TU_OK(cusafe_shutdown());
+  if (!excused)
+    CHECK_NOTHING_LIVE();
+  if (st != CUSAFE_SUCCESS)
+    exit(!reusable ? FAULT_NOT_REUSABLE
+                   : excused ? FAULT_EXCUSED : FAULT_FAILED);
+  exit(reached ? FAULT_ABSORBED : FAULT_COMPLETED);
+}
+
+/* Fails call N for N = 1, 2, ... until the operation completes without
+ * reaching the failure; each N in a fresh process. */
+static void fault_loop(cusafe_status (*run)(struct composite *, int *),
+                       int persistent) {
+  const unsigned long max_n = 10000;
+  unsigned long n, failed = 0, absorbed = 0, excused = 0, not_reusable = 0;
+  char bad[1024] = "";
+  size_t bad_len = 0;
+  for (n = 1; n <= max_n; n++) {
+    struct fault_args a = {n, persistent, run};
+    int status = run_in_child(fault_child, &a);
+    ck_assert_msg(!WIFSIGNALED(status),
+                  "failing call %lu%s: child killed by signal %d (%s)", n,
+                  persistent ? " and after" : "", WTERMSIG(status),
+                  strsignal(WTERMSIG(status)));
+    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit",
+                  n);
+    int code = WEXITSTATUS(status);
+    if (code == FAULT_COMPLETED)
+      break;
+    switch (code) {
+    case FAULT_FAILED: failed++; break;
+    case FAULT_ABSORBED: absorbed++; break;
+    case FAULT_EXCUSED: excused++; break;
+    case FAULT_NOT_REUSABLE:
+      not_reusable++;
+      if (bad_len < sizeof bad - 16)
+        bad_len += (size_t)snprintf(bad + bad_len, sizeof bad - bad_len,
+                                    " %lu", n);
+      break;
+    default:
+      ck_abort_msg("failing call %lu%s: check failed in the child (exit %d, "
+                   "its message is above)",
+                   n, persistent ? " and after" : "", code);
+    }
+  }
+  ck_assert_msg(n <= max_n, "the operation never completed");
+  printf("fault injection (%s): %lu calls failed in turn: %lu failed cleanly, "
+         "%lu absorbed, %lu failed in a free, %lu left the library unusable\n",
+         persistent ? "persistent" : "single", n - 1, failed, absorbed,
+         excused, not_reusable);
+  ck_assert_msg(failed > 0, "no failure was ever reported");
+  ck_assert_msg(not_reusable == 0,
+                "the library stayed broken after a transient failure of "
+                "call(s)%s", bad);
+}
+
+START_TEST(test_fault_injection_builtin) { fault_loop(composite_builtin, _i); }
+END_TEST
+
+START_TEST(test_fault_injection_compiled) {
+  fault_loop(composite_compiled, _i);
+}
+END_TEST
+
+/* Without fault injection the composite operations succeed and leave
+ * nothing behind. */
+START_TEST(test_composites_succeed) {
+  struct composite c;
+  int step = 0;
+  memset(&c, 0, sizeof c);
+  TU_OK(composite_builtin(&c, &step));
+  composite_release(&c);
+  CHECK_NOTHING_LIVE();
+  memset(&c, 0, sizeof c);
+  TU_OK(composite_compiled(&c, &step));
+  composite_release(&c);
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Suite                                                                      */
+/* ------------------------------------------------------------------------ */
+
+static Suite *launch_suite(void) {
+  Suite *s = suite_create("launch");
+  TCase *tc;
+
+  tc = tcase_create("load");
+  tcase_add_test(tc, test_load_data);
+  tcase_add_test(tc, test_load_file);
+  tcase_add_test(tc, test_load_errors);
+  tcase_add_test(tc, test_not_found_names_module);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("arguments");
+  tcase_add_test(tc, test_argument_checks);
+  tcase_add_test(tc, test_argument_values);
+  tcase_add_test(tc, test_config_checks);
+  tcase_add_test(tc, test_suggest_config);
+  tcase_add_test(tc, test_context_mismatch);
+  tcase_add_test(tc, test_invalid_handles);
+  tcase_add_test(tc, test_cuda_failures);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("compile");
+  tcase_add_test(tc, test_compile);
+  tcase_add_test(tc, test_compile_errors);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("builtin");
+  tcase_add_loop_test(tc, test_builtin_kernels, 0, 2);
+  tcase_add_test(tc, test_builtin_other_memory);
+  tcase_add_test(tc, test_builtin_misaligned_faults);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("lifetime");
+  tcase_add_loop_test(tc, test_release_all_while_launch_queued, 0, 2);
+  tcase_add_test(tc, test_shutdown_with_launch_queued);
+  tcase_add_test(tc, test_kernel_keeps_module);
+  tcase_add_test(tc, test_module_keeps_context);
+  tcase_add_test(tc, test_shutdown_unloads_everything);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("fault_injection");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, test_composites_succeed);
+  tcase_add_loop_test(tc, test_fault_injection_builtin, 0, 2);
+  tcase_add_loop_test(tc, test_fault_injection_compiled, 0, 2);
+  suite_add_tcase(s, tc);
+
+  return s;
+}
+
+int main(void) {
+  Suite *s = launch_suite();
+  SRunner *sr = srunner_create(s);
+  /* Every test needs a fresh library and a fresh fake. */
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,144 @@
+#!/bin/sh
+# How Python programs that use cusafe through ctypes (examples/python/
+# cusafe.py) end: each scenario of tests/exit/scenario.py, and the examples
+# in examples/python, run in a fresh interpreter against the library built
+# with the fake CUDA and against the real one (skipped without a GPU), and
+# must end with the expected status and nothing on stderr -- no CUDA error,
+# no "fakecuda: VIOLATION", no signal.
+#
+# Environment (set by `make check`):
+#   top_srcdir, top_builddir  the source and build trees
+#   cusafe_fake_library       the library built with the fake CUDA
+#                             (default: $top_builddir/.libs/libcusafe_fake.so)
+#   cusafe_real_library       the library built with the CUDA runtime
+#                             (default: $top_builddir/.libs/libcusafe.so)
+#   PYTHON                    the interpreter (default: python3); without
+#                             one the test is skipped (status 77)
+# and those of tests/exit/common.sh.  Each run gets the library to test in
+# CUSAFE_LIBRARY, and examples/python in PYTHONPATH.
+set -u
+
+test_name=exit-python
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+. "$top_srcdir/tests/exit/common.sh"
+
+fake_library=${cusafe_fake_library:-$top_builddir/.libs/libcusafe_fake.so}
+real_library=${cusafe_real_library:-$top_builddir/.libs/libcusafe.so}
+PYTHON=${PYTHON:-python3}
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+	echo "SKIP: all -- no Python interpreter ($PYTHON) found"
+	exit 77
+fi
+
+PYTHONPATH=$top_srcdir/examples/python${PYTHONPATH:+:$PYTHONPATH}
+# No __pycache__ in the source tree (read-only under make distcheck).
+PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH PYTHONDONTWRITEBYTECODE
+unset PYTHONWARNINGS
+
+scen=$top_srcdir/tests/exit/scenario.py
+examples=$top_srcdir/examples/python
+
+variant_command() {
+	case $1 in
+	fake) cmd_env=CUSAFE_LIBRARY=$fake_library ;;
+	gpu) cmd_env=CUSAFE_LIBRARY=$real_library ;;
+	esac
+	cmd_prefix=$PYTHON
+}
+
+for f in "$fake_library" "$real_library"; do
+	if ! test -f "$f"; then
+		report FAIL "setup" "$f not found (run through make check)"
+		finish
+	fi
+done
+
+# Is there a GPU?  Ask the real library once.
+run "CUSAFE_LIBRARY=$real_library" "$PYTHON" "$scen" probe
+case $status in
+0) echo "GPU: $(cat "$out")" ;;
+77) gpu_missing=$(sed -n 's/^SKIP: //p' "$out") ;;
+*)
+	report FAIL "probe (gpu)" "exit status $status"
+	show_output
+	gpu_missing="the probe failed"
+	;;
+esac
+
+# The binding's structs have the C compiler's layout.
+layout_c=$top_builddir/tests/exit_c_fake
+if test -x "$layout_c"; then
+	run - "$layout_c" layout
+	cp "$out" "$tmp/layout-c"
+	run "CUSAFE_LIBRARY=$fake_library" "$PYTHON" "$scen" layout
+	if test "$status" = 0 && test -s "$tmp/layout-c" &&
+		diff "$tmp/layout-c" "$out" >"$tmp/layout-diff" 2>&1; then
+		report PASS "layout"
+	else
+		report FAIL "layout" "the ctypes structs differ from cusafe.h's"
+		sed 's/^/    /' "$tmp/layout-diff"
+		show_output
+	fi
+else
+	report SKIP "layout" "$layout_c not built"
+fi
+
+both="fake gpu"
+header=$top_srcdir/include/cusafe.h
+
+#        name               variants status stderr  stdout  times
+scenario binding            "$both" 0 empty "functions bound" 1 -- "$scen" binding "$header"
+scenario errors             "$both" 0 empty "" 1 -- "$scen" errors
+scenario global             "$both" 0 empty "" 1 -- "$scen" global
+scenario cycle              "$both" 0 empty "" 1 -- "$scen" cycle
+scenario closure            "$both" 0 empty "" 1 -- "$scen" closure
+scenario sys-exit-3         "$both" 3 empty "" 1 -- "$scen" sys-exit-3
+scenario exception          "$both" 1 \
+	"traceback:RuntimeError: deliberate failure of the exception scenario" \
+	"" 1 -- "$scen" exception
+# Python ends an uncaught KeyboardInterrupt by killing itself with SIGINT
+# (which the shell reports as 130; killed-by-sigint checks the signal).
+scenario keyboard-interrupt "$both" 0 traceback:KeyboardInterrupt \
+	"^killed by SIGINT$" 1 -- "$scen" killed-by-sigint keyboard-interrupt
+scenario sigint             "$both" 0 traceback:KeyboardInterrupt \
+	"^killed by SIGINT$" 1 -- "$scen" killed-by-sigint sigint
+scenario "sigint, status"   "$both" 130 traceback:KeyboardInterrupt "" 1 -- "$scen" sigint
+scenario os-exit            "$both" 0 empty "" 1 -- "$scen" os-exit
+scenario shutdown           "$both" 0 empty "" 1 -- "$scen" shutdown
+scenario thread             "$both" 0 empty "" "$repeat" -- "$scen" thread
+scenario thread-shutdown    "$both" 0 empty "" "$repeat" -- "$scen" thread-shutdown
+scenario fork               "$both" 0 empty "" 1 -- "$scen" fork
+scenario mp-fork            "$both" 0 empty "" 1 -- "$scen" mp-fork
+scenario mp-spawn           "$both" 0 empty "" 1 -- "$scen" mp-spawn
+scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fault
+scenario cupy-first         gpu     0 empty "" 1 -- "$scen" cupy-first
+scenario cusafe-first       gpu     0 empty "" 1 -- "$scen" cusafe-first
+
+# The examples.
+scenario vecadd.py          "$both" 0 empty \
+	"^vecadd: 1000000 floats, max error 0 on " 1 -- "$examples/vecadd.py"
+scenario leaky_exit.py      "$both" 0 empty \
+	"^leaky_exit: exiting with [0-9]+ live handles" 1 -- "$examples/leaky_exit.py"
+extra_env=CUSAFE_LEAK_REPORT=1
+scenario "leaky_exit.py, CUSAFE_LEAK_REPORT=1" "$both" 0 leaks "" 1 -- \
+	"$examples/leaky_exit.py"
+extra_env=
+
+# Without a driver or device the examples say so in one line.  The fake
+# plays the machine: its driver state is set before the first call.
+nodriver='import cusafe, runpy, sys
+cusafe.library().cdll.fake_set_driver(int(sys.argv[1]))
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")'
+for example in vecadd leaky_exit; do
+	scenario "$example.py, no driver" fake 1 \
+		"exact:cusafe: no CUDA driver found" "" 1 -- \
+		-c "$nodriver" 1 "$examples/$example.py"
+	scenario "$example.py, no device" fake 1 \
+		"exact:cusafe: no CUDA device found" "" 1 -- \
+		-c "$nodriver" 2 "$examples/$example.py"
+done
+
+finish

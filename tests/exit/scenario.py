@@ -1,0 +1,534 @@
+"""scenario.py -- how a Python program that uses cusafe ends.
+
+    python3 scenario.py NAME [ARG]
+
+Each scenario runs in a fresh interpreter; tests/exit-python.sh runs them,
+against the fake CUDA and against the real runtime (CUSAFE_LIBRARY names the
+library), and checks the exit status and stderr.  A scenario that cannot run
+here prints "SKIP: <why>" on stdout and exits with 77.  Anything unexpected
+raises, so that the traceback shows on stderr and the status is 1.
+
+The scenarios are listed in SCENARIOS at the end.
+"""
+import array
+import ctypes
+import gc
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import cusafe
+
+# The message of CUSAFE_ERROR_FORKED, as the library words it.
+FORKED_MESSAGE = ("cusafe cannot be used in a process forked after CUDA was "
+                  "initialised")
+
+N = 1 << 16  # floats per buffer
+
+# A forked child of a process with threads (the CUDA runtime starts some)
+# makes Python 3.12+ warn about fork(); that is not what is tested here.
+warnings.filterwarnings("ignore", category=DeprecationWarning,
+                        message=".*fork.*")
+
+
+def skip(why):
+    print("SKIP: %s" % why)
+    sys.exit(77)
+
+
+def is_fake():
+    """Whether the loaded library is the test build with the fake CUDA."""
+    return hasattr(cusafe.library().cdll, "fake_set_sticky_error")
+
+
+def expect_error(status, fn, *args, **kwargs):
+    """Calls fn, which must raise CusafeError with `status`; returns it."""
+    try:
+        fn(*args, **kwargs)
+    except cusafe.CusafeError as e:
+        if e.status != status:
+            raise AssertionError("%s raised %r, expected status %s"
+                                 % (getattr(fn, "__name__", fn), e,
+                                    status.name)) from e
+        return e
+    raise AssertionError("%s did not raise CusafeError %s"
+                         % (getattr(fn, "__name__", fn), status.name))
+
+
+def make_live():
+    """Objects of every type, with work queued on them and never waited
+    for.  Returns them in a dict."""
+    try:
+        ctx = cusafe.Context(0)
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    o = {"ctx": ctx}
+    o["stream"] = ctx.stream(non_blocking=True)
+    o["event"] = ctx.event()
+    o["a"] = cusafe.Buffer.from_host(ctx, array.array("f", range(N)))
+    o["b"] = ctx.alloc(4 * N, cusafe.MEMORY_HOST_PINNED)
+    o["view"] = o["a"].view(2 * N, 2 * N)
+    o["module"] = cusafe.Module.builtin(ctx)
+    o["fill"] = o["module"].kernel("cusafe_fill_f32")
+    s = o["stream"]
+    o["a"].fill(0, size=2 * N, stream=s)
+    o["fill"].launch((N // 2 + 255) // 256, 256, o["view"], cusafe.F32(3.0),
+                     N // 2, stream=s)
+    o["b"].copy_from(o["a"], stream=s)
+    o["event"].record(s)
+    return o
+
+
+# ---- scenarios -------------------------------------------------------------
+
+def probe():
+    """Exit 0 if a device is there, 77 if not."""
+    try:
+        print("%d device(s)" % cusafe.device_count())
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+
+
+def layout():
+    """Prints the layout of the binding's structs, in the format of
+    `exit_c layout`, to be compared with the C compiler's."""
+    def fields(cname, cls, prefix="", base=0):
+        for name, ctype in cls._fields_:
+            f = getattr(cls, name)
+            print("%s.%s%s %d %d" % (cname, prefix, name, base + f.offset,
+                                     f.size))
+            if name == "value" and cls is cusafe.Arg:
+                fields(cname, ctype, "value.", f.offset)
+
+    print("cusafe_device_properties %d"
+          % ctypes.sizeof(cusafe.DeviceProperties))
+    fields("cusafe_device_properties", cusafe.DeviceProperties)
+    print("cusafe_arg %d" % ctypes.sizeof(cusafe.Arg))
+    fields("cusafe_arg", cusafe.Arg)
+    print("cusafe_launch_config %d" % ctypes.sizeof(cusafe.LaunchConfig))
+    fields("cusafe_launch_config", cusafe.LaunchConfig)
+    print("cusafe_handle %d" % ctypes.sizeof(cusafe.c_handle))
+    print("cusafe_status %d" % ctypes.sizeof(cusafe.c_status))
+    print("cusafe_memory %d" % ctypes.sizeof(cusafe.c_enum))
+    print("cusafe_handle_type %d" % ctypes.sizeof(cusafe.c_enum))
+
+
+def binding(header):
+    """The binding declares every function of cusafe.h, with as many
+    arguments, and the library exports them all."""
+    text = open(header).read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"^\s*#.*?(?<!\\)$", " ", text, flags=re.S | re.M)
+    declared = {}
+    for m in re.finditer(r"CUSAFE_API\s+[^;()]*?\b(cusafe_\w+)\s*\(([^)]*)\)",
+                         text):
+        params = m.group(2).strip()
+        declared[m.group(1)] = 0 if params in ("", "void") \
+            else params.count(",") + 1
+    bound = cusafe._PROTOTYPES
+    problems = []
+    for name in sorted(set(declared) - set(bound)):
+        problems.append("%s is declared in cusafe.h but not bound" % name)
+    for name in sorted(set(bound) - set(declared)):
+        problems.append("%s is bound but not declared in cusafe.h" % name)
+    for name in sorted(set(bound) & set(declared)):
+        if len(bound[name][1]) != declared[name]:
+            problems.append("%s takes %d arguments in cusafe.h, %d in the "
+                            "binding" % (name, declared[name],
+                                         len(bound[name][1])))
+    lib = cusafe.library()
+    for name in lib.missing:
+        problems.append("%s is not exported by %s" % (name, lib.path))
+    if len(declared) < 40:
+        problems.append("only %d functions found in %s" % (len(declared),
+                                                           header))
+    if problems:
+        raise AssertionError("\n".join(problems))
+    print("%d functions bound" % len(declared))
+
+
+def errors():
+    """Errors raise CusafeError with the status, the message and the CUDA
+    error; str() is "<status string>: <message>"."""
+    try:
+        ctx = cusafe.Context(0)
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    with ctx, ctx.alloc(64) as buf:
+        e = expect_error(cusafe.Status.OUT_OF_RANGE, buf.write, bytes(100))
+        assert "100" in e.message and "64" in e.message, e.message
+        assert str(e) == "%s: %s" % (cusafe.status_string(e.status),
+                                     e.message), str(e)
+        assert e.cuda_error == 0
+        assert isinstance(e.status, cusafe.Status)
+        data = bytes(range(64))
+        buf.write(data)
+        assert bytes(buf.read()) == data
+        out = bytearray(16)
+        buf.read(out, offset=8)
+        assert out == data[8:24]
+        a = array.array("B", bytes(64))
+        buf.read(a)
+        assert a.tobytes() == data
+        view = buf.view(32, 32)
+        assert view.size == 32 and len(view) == 32
+        assert bytes(view.read()) == data[32:]
+        view.close()
+        view.close()  # twice: a no-op
+        try:
+            view.handle
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a closed object's handle is usable")
+        h = buf.handle
+        assert cusafe.handle_type(h) == cusafe.HandleType.BUFFER
+        assert "closed" in repr(view) and "64 bytes" in repr(buf)
+    expect_error(cusafe.Status.INVALID_HANDLE, cusafe.release_handle, h)
+    print("errors checked")
+
+
+def global_objects():
+    """Live objects held by module globals; normal exit."""
+    global LIVE
+    LIVE = make_live()
+
+
+class Node:
+    def __init__(self, objects):
+        self.objects = objects
+        self.me = self  # a reference cycle
+
+
+def cycle():
+    """Live objects reachable only from a reference cycle; normal exit."""
+    gc.disable()  # the cycle stays alive until the interpreter exits
+    Node(make_live())
+    Node(make_live())
+
+
+def closure():
+    """Live objects held by a closure; normal exit."""
+    global use
+    objects = make_live()
+
+    def use():
+        return objects["a"].size
+
+    assert use() == 4 * N
+
+
+def sys_exit3():
+    global LIVE
+    LIVE = make_live()
+    sys.exit(3)
+
+
+def exception():
+    """An uncaught exception: status 1, the traceback alone on stderr."""
+    global LIVE
+    LIVE = make_live()
+    raise RuntimeError("deliberate failure of the exception scenario")
+
+
+def keyboard_interrupt():
+    global LIVE
+    LIVE = make_live()
+    raise KeyboardInterrupt
+
+
+def sigint():
+    """SIGINT sent to the process itself, as a user's Ctrl-C."""
+    global LIVE
+    LIVE = make_live()
+    # As in an interactive program, also where the test's shell ignores
+    # SIGINT (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+    raise AssertionError("SIGINT did not interrupt")
+
+
+def killed_by_sigint(name):
+    """Runs scenario `name` in a child interpreter, which must end the way
+    Python ends an uncaught KeyboardInterrupt: killed by SIGINT (its
+    traceback goes to the shared stderr).  Exit status 0 if it did."""
+    import subprocess
+    status = subprocess.run([sys.executable, __file__, name]).returncode
+    if status != -signal.SIGINT:
+        print("the child ended with status %d, not killed by SIGINT" % status)
+        sys.exit(1)
+    print("killed by SIGINT")
+
+
+def os_exit():
+    """os._exit(0) with live objects and queued work."""
+    o = make_live()
+    for _ in range(4):
+        o["b"].copy_from(o["a"], stream=o["stream"])
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def shutdown():
+    """cusafe.shutdown() first; the objects' releases afterwards are
+    no-ops, other calls raise CusafeError(SHUTDOWN)."""
+    global LIVE
+    o = make_live()
+    cusafe.shutdown()
+    cusafe.shutdown()  # idempotent
+    e = expect_error(cusafe.Status.SHUTDOWN, o["a"].write, b"1234")
+    assert e.message, "no message with SHUTDOWN"
+    expect_error(cusafe.Status.SHUTDOWN, cusafe.Context, 0)
+    expect_error(cusafe.Status.SHUTDOWN, o["ctx"].alloc, 64)
+    expect_error(cusafe.Status.SHUTDOWN, cusafe.device_count)
+    o["view"].close()
+    o["fill"].close()
+    with o["stream"]:
+        pass
+    # The rest go through their finalizers, some now, some at exit.
+    del o["a"], o["event"]
+    gc.collect()
+    LIVE = o
+
+
+def start_worker():
+    """Starts a daemon thread that allocates, writes, reads and releases
+    in a loop until cusafe shuts down; returns it once it made progress."""
+    try:
+        ctx = cusafe.Context(0)
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    started = threading.Event()
+    # Large copies, so that the thread is often inside a call (which
+    # releases the GIL) when the shutdown comes.
+    data = bytes(range(256)) * (1 << 17)  # 32 MiB
+
+    def work():
+        try:
+            while True:
+                with ctx.alloc(len(data)) as buf:
+                    buf.write(data)
+                    out = buf.read()
+                    assert out == data
+                started.set()
+        except cusafe.CusafeError as e:
+            if e.status != cusafe.Status.SHUTDOWN:
+                raise
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    if not started.wait(60):
+        raise AssertionError("the thread made no progress")
+    return t
+
+
+def thread():
+    """A daemon thread inside cusafe calls while the interpreter exits."""
+    global LIVE
+    LIVE = make_live()
+    start_worker()
+
+
+def thread_shutdown():
+    """cusafe.shutdown() while a thread is inside cusafe calls: the
+    thread's next call raises CusafeError(SHUTDOWN) and it ends."""
+    global LIVE
+    LIVE = make_live()
+    t = start_worker()
+    cusafe.shutdown()
+    t.join(60)
+    assert not t.is_alive(), "the thread still runs after the shutdown"
+
+
+def fork():
+    """os.fork() after CUDA was used: the child gets CusafeError(FORKED)
+    with its message and exits normally; the parent carries on."""
+    o = make_live()
+    o["stream"].synchronize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        e = expect_error(cusafe.Status.FORKED, o["ctx"].alloc, 64)
+        assert e.message == FORKED_MESSAGE, \
+            "the message is %r, expected %r" % (e.message, FORKED_MESSAGE)
+        expect_error(cusafe.Status.FORKED, o["a"].read)
+        expect_error(cusafe.Status.FORKED, cusafe.Context, 0)
+        expect_error(cusafe.Status.FORKED, cusafe.device_count)
+        for name in ("fill", "view", "b"):
+            o[name].close()  # releases are no-ops
+        cusafe.shutdown()  # a no-op too
+        sys.exit(0)  # a normal exit: the inherited exit handlers run
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, \
+        "the child ended with status 0x%x" % status
+    data = bytes(range(64))
+    o["a"].write(data)
+    assert bytes(o["a"].read(size=64)) == data
+    global LIVE
+    LIVE = o
+
+
+def _mp_child_forked(conn, ctx):
+    try:
+        ctx.alloc(64)
+    except cusafe.CusafeError as e:
+        conn.send((int(e.status), e.message))
+    else:
+        conn.send((0, "allocation worked"))
+    conn.close()
+
+
+def _mp_child_spawned(conn):
+    with cusafe.Context(0) as ctx:
+        data = bytes(range(200))
+        buf = cusafe.Buffer.from_host(ctx, data)
+        conn.send(bytes(buf.read()) == data)
+        LEFT.append(buf)  # left alive for the child's exit
+    conn.close()
+
+
+LEFT = []
+
+
+def mp_fork():
+    """multiprocessing with fork: the child gets FORKED and says so."""
+    import multiprocessing
+    global LIVE
+    LIVE = o = make_live()
+    mp = multiprocessing.get_context("fork")
+    parent, child = mp.Pipe()
+    p = mp.Process(target=_mp_child_forked, args=(child, o["ctx"]))
+    p.start()
+    status, message = parent.recv()
+    p.join(60)
+    assert p.exitcode == 0, "the child's exit code is %r" % p.exitcode
+    assert status == cusafe.Status.FORKED and message == FORKED_MESSAGE, \
+        (status, message)
+    o["a"].write(b"still works")
+
+
+def mp_spawn():
+    """multiprocessing with spawn: the child is a fresh process that uses
+    CUDA normally."""
+    import multiprocessing
+    global LIVE
+    LIVE = make_live()
+    mp = multiprocessing.get_context("spawn")
+    parent, child = mp.Pipe()
+    p = mp.Process(target=_mp_child_spawned, args=(child,))
+    p.start()
+    ok = parent.recv()
+    p.join(120)
+    assert p.exitcode == 0, "the child's exit code is %r" % p.exitcode
+    assert ok is True, "the spawned child's copy failed"
+
+
+FAULT_SOURCE = r'''
+extern "C" __global__ void cusafe_test_fault(void)
+{
+  *(volatile int *)0x10 = 1;
+}
+'''
+
+
+def fault():
+    """A kernel fault, reported by the next synchronize as CusafeError
+    CUDA with cuda_error 700 (illegal address); exit with everything alive
+    in the broken context."""
+    global LIVE
+    LIVE = o = make_live()
+    if is_fake():
+        # What a kernel fault leaves behind: every call on the device fails.
+        cusafe.library().cdll.fake_set_sticky_error(0, 700)
+    else:
+        module = cusafe.Module.compile(o["ctx"], FAULT_SOURCE, "fault.cu")
+        o["fault_module"] = module
+        o["fault"] = module.kernel("cusafe_test_fault")
+        o["fault"].launch(1, 1, stream=o["stream"])
+    e = expect_error(cusafe.Status.CUDA, o["ctx"].synchronize)
+    assert e.cuda_error == 700, "cuda_error is %d, expected 700" % e.cuda_error
+    print("fault reported: %s" % e)
+
+
+def _cupy_roundtrip(ctx):
+    import cupy
+    x = cupy.arange(N, dtype=cupy.float32)
+    buf = ctx.alloc(4 * N)
+    # cusafe's buffer seen by CuPy, in the same (primary) context.
+    mem = cupy.cuda.UnownedMemory(buf.interop_pointer(), 4 * N, buf)
+    y = cupy.ndarray((N,), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
+    y[...] = x * 2
+    cupy.cuda.runtime.deviceSynchronize()
+    back = array.array("f", bytes(4 * N))
+    buf.read(back)
+    assert back[N - 1] == 2.0 * (N - 1), back[N - 1]
+    return x, y, buf
+
+
+def cupy_first():
+    """CuPy imported and used first, then cusafe: they share the device's
+    primary context; both exit cleanly."""
+    if is_fake():
+        skip("CuPy needs the real CUDA runtime")
+    try:
+        import cupy
+    except ImportError:
+        skip("CuPy is not installed")
+    global LIVE
+    z = cupy.ones(1 << 20, dtype=cupy.float32)
+    float(z.sum())
+    LIVE = (z, make_live())
+    ctx = LIVE[1]["ctx"]
+    LIVE += _cupy_roundtrip(ctx)
+
+
+def cusafe_first():
+    """cusafe used first, then CuPy imported."""
+    if is_fake():
+        skip("CuPy needs the real CUDA runtime")
+    global LIVE
+    LIVE = [make_live()]
+    try:
+        import cupy
+    except ImportError:
+        skip("CuPy is not installed")
+    z = cupy.ones(1 << 20, dtype=cupy.float32)
+    float(z.sum())
+    LIVE += [z, _cupy_roundtrip(LIVE[0]["ctx"])]
+
+
+SCENARIOS = {
+    "probe": probe,
+    "layout": layout,
+    "binding": binding,
+    "errors": errors,
+    "global": global_objects,
+    "cycle": cycle,
+    "closure": closure,
+    "sys-exit-3": sys_exit3,
+    "exception": exception,
+    "keyboard-interrupt": keyboard_interrupt,
+    "sigint": sigint,
+    "killed-by-sigint": killed_by_sigint,
+    "os-exit": os_exit,
+    "shutdown": shutdown,
+    "thread": thread,
+    "thread-shutdown": thread_shutdown,
+    "fork": fork,
+    "mp-fork": mp_fork,
+    "mp-spawn": mp_spawn,
+    "fault": fault,
+    "cupy-first": cupy_first,
+    "cusafe-first": cusafe_first,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in SCENARIOS:
+        sys.exit("usage: scenario.py {%s} [ARG]" % ",".join(SCENARIOS))
+    SCENARIOS[sys.argv[1]](*sys.argv[2:])
