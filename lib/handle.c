@@ -224,17 +224,22 @@ static void retire(struct cs_slot *slot, uint64_t gen) {
   pthread_mutex_unlock(&table_lock);
 }
 
-cusafe_status cs_unref(struct cs_object *obj) {
+/* The last reference went (`word` held it): lookups now see zero
+ * references and fail until the slot is reused. */
+static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
   struct cs_slot *slot = obj->slot;
-  uint64_t word =
-      atomic_fetch_sub_explicit(&slot->word, 1, memory_order_acq_rel);
-  if ((word & REF_MASK) != 1)
-    return CUSAFE_SUCCESS;
   free(atomic_exchange(&obj->label, NULL));
-  /* Lookups now see zero references and fail until the slot is reused. */
   cusafe_status st = cs_destroy(obj);
   retire(slot, word >> 32);
   return st;
+}
+
+cusafe_status cs_unref(struct cs_object *obj) {
+  uint64_t word =
+      atomic_fetch_sub_explicit(&obj->slot->word, 1, memory_order_acq_rel);
+  if ((word & REF_MASK) != 1)
+    return CUSAFE_SUCCESS;
+  return destroy_last(obj, word);
 }
 
 void cs_handle_kill(struct cs_object *obj) {
@@ -317,8 +322,12 @@ cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
   } while (!atomic_compare_exchange_weak_explicit(
       &obj->slot->user_refs, &users, users - 1, memory_order_acq_rel,
       memory_order_relaxed));
-  cs_unref(obj); /* the caller's reference; ours keeps obj alive */
-  return cs_unref(obj);
+  /* The caller's reference and ours, in one step. */
+  uint64_t word =
+      atomic_fetch_sub_explicit(&obj->slot->word, 2, memory_order_acq_rel);
+  if ((word & REF_MASK) != 2)
+    return CUSAFE_SUCCESS;
+  return destroy_last(obj, word);
 }
 
 CUSAFE_API cusafe_status cusafe_retain(cusafe_handle handle) {

@@ -112,6 +112,9 @@ struct cs_thread {
 };
 extern __thread struct cs_thread *cs_tls_thread;
 struct cs_thread *cs_thread_register(void);
+/* 1 once the shutdown can make every thread's marks visible with one
+ * membarrier() call: calls then need only a compiler barrier. */
+extern _Atomic int cs_light_calls;
 
 static inline struct cs_thread *cs_call_enter(void) {
   struct cs_thread *t = cs_tls_thread;
@@ -121,8 +124,13 @@ static inline struct cs_thread *cs_call_enter(void) {
                         atomic_load_explicit(&t->depth, memory_order_relaxed) + 1,
                         memory_order_relaxed);
   /* Orders the mark before the state check, against the shutdown's store
-   * of the state before its scan of the marks. */
-  atomic_thread_fence(memory_order_seq_cst);
+   * of the state before its scan of the marks: a full fence, or, where the
+   * shutdown issues membarrier() between the two, only a compiler barrier
+   * (the scheme of liburcu's membarrier flavour). */
+  if (CS_LIKELY(atomic_load_explicit(&cs_light_calls, memory_order_relaxed)))
+    atomic_signal_fence(memory_order_seq_cst);
+  else
+    atomic_thread_fence(memory_order_seq_cst);
   return t;
 }
 
