@@ -13,7 +13,9 @@
  * its children's.  A handle is the caller's: once the caller has released
  * all the references it was given, the handle is stale -- even while
  * children keep the object itself alive -- so that a double release is
- * caught as an error instead of stealing a child's reference.  Functions
+ * caught as an error instead of stealing a child's reference.  A handle
+ * counts at most 65535 references of the caller (a retain beyond gets
+ * CUSAFE_ERROR_OUT_OF_MEMORY, "... has too many references").  Functions
  * such as cusafe_buffer_get_context() hand out a new reference when the
  * caller needs the parent again.  Work queued on a stream keeps the buffers it uses alive:
  * releasing the last reference of a buffer while a copy still uses it is

@@ -21,6 +21,12 @@ static cusafe_status buffer_get(cusafe_buffer h, const char *name,
 
 /* Orders the next operation on root's memory on `q` after the previous one
  * (root->lock held). */
+/* Whether root must hold a reference on q's owner: the stream must outlive
+ * the free queued on it, but the root's own context it holds already. */
+static bool holds_owner(const struct cs_buffer *root, const struct cs_queue *q) {
+  return q->owner != &root->ctx->hdr;
+}
+
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q) {
   struct cs_queue *last = root->last;
   if (CS_LIKELY(last == q))
@@ -30,9 +36,10 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q) {
     if (st != CUSAFE_SUCCESS)
       return st;
   }
-  cs_ref(q->owner); /* the stream must outlive the free queued on it */
+  if (holds_owner(root, q))
+    cs_ref(q->owner);
   root->last = q;
-  if (last)
+  if (last && holds_owner(root, last))
     cs_unref(last->owner);
   return CUSAFE_SUCCESS;
 }
@@ -94,8 +101,9 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   pthread_mutex_init(&b->lock, NULL);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
-    cs_ref(q->owner);
     b->last = q;
+    if (holds_owner(b, q))
+      cs_ref(q->owner);
   }
   st = cs_handle_new(&b->hdr, CS_BUFFER);
   cs_device_leave(saved);
@@ -248,7 +256,7 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
     st = free_memory(b);
     cs_device_leave(saved);
   }
-  if (b->last)
+  if (b->last && holds_owner(b, b->last))
     cs_unref(b->last->owner);
   pthread_mutex_destroy(&b->lock);
   free(b);
@@ -325,10 +333,11 @@ CUSAFE_API cusafe_status cusafe_buffer_get_context(cusafe_context *out,
   cusafe_status st = buffer_get(buffer, "buffer", &b);
   if (st != CUSAFE_SUCCESS)
     return st;
-  cs_user_ref(&b->ctx->hdr);
-  *out = b->ctx->hdr.handle;
+  st = cs_user_ref(&b->ctx->hdr);
+  if (st == CUSAFE_SUCCESS)
+    *out = b->ctx->hdr.handle;
   cs_unref(&b->hdr);
-  return CUSAFE_SUCCESS;
+  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,

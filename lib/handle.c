@@ -2,15 +2,15 @@
  *
  * A handle is (tag << 56) | (generation << 32) | slot index.  The tag is
  * 0xC0 | type, the generation counts the slot's reuses (24 bits, never 0).
- * Each slot holds one 64-bit word: (generation << 32) | references, so a
- * lookup takes a reference with one compare-and-swap that fails once the
- * slot was retired or reused; a freed object is never read.
  *
- * Two counts per object: the slot's count is every reference (the user's,
- * children's, in-flight work's and calls in progress); `user_refs` in the
- * object counts the references handed to the caller.  A handle is stale
- * once its user references are gone, even while children keep the object
- * alive, so that a double release is an error and not a stolen reference.
+ * Each slot holds one 64-bit word: the generation, the references handed
+ * to the caller, and all references (the caller's, children's, in-flight
+ * work's and calls in progress).  One compare-and-swap checks that the
+ * handle is still the slot's and changes the counts, so a lookup, a retain
+ * and a release are one atomic operation each, and a freed object is never
+ * read.  A handle is stale once the caller's references are gone, even
+ * while children keep the object alive, so that a double release is an
+ * error and not a stolen reference.
  *
  * Slots live in chunks that are never moved or freed, so the lock-free
  * lookup may read any slot below the high-water mark.  The table's lock
@@ -26,15 +26,27 @@
 #define MAX_CHUNKS 4096u /* 16M handles */
 #define TAG_BASE 0xC0u
 #define GEN_MASK 0xFFFFFFu
-#define REF_MASK 0xFFFFFFFFull
 #define NO_SLOT UINT32_MAX
 
+/* The word: generation (24 bits) << 40 | caller's references (16 bits)
+ * << 24 | all references (24 bits). */
+#define GEN_SHIFT 40
+#define USER_SHIFT 24
+#define USER_ONE (1ull << USER_SHIFT)
+#define USER_MAX 0xFFFFull
+#define ALL_MAX 0xFFFFFFull
+#define GEN_OF(w) ((w) >> GEN_SHIFT)
+#define USERS_OF(w) (((w) >> USER_SHIFT) & USER_MAX)
+#define ALL_OF(w) ((w) & ALL_MAX)
+
+/* One cache line each, so that threads using different handles do not
+ * contend for one line. */
 struct cs_slot {
-  _Atomic uint64_t word;        /* generation << 32 | references */
-  _Atomic uint32_t user_refs;   /* references held by callers */
+  _Alignas(64) _Atomic uint64_t word;
   struct cs_object *_Atomic obj;
+  _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
   uint32_t index;
-  uint32_t next_free;           /* under table_lock */
+  uint32_t next_free; /* under table_lock */
 };
 
 static struct cs_slot *_Atomic chunks[MAX_CHUNKS];
@@ -52,51 +64,60 @@ static struct cs_slot *slot_at(uint32_t index) {
   return chunk ? &chunk[index & (CHUNK_SLOTS - 1)] : NULL;
 }
 
-cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
-  pthread_mutex_lock(&table_lock);
+/* Takes a free slot, growing the table if needed (table_lock held). */
+static cusafe_status slot_take(struct cs_slot **out) {
   uint32_t index = free_head;
-  struct cs_slot *slot;
   if (index != NO_SLOT) {
-    slot = slot_at(index);
-    free_head = slot->next_free;
-  } else {
-    index = atomic_load_explicit(&high_water, memory_order_relaxed);
-    if ((index >> CHUNK_BITS) >= MAX_CHUNKS) {
-      pthread_mutex_unlock(&table_lock);
-      return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
-                     "the handle table is full (%u handles)",
-                     MAX_CHUNKS * CHUNK_SLOTS);
-    }
-    if (!atomic_load_explicit(&chunks[index >> CHUNK_BITS],
-                              memory_order_relaxed)) {
-      struct cs_slot *chunk = calloc(CHUNK_SLOTS, sizeof *chunk);
-      if (!chunk) {
-        pthread_mutex_unlock(&table_lock);
-        return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
-                       "out of host memory growing the handle table");
-      }
-      for (uint32_t i = 0; i < CHUNK_SLOTS; i++) {
-        chunk[i].index = index + i;
-        atomic_init(&chunk[i].word, 1ull << 32); /* generation 1 */
-      }
-      atomic_store_explicit(&chunks[index >> CHUNK_BITS], chunk,
-                            memory_order_release);
-    }
-    slot = slot_at(index);
-    atomic_store_explicit(&high_water, index + 1, memory_order_release);
+    *out = slot_at(index);
+    free_head = (*out)->next_free;
+    return CUSAFE_SUCCESS;
   }
-  pthread_mutex_unlock(&table_lock);
-
-  uint64_t gen = atomic_load_explicit(&slot->word, memory_order_relaxed) >> 32;
-  obj->slot = slot;
-  obj->type = type;
-  obj->handle = ((uint64_t)(TAG_BASE | type) << 56) | (gen << 32) | index;
-  atomic_store_explicit(&slot->obj, obj, memory_order_relaxed);
-  atomic_store_explicit(&slot->user_refs, 1, memory_order_relaxed);
-  /* Publishes obj: a lookup that sees the reference sees the object. */
-  atomic_store_explicit(&slot->word, (gen << 32) | 1, memory_order_release);
+  index = atomic_load_explicit(&high_water, memory_order_relaxed);
+  if ((index >> CHUNK_BITS) >= MAX_CHUNKS)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                   "the handle table is full (%u handles)",
+                   MAX_CHUNKS * CHUNK_SLOTS);
+  if (!atomic_load_explicit(&chunks[index >> CHUNK_BITS],
+                            memory_order_relaxed)) {
+    struct cs_slot *chunk = aligned_alloc(64, CHUNK_SLOTS * sizeof *chunk);
+    if (!chunk)
+      return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                     "out of host memory growing the handle table");
+    memset(chunk, 0, CHUNK_SLOTS * sizeof *chunk);
+    for (uint32_t i = 0; i < CHUNK_SLOTS; i++) {
+      chunk[i].index = index + i;
+      atomic_init(&chunk[i].word, 1ull << GEN_SHIFT); /* generation 1 */
+    }
+    atomic_store_explicit(&chunks[index >> CHUNK_BITS], chunk,
+                          memory_order_release);
+  }
+  *out = slot_at(index);
+  atomic_store_explicit(&high_water, index + 1, memory_order_release);
   return CUSAFE_SUCCESS;
 }
+
+cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
+  struct cs_slot *slot;
+  pthread_mutex_lock(&table_lock);
+  cusafe_status st = slot_take(&slot);
+  pthread_mutex_unlock(&table_lock);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
+                                             memory_order_relaxed));
+  obj->slot = slot;
+  obj->type = type;
+  obj->handle = ((uint64_t)(TAG_BASE | type) << 56) | (gen << 32) |
+                slot->index;
+  atomic_store_explicit(&slot->obj, obj, memory_order_relaxed);
+  atomic_store_explicit(&slot->type, (uint8_t)type, memory_order_relaxed);
+  /* Publishes obj: a lookup that sees the references sees the object. */
+  atomic_store_explicit(&slot->word, (gen << GEN_SHIFT) | USER_ONE | 1,
+                        memory_order_release);
+  return CUSAFE_SUCCESS;
+}
+
+/* ---- checked lookups ---------------------------------------------------- */
 
 /* A parameter's name for messages: "buffer", or "argument 3". */
 struct param {
@@ -125,91 +146,104 @@ static cusafe_status stale(struct param p, cusafe_handle h) {
                  param_text(p, buf), (unsigned long long)h);
 }
 
-/* Takes a reference on the slot's object if `h` is still its handle. */
-static cusafe_status lookup(cusafe_handle h, struct param name,
-                            struct cs_object **out) {
+/* Checks that `h` is a live handle (the caller holds a reference) of type
+ * `want` (0: any) and adds `users` caller's references and `all` references
+ * to it in one step.  A release passes -1 and -1.  *out is the object and
+ * *old the word before the change. */
+static cusafe_status update(cusafe_handle h, enum cs_type want,
+                            struct param name, int users, int all,
+                            struct cs_object **out, uint64_t *old) {
   if (h == CUSAFE_NULL_HANDLE) {
     char buf[64];
     return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle",
                    param_text(name, buf));
   }
   unsigned tag = (unsigned)(h >> 56);
+  unsigned htype = tag & 0x0Fu;
   uint32_t index = (uint32_t)h;
   uint64_t gen = (h >> 32) & GEN_MASK;
-  if ((tag & 0xF0u) != TAG_BASE || (tag & 0x0Fu) < CS_CONTEXT ||
-      (tag & 0x0Fu) > CS_TYPE_LAST || gen == 0 ||
+  if ((tag & 0xF0u) != TAG_BASE || htype < CS_CONTEXT ||
+      htype > CS_TYPE_LAST || gen == 0 ||
       index >= atomic_load_explicit(&high_water, memory_order_acquire))
     return forged(name, h);
   struct cs_slot *slot = slot_at(index);
+  uint64_t delta = (uint64_t)((int64_t)users * (int64_t)USER_ONE + all);
   uint64_t word = atomic_load_explicit(&slot->word, memory_order_acquire);
   do {
-    uint64_t slot_gen = word >> 32;
-    if (slot_gen != gen) {
-      /* A generation the slot has not reached was never handed out. */
+    uint64_t slot_gen = GEN_OF(word);
+    if (slot_gen != gen) /* a generation not reached was never handed out */
       return gen > slot_gen ? forged(name, h) : stale(name, h);
-    }
-    if ((word & REF_MASK) == 0)
+    if (USERS_OF(word) == 0)
       return stale(name, h);
+    if (atomic_load_explicit(&slot->type, memory_order_relaxed) != htype)
+      return forged(name, h); /* the right slot and generation, a wrong tag */
+    if (want && htype != (unsigned)want) {
+      char buf[64];
+      return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                     "%s 0x%016llx is %s, not %s", param_text(name, buf),
+                     (unsigned long long)h, type_articles[htype],
+                     type_articles[want]);
+    }
+    if ((users > 0 && USERS_OF(word) + (uint64_t)users > USER_MAX) ||
+        (all > 0 && ALL_OF(word) + (uint64_t)all > ALL_MAX)) {
+      char buf[64];
+      return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                     "%s 0x%016llx has too many references",
+                     param_text(name, buf), (unsigned long long)h);
+    }
   } while (!atomic_compare_exchange_weak_explicit(
-      &slot->word, &word, word + 1, memory_order_acquire,
+      &slot->word, &word, word + delta, memory_order_acq_rel,
       memory_order_acquire));
-  struct cs_object *obj = atomic_load_explicit(&slot->obj,
-                                               memory_order_relaxed);
-  if (obj->handle != h) { /* right slot and generation, wrong tag */
-    cs_unref(obj);
-    return forged(name, h);
-  }
-  *out = obj;
-  return CUSAFE_SUCCESS;
-}
-
-static cusafe_status acquire(cusafe_handle h, enum cs_type type,
-                             struct param name, struct cs_object **out) {
-  struct cs_object *obj = NULL;
-  cusafe_status st = lookup(h, name, &obj);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (atomic_load_explicit(&obj->slot->user_refs, memory_order_acquire) == 0) {
-    cs_unref(obj);
-    return stale(name, h);
-  }
-  if (type && obj->type != type) {
-    char buf[64];
-    enum cs_type got = obj->type;
-    cs_unref(obj);
-    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s 0x%016llx is %s, not %s",
-                   param_text(name, buf), (unsigned long long)h,
-                   type_articles[got], type_articles[type]);
-  }
-  *out = obj;
+  *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
+  if (old)
+    *old = word;
   return CUSAFE_SUCCESS;
 }
 
 cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
                          struct cs_object **out) {
-  return acquire(h, type, (struct param){name, -1}, out);
+  return update(h, type, (struct param){name, -1}, 0, 1, out, NULL);
 }
 
 cusafe_status cs_acquire_nth(cusafe_handle h, enum cs_type type,
                              const char *name, size_t index,
                              struct cs_object **out) {
-  return acquire(h, type, (struct param){name, (long)index}, out);
+  return update(h, type, (struct param){name, (long)index}, 0, 1, out, NULL);
 }
 
+/* ---- references ----------------------------------------------------------- */
+
+/* Internal references are bounded by the table's size (16M handles), below
+ * ALL_MAX: they need no check. */
 void cs_ref(struct cs_object *obj) {
   atomic_fetch_add_explicit(&obj->slot->word, 1, memory_order_relaxed);
 }
 
+/* Adds a caller's reference to a live object -- which makes its handle
+ * valid again if the caller had released it -- unless the object is being
+ * destroyed or the caller's count is full. */
 bool cs_try_user_ref(struct cs_object *obj) {
-  uint64_t word = atomic_load_explicit(&obj->slot->word, memory_order_relaxed);
+  struct cs_slot *slot = obj->slot;
+  uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
   do {
-    if ((word & REF_MASK) == 0)
+    if (ALL_OF(word) == 0 || USERS_OF(word) == USER_MAX)
       return false;
   } while (!atomic_compare_exchange_weak_explicit(
-      &obj->slot->word, &word, word + 1, memory_order_acquire,
+      &slot->word, &word, word + USER_ONE + 1, memory_order_acquire,
       memory_order_relaxed));
-  atomic_fetch_add_explicit(&obj->slot->user_refs, 1, memory_order_relaxed);
   return true;
+}
+
+cusafe_status cs_user_ref(struct cs_object *obj) {
+  /* The caller holds a reference, so the object lives: only the count of
+   * the caller's references can be full. */
+  static const char *const names[] = {"", "context", "stream", "event",
+                                      "buffer", "module", "kernel"};
+  if (cs_try_user_ref(obj))
+    return CUSAFE_SUCCESS;
+  return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                 "%s 0x%016llx has too many references", names[obj->type],
+                 (unsigned long long)obj->handle);
 }
 
 static void retire(struct cs_slot *slot, uint64_t gen) {
@@ -217,43 +251,44 @@ static void retire(struct cs_slot *slot, uint64_t gen) {
   if (gen == 0)
     gen = 1;
   atomic_store_explicit(&slot->obj, NULL, memory_order_relaxed);
-  atomic_store_explicit(&slot->word, gen << 32, memory_order_release);
+  atomic_store_explicit(&slot->word, gen << GEN_SHIFT, memory_order_release);
   pthread_mutex_lock(&table_lock);
   slot->next_free = free_head;
   free_head = slot->index;
   pthread_mutex_unlock(&table_lock);
 }
 
-/* The last reference went (`word` held it): lookups now see zero
- * references and fail until the slot is reused. */
+/* The last reference went (`word` held it): lookups see no references and
+ * fail until the slot is reused. */
 static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
   struct cs_slot *slot = obj->slot;
   free(atomic_exchange(&obj->label, NULL));
   cusafe_status st = cs_destroy(obj);
-  retire(slot, word >> 32);
+  retire(slot, GEN_OF(word));
   return st;
 }
 
 cusafe_status cs_unref(struct cs_object *obj) {
   uint64_t word =
       atomic_fetch_sub_explicit(&obj->slot->word, 1, memory_order_acq_rel);
-  if ((word & REF_MASK) != 1)
+  if (ALL_OF(word) != 1)
     return CUSAFE_SUCCESS;
   return destroy_last(obj, word);
 }
 
 void cs_handle_kill(struct cs_object *obj) {
   struct cs_slot *slot = obj->slot;
-  uint64_t gen = atomic_load_explicit(&slot->word, memory_order_relaxed) >> 32;
+  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
+                                             memory_order_relaxed));
   gen = (gen + 1) & GEN_MASK;
-  atomic_store_explicit(&slot->user_refs, 0, memory_order_relaxed);
   /* The object stays reachable through slot->obj: see cusafe_shutdown(). */
-  atomic_store_explicit(&slot->word, (gen ? gen : 1) << 32,
+  atomic_store_explicit(&slot->word, (gen ? gen : 1) << GEN_SHIFT,
                         memory_order_release);
 }
 
 uint32_t cs_user_refs(const struct cs_object *obj) {
-  return atomic_load_explicit(&obj->slot->user_refs, memory_order_acquire);
+  return (uint32_t)USERS_OF(
+      atomic_load_explicit(&obj->slot->word, memory_order_acquire));
 }
 
 void cs_handle_foreach(enum cs_type type,
@@ -262,8 +297,7 @@ void cs_handle_foreach(enum cs_type type,
   uint32_t n = atomic_load_explicit(&high_water, memory_order_acquire);
   for (uint32_t i = 0; i < n; i++) {
     struct cs_slot *slot = slot_at(i);
-    if ((atomic_load_explicit(&slot->word, memory_order_acquire) & REF_MASK) ==
-        0)
+    if (ALL_OF(atomic_load_explicit(&slot->word, memory_order_acquire)) == 0)
       continue;
     struct cs_object *obj = atomic_load_explicit(&slot->obj,
                                                  memory_order_relaxed);
@@ -284,23 +318,13 @@ cusafe_status cs_destroy(struct cs_object *obj) {
   return CUSAFE_SUCCESS;
 }
 
-/* ---- user references ------------------------------------------------------ */
-
-void cs_user_ref(struct cs_object *obj) {
-  atomic_fetch_add_explicit(&obj->slot->user_refs, 1, memory_order_relaxed);
-  cs_ref(obj);
-}
+/* ---- the caller's references ------------------------------------------------ */
 
 cusafe_status cs_retain_handle(cusafe_handle h, enum cs_type type,
                                const char *name) {
   CS_ENTER();
   struct cs_object *obj;
-  cusafe_status st = cs_acquire(h, type, name, &obj);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  /* The reference the lookup took becomes the caller's. */
-  atomic_fetch_add_explicit(&obj->slot->user_refs, 1, memory_order_relaxed);
-  return CUSAFE_SUCCESS;
+  return update(h, type, (struct param){name, -1}, 1, 1, &obj, NULL);
 }
 
 cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
@@ -309,25 +333,12 @@ cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
   if (h == CUSAFE_NULL_HANDLE)
     return CUSAFE_SUCCESS;
   struct cs_object *obj;
-  cusafe_status st = cs_acquire(h, type, name, &obj);
-  if (st != CUSAFE_SUCCESS)
+  uint64_t old;
+  cusafe_status st =
+      update(h, type, (struct param){name, -1}, -1, -1, &obj, &old);
+  if (st != CUSAFE_SUCCESS || ALL_OF(old) != 1)
     return st;
-  uint32_t users =
-      atomic_load_explicit(&obj->slot->user_refs, memory_order_relaxed);
-  do {
-    if (users == 0) { /* another thread released the last one meanwhile */
-      cs_unref(obj);
-      return stale((struct param){name, -1}, h);
-    }
-  } while (!atomic_compare_exchange_weak_explicit(
-      &obj->slot->user_refs, &users, users - 1, memory_order_acq_rel,
-      memory_order_relaxed));
-  /* The caller's reference and ours, in one step. */
-  uint64_t word =
-      atomic_fetch_sub_explicit(&obj->slot->word, 2, memory_order_acq_rel);
-  if ((word & REF_MASK) != 2)
-    return CUSAFE_SUCCESS;
-  return destroy_last(obj, word);
+  return destroy_last(obj, old);
 }
 
 CUSAFE_API cusafe_status cusafe_retain(cusafe_handle handle) {

@@ -84,7 +84,7 @@ uint32_t cs_user_refs(const struct cs_object *obj);
 void cs_handle_kill(struct cs_object *obj);
 /* Adds a reference handed to the caller (the handle becomes, or stays,
  * valid); used where a call returns an existing object. */
-void cs_user_ref(struct cs_object *obj);
+cusafe_status cs_user_ref(struct cs_object *obj);
 /* The typed and generic retain / release of handles. */
 cusafe_status cs_retain_handle(cusafe_handle h, enum cs_type type,
                                const char *name);
@@ -106,11 +106,13 @@ cusafe_status cs_state_error(void);
  * other threads before it destroys what they use (a daemon thread at exit).
  * Only the owning thread writes `depth`; the shutdown reads it. */
 struct cs_thread {
-  _Atomic int depth;
+  _Alignas(64) _Atomic int depth; /* a line of its own: no false sharing */
   _Atomic int in_use;
   struct cs_thread *next;
 };
-extern __thread struct cs_thread *cs_tls_thread;
+/* initial-exec: one pointer, read on every call without __tls_get_addr. */
+extern __thread struct cs_thread *cs_tls_thread
+    __attribute__((tls_model("initial-exec")));
 struct cs_thread *cs_thread_register(void);
 /* 1 once the shutdown can make every thread's marks visible with one
  * membarrier() call: calls then need only a compiler barrier. */
@@ -169,7 +171,17 @@ CUresult cs_library_load_now(cudaLibrary_t library);
 
 /* Makes `device` current for the calling thread; *saved receives the device
  * to restore with cs_device_leave() (-1: nothing to restore). */
-cusafe_status cs_device_enter(int device, int *saved);
+cusafe_status cs_device_switch(int device, int *saved);
+/* 1 when the process sees one device, which is then always current. */
+extern _Atomic int cs_single_device;
+static inline cusafe_status cs_device_enter(int device, int *saved) {
+  if (CS_LIKELY(atomic_load_explicit(&cs_single_device,
+                                     memory_order_relaxed))) {
+    *saved = -1;
+    return CUSAFE_SUCCESS;
+  }
+  return cs_device_switch(device, saved);
+}
 void cs_device_leave(int saved);
 
 /* Initialises, then checks that `device` exists. */

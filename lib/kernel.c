@@ -35,6 +35,7 @@ static size_t arg_size(const cusafe_arg *a) {
   return 0;
 }
 
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 /* Stores a scalar argument's value, in its own width, in *slot. */
 static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
   union {
@@ -60,6 +61,7 @@ static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
   *slot = v.all;
   return slot;
 }
+#endif
 
 static cusafe_status check_config(const struct cs_kernel *k,
                                   const struct cs_context *ctx,
@@ -127,18 +129,19 @@ struct launch_buffers {
   size_t nheld, nroots;
 };
 
-static int compare_ptr(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t) * (void *const *)a;
-  uintptr_t y = (uintptr_t) * (void *const *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Sorts and deduplicates the roots so that two launches sharing buffers
- * always lock them in the same order. */
+ * always lock them in the same order.  A launch has few buffers: an
+ * insertion sort beats qsort's calls through a comparator. */
 static void roots_unique(struct launch_buffers *lb) {
   if (lb->nroots < 2)
     return;
-  qsort(lb->roots, lb->nroots, sizeof *lb->roots, compare_ptr);
+  for (size_t i = 1; i < lb->nroots; i++) {
+    struct cs_buffer *r = lb->roots[i];
+    size_t j = i;
+    for (; j > 0 && (uintptr_t)lb->roots[j - 1] > (uintptr_t)r; j--)
+      lb->roots[j] = lb->roots[j - 1];
+    lb->roots[j] = r;
+  }
   size_t n = 1;
   for (size_t i = 1; i < lb->nroots; i++)
     if (lb->roots[i] != lb->roots[n - 1])
@@ -185,7 +188,12 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
       memcpy(&values[i], &b->ptr, sizeof b->ptr);
       argv[i] = &values[i];
     } else {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      /* The value's own width sits at the start of the union already. */
+      argv[i] = (void *)&a->value;
+#else
       argv[i] = scalar_value(a, &values[i]);
+#endif
     }
   }
   return CUSAFE_SUCCESS;

@@ -25,8 +25,10 @@ static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
 
 /* ---- threads inside calls ----------------------------------------------------- */
 
-__thread struct cs_thread *cs_tls_thread;
+__thread struct cs_thread *cs_tls_thread
+    __attribute__((tls_model("initial-exec")));
 _Atomic int cs_light_calls;
+_Atomic int cs_single_device;
 
 /* Registers for expedited membarrier(), which makes cheap calls possible;
  * where the kernel (or Valgrind) lacks it, calls keep their full fence. */
@@ -70,9 +72,10 @@ struct cs_thread *cs_thread_register(void) {
       break;
   }
   if (!t) {
-    t = calloc(1, sizeof *t);
+    t = aligned_alloc(_Alignof(struct cs_thread), sizeof *t);
     if (!t)
       return &overflow_thread;
+    memset(t, 0, sizeof *t);
     atomic_init(&t->in_use, 1);
     t->next = atomic_load(&threads);
     while (!atomic_compare_exchange_weak(&threads, &t->next, t))
@@ -177,6 +180,7 @@ cusafe_status cs_init(int *count) {
             found != cudaDriverEntryPointSuccess)
           library_get_module = NULL;
         device_count = n;
+        atomic_store(&cs_single_device, n == 1);
         atomic_store_explicit(&initialised, 1, memory_order_release);
       }
     }
@@ -200,7 +204,7 @@ CUresult cs_library_load_now(cudaLibrary_t library) {
                             : CUDA_SUCCESS;
 }
 
-cusafe_status cs_device_enter(int device, int *saved) {
+cusafe_status cs_device_switch(int device, int *saved) {
   int current;
   cudaError_t err = cs_cu->get_device(&current);
   if (CS_UNLIKELY(err != cudaSuccess))

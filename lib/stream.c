@@ -252,10 +252,11 @@ CUSAFE_API cusafe_status cusafe_stream_get_context(cusafe_context *out,
   cusafe_status st = stream_get(stream, &s);
   if (st != CUSAFE_SUCCESS)
     return st;
-  cs_user_ref(&s->queue.ctx->hdr);
-  *out = s->queue.ctx->hdr.handle;
+  st = cs_user_ref(&s->queue.ctx->hdr);
+  if (st == CUSAFE_SUCCESS)
+    *out = s->queue.ctx->hdr.handle;
   cs_unref(&s->hdr);
-  return CUSAFE_SUCCESS;
+  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
