@@ -39,6 +39,7 @@ Threads.  Every function and object may be used from any thread.
 """
 
 import ctypes
+import struct
 import enum
 import os
 import threading
@@ -1088,6 +1089,121 @@ def _dims(v, what):
     return v + (1,) * (3 - len(v))
 
 
+_I64_MIN, _I64_MAX = -2**63, 2**63 - 1
+
+
+_configs = {}
+
+
+def _launch_config(grid, block, shared, stream):
+    """A LaunchConfig, shared between the launches with the same shape:
+    the library reads it during the call only, and nobody writes it."""
+    key = (grid, block, shared, stream)
+    try:
+        return _configs[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable grid (a list)
+        pass
+    config = LaunchConfig(_dims(grid, "grid"), _dims(block, "block"), shared,
+                          _stream_handle(stream))
+    if len(_configs) < 256 and stream is None:
+        try:
+            _configs[key] = config
+        except TypeError:
+            pass
+    return config
+
+
+_VALUE_FORMAT = {"i": "q", "u": "Q", "f32": "f4x", "f64": "d"}
+_K_BUFFER, _K_I64, _K_F64, _K_BYTES = 1, 8, 11, 12
+_formats = {}
+
+
+def _pack_args(args):
+    """The cusafe_arg array of `args`, packed by one struct call, and what
+    must stay alive with it (the bytes of Bytes arguments)."""
+    n = len(args)
+    fmt = "<"
+    values = []
+    keep = None
+    for a in args:
+        t = type(a)
+        if t is Buffer:
+            fmt += "IIQ"
+            values += (_K_BUFFER, 0, a.handle)
+        elif t is int:
+            if not _I64_MIN <= a <= _I64_MAX:
+                raise OverflowError("%r does not fit I64" % (a,))
+            fmt += "IIq"
+            values += (_K_I64, 0, a)
+        elif t is float:
+            fmt += "IId"
+            values += (_K_F64, 0, a)
+        else:
+            f, v, k = _pack_other(a, len(values) // 3)
+            fmt += f
+            values += v
+            if k is not None:
+                keep = (keep or []) + [k]
+    pack = _formats.get(fmt)
+    if pack is None:
+        pack = _formats[fmt] = struct.Struct(fmt).pack
+    if not n:
+        return (Arg * 1)(), keep
+    return (Arg * n).from_buffer_copy(pack(*values)), keep
+
+
+def _pack_other(a, i):
+    if isinstance(a, Buffer):
+        return "IIQ", (_K_BUFFER, 0, a.handle), None
+    if isinstance(a, _Scalar):
+        a._check()
+        return "II" + _VALUE_FORMAT[a.field], (int(a.kind), 0, a.value), None
+    if isinstance(a, Bytes):
+        return "IIQ", (_K_BYTES, len(a.data),
+                       ctypes.cast(ctypes.c_char_p(a.data),
+                                   ctypes.c_void_p).value), a.data
+    if isinstance(a, bool):
+        raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
+    if isinstance(a, int):
+        I64(a)._check()
+        return "IIq", (_K_I64, 0, int(a)), None
+    if isinstance(a, float):
+        return "IId", (_K_F64, 0, float(a)), None
+    raise TypeError("argument %d: cannot pass %s to a kernel"
+                    % (i, type(a).__name__))
+
+
+def _kernel_launch(*args):
+    # Bound to the ctypes function at the first launch.
+    global _kernel_launch
+    _kernel_launch = library().fn.cusafe_kernel_launch
+    return _kernel_launch(*args)
+
+
+class PreparedLaunch:
+    """A kernel launch with its configuration and arguments converted once
+    (Kernel.prepare); calling it launches again.  It keeps the kernel and
+    the argument objects alive."""
+
+    __slots__ = ("_fn", "_handle", "_config", "_config_ref", "_args",
+                 "_nargs", "_keep")
+
+    def __init__(self, kernel, config, args):
+        self._fn = library().fn.cusafe_kernel_launch
+        self._handle = kernel.handle
+        self._config = config
+        self._config_ref = ctypes.byref(config)
+        self._args, keep = _pack_args(args)
+        self._nargs = len(args)
+        self._keep = (kernel, args, keep)
+
+    def __call__(self):
+        st = self._fn(self._handle, self._config_ref, self._args,
+                      self._nargs)
+        if st:
+            library().check(st)
+
+
 class Kernel(_Object):
     """A kernel of a module (Module.kernel)."""
 
@@ -1125,43 +1241,21 @@ class Kernel(_Object):
         (I64), floats (F64), typed values (I32(...), F32(...), ...) or
         Bytes(...).  Ordered on `stream` (None: the context's default);
         the buffers stay alive until the kernel has completed."""
-        config = LaunchConfig()
-        config.grid[:] = _dims(grid, "grid")
-        config.block[:] = _dims(block, "block")
-        config.shared_memory = shared
-        config.stream = _stream_handle(stream)
-        cargs = (Arg * max(len(args), 1))()
-        keep = []
-        for i, a in enumerate(args):
-            c = cargs[i]
-            if isinstance(a, Buffer):
-                c.kind = ArgKind.BUFFER
-                c.value.buffer = a.handle
-            elif isinstance(a, _Scalar):
-                a._check()
-                c.kind = a.kind
-                setattr(c.value, a.field, a.value)
-            elif isinstance(a, Bytes):
-                c.kind = ArgKind.BYTES
-                c.size = len(a.data)
-                keep.append(a.data)
-                c.value.bytes = ctypes.cast(ctypes.c_char_p(a.data),
-                                            ctypes.c_void_p).value
-            elif isinstance(a, bool):
-                raise TypeError("argument %d: pass a bool as I32() or U8()"
-                                % i)
-            elif isinstance(a, int):
-                I64(a)._check()
-                c.kind = ArgKind.I64
-                c.value.i = a
-            elif isinstance(a, float):
-                c.kind = ArgKind.F64
-                c.value.f64 = a
-            else:
-                raise TypeError("argument %d: cannot pass %s to a kernel"
-                                % (i, type(a).__name__))
-        _call("cusafe_kernel_launch", self.handle, ctypes.byref(config),
-              cargs, len(args))
+        config = _launch_config(grid, block, shared, stream)
+        cargs, _keep = _pack_args(args)
+        st = _kernel_launch(self.handle, ctypes.byref(config), cargs,
+                            len(args))
+        if st:
+            library().check(st)
+
+    def prepare(self, grid, block, *args, shared=0, stream=None):
+        """A PreparedLaunch: this launch with its configuration and
+        arguments converted once, to be run many times for the cost of one
+        ctypes call.  The handles are read now: a Buffer closed later makes
+        the launch fail with INVALID_HANDLE (the library checks every
+        handle), never use freed memory."""
+        return PreparedLaunch(self, _launch_config(grid, block, shared,
+                                                   stream), args)
 
     __call__ = launch
 
