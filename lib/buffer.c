@@ -215,6 +215,8 @@ static cusafe_status free_memory(struct cs_buffer *b) {
     struct cs_queue *fq = q ? q : &ctx->queue;
     if (fq->ctx != ctx) { /* last used by a peer copy on another device */
       st = cs_queue_handoff(fq, &ctx->queue);
+      if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
+        cs_cu->stream_synchronize(fq->stream);
       fq = &ctx->queue;
     }
     err = cs_cu->free_async(b->ptr, fq->stream);
@@ -243,6 +245,16 @@ static cusafe_status free_memory(struct cs_buffer *b) {
   return st;
 }
 
+/* Frees root memory, also when its device cannot be made current: memory
+ * left behind would outlive its context. */
+static cusafe_status buffer_fini(struct cs_buffer *b) {
+  int saved;
+  cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);
+  cusafe_status st2 = free_memory(b);
+  cs_device_leave(saved);
+  return st != CUSAFE_SUCCESS ? st : st2;
+}
+
 cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
   if (b->parent) {
     struct cs_buffer *parent = b->parent;
@@ -250,12 +262,7 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
     return cs_unref(&parent->hdr);
   }
   struct cs_context *ctx = b->ctx;
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = free_memory(b);
-    cs_device_leave(saved);
-  }
+  cusafe_status st = buffer_fini(b);
   if (b->last && holds_owner(b, b->last))
     cs_unref(b->last->owner);
   pthread_mutex_destroy(&b->lock);
@@ -268,19 +275,10 @@ void cs_buffer_shutdown(struct cs_object *obj, void *views) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
   if ((b->parent != NULL) != (views != NULL))
     return;
-  if (!b->parent) {
-    int saved;
-    if (cs_device_enter(b->ctx->device, &saved) == CUSAFE_SUCCESS) {
-      /* The devices were synchronised first: nothing uses the memory. */
-      if (b->kind == CUSAFE_MEMORY_DEVICE)
-        cs_cu->free_async(b->ptr, b->ctx->queue.stream);
-      else if (b->kind == CUSAFE_MEMORY_HOST_PINNED)
-        cs_cu->free_host(b->ptr);
-      else
-        cs_cu->free(b->ptr);
-      cs_device_leave(saved);
-    }
-  }
+  /* Stream-ordered like any release, in case the synchronisation of the
+   * devices that came first failed. */
+  if (!b->parent)
+    buffer_fini(b);
   cs_handle_kill(obj);
 }
 

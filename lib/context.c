@@ -119,29 +119,37 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
   return st;
 }
 
-/* The last reference went: every child is gone (they hold references), so
- * the primary context can be released once the device is idle. */
+/* Releases what the context holds once its device is idle: stream-ordered
+ * frees of its memory may still be queued.  Each step is attempted even if
+ * an earlier one failed, so that nothing outlives the primary context. */
+static cusafe_status context_fini(struct cs_context *ctx) {
+  int saved;
+  cusafe_status st = cs_device_enter_teardown(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->device_synchronize();
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaDeviceSynchronize");
+  }
+  cs_context_unload_orphans(ctx);
+  cs_queue_fini(&ctx->queue);
+  cudaError_t err = cs_cu->stream_destroy(ctx->queue.stream);
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, "cudaStreamDestroy");
+  CUresult res = cs_primary_ctx_release(ctx->device);
+  if (res != CUDA_SUCCESS && st == CUSAFE_SUCCESS)
+    st = primary_failed(res, "cuDevicePrimaryCtxRelease");
+  cs_device_leave(saved);
+  return st;
+}
+
+/* The last reference went: every child is gone (they hold references). */
 cusafe_status cs_context_destroy(struct cs_context *ctx) {
   pthread_mutex_lock(&registry_lock);
   if (registry[ctx->device] == ctx)
     registry[ctx->device] = NULL;
   pthread_mutex_unlock(&registry_lock);
 
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    /* Stream-ordered frees of this context's memory may still be queued. */
-    cudaError_t err = cs_cu->device_synchronize();
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaDeviceSynchronize");
-    cs_context_unload_orphans(ctx);
-    cs_queue_fini(&ctx->queue);
-    cs_cu->stream_destroy(ctx->queue.stream);
-    CUresult res = cs_primary_ctx_release(ctx->device);
-    if (res != CUDA_SUCCESS && st == CUSAFE_SUCCESS)
-      st = primary_failed(res, "cuDevicePrimaryCtxRelease");
-    cs_device_leave(saved);
-  }
+  cusafe_status st = context_fini(ctx);
   pthread_mutex_destroy(&ctx->orphan_lock);
   free(ctx->orphans);
   free(ctx);
@@ -152,7 +160,7 @@ void cs_context_shutdown_sync(struct cs_object *obj, void *arg) {
   (void)arg;
   struct cs_context *ctx = (struct cs_context *)obj;
   int saved;
-  if (cs_device_enter(ctx->device, &saved) != CUSAFE_SUCCESS)
+  if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
     return;
   /* A sticky error makes this fail; shutdown goes on regardless. */
   cs_cu->device_synchronize();
@@ -161,16 +169,7 @@ void cs_context_shutdown_sync(struct cs_object *obj, void *arg) {
 
 void cs_context_shutdown(struct cs_object *obj, void *arg) {
   (void)arg;
-  struct cs_context *ctx = (struct cs_context *)obj;
-  int saved;
-  if (cs_device_enter(ctx->device, &saved) == CUSAFE_SUCCESS) {
-    cs_cu->device_synchronize();
-    cs_context_unload_orphans(ctx);
-    cs_queue_fini(&ctx->queue);
-    cs_cu->stream_destroy(ctx->queue.stream);
-    cs_primary_ctx_release(ctx->device);
-    cs_device_leave(saved);
-  }
+  context_fini((struct cs_context *)obj);
   cs_handle_kill(obj);
 }
 

@@ -62,16 +62,20 @@ out_ctx:
   return st;
 }
 
+/* Destroys the CUDA event, also when its device cannot be made current. */
+static cusafe_status event_fini(struct cs_event *ev) {
+  int saved;
+  cusafe_status st = cs_device_enter(ev->ctx->device, &saved);
+  cudaError_t err = cs_cu->event_destroy(ev->event);
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, "cudaEventDestroy");
+  cs_device_leave(saved);
+  return st;
+}
+
 cusafe_status cs_event_destroy(struct cs_event *ev) {
   struct cs_context *ctx = ev->ctx;
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->event_destroy(ev->event);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaEventDestroy");
-    cs_device_leave(saved);
-  }
+  cusafe_status st = event_fini(ev);
   free(ev);
   cusafe_status st2 = cs_unref(&ctx->hdr);
   return st != CUSAFE_SUCCESS ? st : st2;
@@ -79,12 +83,7 @@ cusafe_status cs_event_destroy(struct cs_event *ev) {
 
 void cs_event_shutdown(struct cs_object *obj, void *arg) {
   (void)arg;
-  struct cs_event *ev = (struct cs_event *)obj;
-  int saved;
-  if (cs_device_enter(ev->ctx->device, &saved) == CUSAFE_SUCCESS) {
-    cs_cu->event_destroy(ev->event);
-    cs_device_leave(saved);
-  }
+  event_fini((struct cs_event *)obj);
   cs_handle_kill(obj);
 }
 

@@ -183,6 +183,9 @@ static inline cusafe_status cs_device_enter(int device, int *saved) {
   return cs_device_switch(device, saved);
 }
 void cs_device_leave(int saved);
+/* cs_device_enter() for a teardown that must synchronise the right device
+ * before it frees: a failure is tried once more. */
+cusafe_status cs_device_enter_teardown(int device, int *saved);
 
 /* Initialises, then checks that `device` exists. */
 cusafe_status cs_check_device(int device, int *count);

@@ -319,21 +319,27 @@ void cs_context_unload_orphans(struct cs_context *ctx) {
   pthread_mutex_unlock(&ctx->orphan_lock);
 }
 
-cusafe_status cs_module_destroy(struct cs_module *m) {
-  struct cs_context *ctx = m->ctx;
+/* Unloads the module's code once its launches are done: they may still be
+ * queued on any stream, and unloading does not wait for them.  A library
+ * that fails to unload is retried before its context goes. */
+static cusafe_status module_fini(struct cs_module *m) {
   int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  cusafe_status st = cs_device_enter_teardown(m->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
-    /* Launches of its kernels may still be queued on any stream, and
-     * unloading does not wait for them: the device must be idle first. */
     cudaError_t err = cs_cu->device_synchronize();
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaDeviceSynchronize");
-    err = cs_library_unload(ctx, m->library);
-    if (err != cudaSuccess && st == CUSAFE_SUCCESS)
-      st = cs_fail_cuda(err, "cudaLibraryUnload");
-    cs_device_leave(saved);
   }
+  cudaError_t err = cs_library_unload(m->ctx, m->library);
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, "cudaLibraryUnload");
+  cs_device_leave(saved);
+  return st;
+}
+
+cusafe_status cs_module_destroy(struct cs_module *m) {
+  struct cs_context *ctx = m->ctx;
+  cusafe_status st = module_fini(m);
   free(m->name);
   free(m);
   cusafe_status st2 = cs_unref(&ctx->hdr);
@@ -342,12 +348,7 @@ cusafe_status cs_module_destroy(struct cs_module *m) {
 
 void cs_module_shutdown(struct cs_object *obj, void *arg) {
   (void)arg;
-  struct cs_module *m = (struct cs_module *)obj;
-  int saved;
-  if (cs_device_enter(m->ctx->device, &saved) == CUSAFE_SUCCESS) {
-    cs_cu->library_unload(m->library);
-    cs_device_leave(saved);
-  }
+  module_fini((struct cs_module *)obj);
   cs_handle_kill(obj);
 }
 

@@ -206,10 +206,10 @@ CUresult cs_library_load_now(cudaLibrary_t library) {
 
 cusafe_status cs_device_switch(int device, int *saved) {
   int current;
+  *saved = -1;
   cudaError_t err = cs_cu->get_device(&current);
   if (CS_UNLIKELY(err != cudaSuccess))
     return cs_fail_cuda(err, "cudaGetDevice");
-  *saved = -1;
   if (CS_LIKELY(current == device))
     return CUSAFE_SUCCESS;
   err = cs_cu->set_device(device);
@@ -217,6 +217,11 @@ cusafe_status cs_device_switch(int device, int *saved) {
     return cs_fail_cuda(err, "cudaSetDevice");
   *saved = current; /* the caller's device comes back afterwards */
   return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_device_enter_teardown(int device, int *saved) {
+  cusafe_status st = cs_device_enter(device, saved);
+  return st == CUSAFE_SUCCESS ? st : cs_device_enter(device, saved);
 }
 
 void cs_device_leave(int saved) {

@@ -136,17 +136,22 @@ out_ctx:
 }
 
 /* Queued work still runs: CUDA defers the destruction until it is done. */
+/* Destroys the CUDA stream -- also when its device cannot be made current,
+ * since a stream left behind would outlive its context. */
+static cusafe_status stream_fini(struct cs_stream *s) {
+  int saved;
+  cusafe_status st = cs_device_enter(s->queue.ctx->device, &saved);
+  cs_queue_fini(&s->queue);
+  cudaError_t err = cs_cu->stream_destroy(s->queue.stream);
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, "cudaStreamDestroy");
+  cs_device_leave(saved);
+  return st;
+}
+
 cusafe_status cs_stream_destroy(struct cs_stream *s) {
   struct cs_context *ctx = s->queue.ctx;
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    cs_queue_fini(&s->queue);
-    cudaError_t err = cs_cu->stream_destroy(s->queue.stream);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaStreamDestroy");
-    cs_device_leave(saved);
-  }
+  cusafe_status st = stream_fini(s);
   free(s);
   cusafe_status st2 = cs_unref(&ctx->hdr);
   return st != CUSAFE_SUCCESS ? st : st2;
@@ -154,13 +159,7 @@ cusafe_status cs_stream_destroy(struct cs_stream *s) {
 
 void cs_stream_shutdown(struct cs_object *obj, void *arg) {
   (void)arg;
-  struct cs_stream *s = (struct cs_stream *)obj;
-  int saved;
-  if (cs_device_enter(s->queue.ctx->device, &saved) == CUSAFE_SUCCESS) {
-    cs_queue_fini(&s->queue);
-    cs_cu->stream_destroy(s->queue.stream);
-    cs_device_leave(saved);
-  }
+  stream_fini((struct cs_stream *)obj);
   cs_handle_kill(obj);
 }
 

@@ -1308,13 +1308,17 @@ END_TEST
 /* ------------------------------------------------------------------------ */
 
 /* Live objects that the calls use for their other arguments, and stale
- * handles of every type. */
+ * handles of every type.  The kernel is the built-in cusafe_fill_f32(float
+ * *x, float value, size_t n), which the launches run on buf. */
+#define BAD_TYPE_LAST CUSAFE_TYPE_KERNEL
 static struct {
   cusafe_context ctx;
   cusafe_stream stream;
   cusafe_event start, end;
   cusafe_buffer buf, buf2;
-  cusafe_handle stale[5]; /* by cusafe_handle_type */
+  cusafe_module module;
+  cusafe_kernel kernel;
+  cusafe_handle stale[BAD_TYPE_LAST + 1]; /* by cusafe_handle_type */
   unsigned char host[64];
 } L;
 
@@ -1323,6 +1327,8 @@ static void bad_handles_setup(void) {
   cusafe_stream s = CUSAFE_NULL_HANDLE;
   cusafe_event e = CUSAFE_NULL_HANDLE;
   cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
   memset(&L, 0, sizeof L);
   /* A context with no children dies with its last reference. */
   TU_OK(cusafe_context_create(&c, 0));
@@ -1339,6 +1345,14 @@ static void bad_handles_setup(void) {
   TU_OK(cusafe_buffer_alloc(&b, L.ctx, CUSAFE_MEMORY_DEVICE, 64));
   TU_OK(cusafe_buffer_release(b));
   L.stale[CUSAFE_TYPE_BUFFER] = b;
+  TU_OK(cusafe_module_load_builtin(&m, L.ctx));
+  TU_OK(cusafe_module_release(m));
+  L.stale[CUSAFE_TYPE_MODULE] = m;
+  TU_OK(cusafe_module_load_builtin(&L.module, L.ctx));
+  TU_OK(cusafe_module_get_kernel(&k, L.module, "cusafe_fill_f32"));
+  TU_OK(cusafe_kernel_release(k));
+  L.stale[CUSAFE_TYPE_KERNEL] = k;
+  TU_OK(cusafe_module_get_kernel(&L.kernel, L.module, "cusafe_fill_f32"));
   TU_OK(cusafe_stream_create(&L.stream, L.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_event_create(&L.start, L.ctx, 0));
   TU_OK(cusafe_event_create(&L.end, L.ctx, 0));
@@ -1349,12 +1363,14 @@ static void bad_handles_setup(void) {
   TU_OK(cusafe_stream_synchronize(L.stream));
   /* A stale handle that is still live means an earlier test (or the
    * library) leaked a reference: say so here rather than in every call. */
-  for (int t = CUSAFE_TYPE_CONTEXT; t <= CUSAFE_TYPE_BUFFER; t++)
+  for (int t = CUSAFE_TYPE_CONTEXT; t <= BAD_TYPE_LAST; t++)
     TU_STALE(L.stale[t]);
 }
 
 /* No assertions (see ctx_teardown). */
 static void bad_handles_teardown(void) {
+  (void)cusafe_kernel_release(L.kernel);
+  (void)cusafe_module_release(L.module);
   (void)cusafe_buffer_release(L.buf);
   (void)cusafe_buffer_release(L.buf2);
   (void)cusafe_event_release(L.start);
@@ -1538,6 +1554,78 @@ static cusafe_status c_buffer_interop(cusafe_handle h) {
   void *p;
   return cusafe_buffer_interop_pointer(&p, h);
 }
+static cusafe_status c_set_label(cusafe_handle h) {
+  return cusafe_handle_set_label(h, "bad handle test");
+}
+static cusafe_status c_load_builtin(cusafe_handle h) {
+  cusafe_module out = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_module_load_builtin(&out, h);
+  NO_HANDLE_ON_FAILURE(st, out);
+  return st;
+}
+static cusafe_status c_load_file(cusafe_handle h) {
+  cusafe_module out = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_module_load_file(&out, h, "/nonexistent.cubin");
+  NO_HANDLE_ON_FAILURE(st, out);
+  return st;
+}
+static cusafe_status c_load_data(cusafe_handle h) {
+  static const char image[] = "not an image";
+  cusafe_module out = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_module_load_data(&out, h, image, sizeof image);
+  NO_HANDLE_ON_FAILURE(st, out);
+  return st;
+}
+static cusafe_status c_compile(cusafe_handle h) {
+  cusafe_module out = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_module_compile(
+      &out, h, "extern \"C\" __global__ void k(int *x) {}\n", "k.cu", NULL,
+      0);
+  NO_HANDLE_ON_FAILURE(st, out);
+  return st;
+}
+static cusafe_status c_get_kernel(cusafe_handle h) {
+  cusafe_kernel out = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_module_get_kernel(&out, h, "cusafe_fill_f32");
+  NO_HANDLE_ON_FAILURE(st, out);
+  return st;
+}
+static cusafe_status c_module_retain(cusafe_handle h) {
+  return cusafe_module_retain(h);
+}
+static cusafe_status c_module_release(cusafe_handle h) {
+  return cusafe_module_release(h);
+}
+static cusafe_status c_kernel_retain(cusafe_handle h) {
+  return cusafe_kernel_retain(h);
+}
+static cusafe_status c_kernel_release(cusafe_handle h) {
+  return cusafe_kernel_release(h);
+}
+static cusafe_status c_kernel_get_params(cusafe_handle h) {
+  size_t count, sizes[4];
+  return cusafe_kernel_get_params(&count, sizes, 4, h);
+}
+/* cusafe_fill_f32 on the 16 floats of buf, on `stream`. */
+static cusafe_status fill_launch(cusafe_kernel k, cusafe_stream stream,
+                                 cusafe_buffer x) {
+  cusafe_launch_config c = {{1, 1, 1}, {32, 1, 1}, 0, stream};
+  return CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x), CUSAFE_ARG_F32V(1.0f),
+                       CUSAFE_ARG_U64V(16));
+}
+static cusafe_status c_launch_kernel(cusafe_handle h) {
+  return fill_launch(h, L.stream, L.buf);
+}
+static cusafe_status c_launch_stream(cusafe_handle h) {
+  return fill_launch(L.kernel, h, L.buf);
+}
+static cusafe_status c_launch_argument(cusafe_handle h) {
+  return fill_launch(L.kernel, L.stream, h);
+}
+static cusafe_status c_suggest_config(cusafe_handle h) {
+  uint32_t block = 0, grid = 0;
+  return cusafe_kernel_suggest_config(&block, &grid, h, 0, 1000);
+}
 
 /* What the NULL handle means for a parameter. */
 enum null_rule {
@@ -1644,11 +1732,43 @@ static const struct handle_param {
      NULL_IS_DEFAULT, c_fill_stream},
     {"cusafe_buffer_interop_pointer", "buffer", CUSAFE_TYPE_BUFFER,
      NULL_IS_ERROR, c_buffer_interop},
+    {"cusafe_handle_set_label", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR,
+     c_set_label},
+    {"cusafe_module_load_builtin", "context", CUSAFE_TYPE_CONTEXT,
+     NULL_IS_ERROR, c_load_builtin},
+    {"cusafe_module_load_file", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
+     c_load_file},
+    {"cusafe_module_load_data", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
+     c_load_data},
+    {"cusafe_module_compile", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
+     c_compile},
+    {"cusafe_module_get_kernel", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
+     c_get_kernel},
+    {"cusafe_module_retain", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
+     c_module_retain},
+    {"cusafe_module_release", "module", CUSAFE_TYPE_MODULE, NULL_IS_NOOP,
+     c_module_release},
+    {"cusafe_kernel_retain", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
+     c_kernel_retain},
+    {"cusafe_kernel_release", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_NOOP,
+     c_kernel_release},
+    {"cusafe_kernel_get_params", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
+     c_kernel_get_params},
+    {"cusafe_kernel_launch(kernel)", "kernel", CUSAFE_TYPE_KERNEL,
+     NULL_IS_ERROR, c_launch_kernel},
+    {"cusafe_kernel_launch(config->stream)", "stream", CUSAFE_TYPE_STREAM,
+     NULL_IS_DEFAULT, c_launch_stream},
+    /* Buffer arguments are named by their index. */
+    {"cusafe_kernel_launch(args[0])", "argument 0", CUSAFE_TYPE_BUFFER,
+     NULL_IS_ERROR, c_launch_argument},
+    {"cusafe_kernel_suggest_config", "kernel", CUSAFE_TYPE_KERNEL,
+     NULL_IS_ERROR, c_suggest_config},
 };
 #define NHANDLE_PARAMS (sizeof handle_params / sizeof handle_params[0])
 
-static const char *const type_names[] = {"an invalid handle", "a context",
-                                         "a stream", "an event", "a buffer"};
+static const char *const type_names[] = {
+    "an invalid handle", "a context", "a stream", "an event",
+    "a buffer",          "a module",  "a kernel"};
 
 static const cusafe_handle forged_handles[] = {
     0x7f00000012345678ULL, 0xdeadbeefcafef00dULL, 0xffffffffffffffffULL};
@@ -1673,7 +1793,8 @@ static const cusafe_handle forged_handles[] = {
 /* _i indexes handle_params. */
 START_TEST(test_bad_handle) {
   const struct handle_param *p = &handle_params[_i];
-  const cusafe_handle live[5] = {0, L.ctx, L.stream, L.start, L.buf};
+  const cusafe_handle live[BAD_TYPE_LAST + 1] = {
+      0, L.ctx, L.stream, L.start, L.buf, L.module, L.kernel};
 
   switch (p->on_null) {
   case NULL_IS_ERROR:
@@ -1690,14 +1811,14 @@ START_TEST(test_bad_handle) {
        i++)
     BAD_CALL(p, forged_handles[i], "%s 0x%016llx is not a cusafe handle",
              p->name, TU_HX(forged_handles[i]));
-  for (int t = CUSAFE_TYPE_CONTEXT; t <= CUSAFE_TYPE_BUFFER; t++) {
+  for (int t = CUSAFE_TYPE_CONTEXT; t <= BAD_TYPE_LAST; t++) {
     if (p->type != CUSAFE_TYPE_INVALID && p->type != (cusafe_handle_type)t)
       continue;
     BAD_CALL(p, L.stale[t], "%s 0x%016llx is stale: its object was released",
              p->name, TU_HX(L.stale[t]));
   }
   if (p->type != CUSAFE_TYPE_INVALID) {
-    for (int t = CUSAFE_TYPE_CONTEXT; t <= CUSAFE_TYPE_BUFFER; t++) {
+    for (int t = CUSAFE_TYPE_CONTEXT; t <= BAD_TYPE_LAST; t++) {
       if ((cusafe_handle_type)t == p->type)
         continue;
       BAD_CALL(p, live[t], "%s 0x%016llx is %s, not %s", p->name,
@@ -1707,8 +1828,9 @@ START_TEST(test_bad_handle) {
 
   /* None of the bad calls retained or released a live object: each dies
    * with exactly one release now, children before their context. */
-  const cusafe_handle order[] = {L.buf, L.buf2, L.start, L.end, L.stream,
-                                 L.ctx};
+  TU_OK(cusafe_stream_synchronize(L.stream)); /* launches done */
+  const cusafe_handle order[] = {L.kernel, L.module, L.buf,   L.buf2,
+                                 L.start,  L.end,    L.stream, L.ctx};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     TU_OK(cusafe_release(order[i]));
     TU_STALE(order[i]);
@@ -1833,6 +1955,57 @@ START_TEST(test_generic_retain_release_on_each_type) {
     TU_OK(cusafe_release(objs[i].h));
     TU_STALE(objs[i].h);
   }
+}
+END_TEST
+
+/* A label can be set, replaced and removed on a live handle of every type;
+ * it changes no reference count, and a released handle refuses it. */
+START_TEST(test_set_label_on_each_type) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = CUSAFE_NULL_HANDLE, v = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  char long_label[400];
+  memset(long_label, 'x', sizeof long_label - 1);
+  long_label[sizeof long_label - 1] = '\0';
+  TU_OK(cusafe_stream_create(&s, ctx, 0, 0));
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 64));
+  TU_OK(cusafe_buffer_view(&v, b, 8, 16));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  TU_OK(cusafe_module_get_kernel(&k, m, "cusafe_fill_f32"));
+  /* Children before their parents; the fixture's context last. */
+  const struct {
+    cusafe_handle h;
+    cusafe_handle_type type;
+  } objs[] = {{k, CUSAFE_TYPE_KERNEL}, {m, CUSAFE_TYPE_MODULE},
+              {v, CUSAFE_TYPE_BUFFER}, {b, CUSAFE_TYPE_BUFFER},
+              {e, CUSAFE_TYPE_EVENT},  {s, CUSAFE_TYPE_STREAM},
+              {ctx, CUSAFE_TYPE_CONTEXT}};
+  const size_t n = sizeof objs / sizeof objs[0];
+  for (size_t i = 0; i < n; i++) {
+    cusafe_handle h = objs[i].h;
+    TU_OK(cusafe_handle_set_label(h, "first"));
+    TU_OK(cusafe_handle_set_label(h, "second"));
+    TU_OK(cusafe_handle_set_label(h, "")); /* an empty label is a label */
+    TU_OK(cusafe_handle_set_label(h, long_label)); /* kept cut, not refused */
+    TU_OK(cusafe_handle_set_label(h, NULL));
+    TU_OK(cusafe_handle_set_label(h, NULL)); /* none to remove: fine */
+    TU_OK(cusafe_handle_set_label(h, "kept until the release"));
+    TU_LIVE(h, objs[i].type);
+  }
+  /* One release each still ends every object, label and all. */
+  for (size_t i = 0; i + 1 < n; i++) {
+    cusafe_handle h = objs[i].h;
+    TU_OK(cusafe_release(h));
+    TU_STALE(h);
+    TU_ERR(cusafe_handle_set_label(h, "late"), CUSAFE_ERROR_INVALID_HANDLE,
+           "handle 0x%016llx is stale: its object was released", TU_HX(h));
+    TU_ERR(cusafe_handle_set_label(h, NULL), CUSAFE_ERROR_INVALID_HANDLE,
+           "handle 0x%016llx is stale: its object was released", TU_HX(h));
+  }
+  TU_LIVE(ctx, CUSAFE_TYPE_CONTEXT);
 }
 END_TEST
 
@@ -2575,6 +2748,7 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_stale_after_slot_reuse);
   tcase_add_test(tc, test_double_release);
   tcase_add_test(tc, test_generic_retain_release_on_each_type);
+  tcase_add_test(tc, test_set_label_on_each_type);
   tcase_add_test(tc, test_release_null_is_noop);
   tcase_add_test(tc, test_default_stream_is_not_a_stream_object);
   suite_add_tcase(s, tc);
