@@ -7,9 +7,18 @@
  * (stream-ordered), so the free runs after everything queued before it.
  * Work on the same stream as the last costs one pointer comparison; moving
  * to another stream costs an event record and a stream wait. */
+#include <sched.h>
 #include <stdlib.h>
 
 #include "internal.h"
+
+void cs_spin_wait(cs_spinlock *l) {
+  for (unsigned spins = 0; atomic_flag_test_and_set_explicit(
+           &l->held, memory_order_acquire);
+       spins++)
+    if (spins >= 64)
+      sched_yield(); /* the holder may be inside a CUDA call */
+}
 
 static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
                                             "cudaMallocManaged"};
@@ -47,10 +56,11 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q) {
 /* ---- allocation ------------------------------------------------------------ */
 
 /* Allocates a root buffer in ctx; `q` orders device memory.  On success the
- * caller's reference on ctx passes to the buffer. */
+ * caller's reference on ctx passes to the buffer, and so does its reference
+ * on q's owner if `owner_given` (a stream acquired for the call). */
 static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
                                   cusafe_memory kind, size_t size,
-                                  struct cs_queue *q) {
+                                  struct cs_queue *q, bool owner_given) {
   if (kind != CUSAFE_MEMORY_DEVICE && kind != CUSAFE_MEMORY_HOST_PINNED &&
       kind != CUSAFE_MEMORY_MANAGED)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind %d",
@@ -98,17 +108,19 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   b->ptr = ptr;
   b->size = size;
   b->kind = kind;
-  pthread_mutex_init(&b->lock, NULL);
+  atomic_flag_clear(&b->lock.held);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
     b->last = q;
-    if (holds_owner(b, q))
+    if (holds_owner(b, q) && !owner_given)
       cs_ref(q->owner);
   }
   st = cs_handle_new(&b->hdr, CS_BUFFER);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
     cs_ref(&ctx->hdr); /* destroy drops the buffer's reference on ctx */
+    if (owner_given && kind == CUSAFE_MEMORY_DEVICE && holds_owner(b, q))
+      cs_ref(q->owner); /* ... and on q's owner, which stays the caller's */
     cs_buffer_destroy(b);
     return st;
   }
@@ -130,7 +142,7 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                 (struct cs_object **)&ctx);
   if (st != CUSAFE_SUCCESS)
     return st;
-  st = buffer_alloc(out, ctx, kind, size, &ctx->queue);
+  st = buffer_alloc(out, ctx, kind, size, &ctx->queue, false);
   if (st != CUSAFE_SUCCESS)
     cs_unref(&ctx->hdr);
   return st;
@@ -151,10 +163,12 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
     return st;
   struct cs_context *ctx = s->queue.ctx;
   cs_ref(&ctx->hdr);
-  st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue);
-  if (st != CUSAFE_SUCCESS)
+  /* The reference on the stream taken for the call becomes the buffer's. */
+  st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
+  if (st != CUSAFE_SUCCESS) {
     cs_unref(&ctx->hdr);
-  cs_unref(&s->hdr);
+    cs_unref(&s->hdr);
+  }
   return st;
 }
 
@@ -265,7 +279,6 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
   cusafe_status st = buffer_fini(b);
   if (b->last && holds_owner(b, b->last))
     cs_unref(b->last->owner);
-  pthread_mutex_destroy(&b->lock);
   free(b);
   cusafe_status st2 = cs_unref(&ctx->hdr);
   return st != CUSAFE_SUCCESS ? st : st2;
@@ -390,7 +403,7 @@ static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     goto out;
-  pthread_mutex_lock(&root->lock);
+  cs_spin_lock(&root->lock);
   st = cs_buffer_chain(root, q);
   if (st == CUSAFE_SUCCESS) {
     char *dev = b->ptr + offset;
@@ -401,7 +414,7 @@ static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaMemcpyAsync");
   }
-  pthread_mutex_unlock(&root->lock);
+  cs_spin_unlock(&root->lock);
   if (st == CUSAFE_SUCCESS && sync) {
     cudaError_t err = cs_cu->stream_synchronize(q->stream);
     if (err != cudaSuccess)
@@ -451,7 +464,7 @@ CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
 /* Locks the roots of two buffers in address order (once if the same). */
 static void lock_pair(struct cs_buffer *a, struct cs_buffer *b) {
   if (a == b) {
-    pthread_mutex_lock(&a->lock);
+    cs_spin_lock(&a->lock);
     return;
   }
   if (a > b) {
@@ -459,14 +472,14 @@ static void lock_pair(struct cs_buffer *a, struct cs_buffer *b) {
     a = b;
     b = t;
   }
-  pthread_mutex_lock(&a->lock);
-  pthread_mutex_lock(&b->lock);
+  cs_spin_lock(&a->lock);
+  cs_spin_lock(&b->lock);
 }
 
 static void unlock_pair(struct cs_buffer *a, struct cs_buffer *b) {
-  pthread_mutex_unlock(&a->lock);
+  cs_spin_unlock(&a->lock);
   if (a != b)
-    pthread_mutex_unlock(&b->lock);
+    cs_spin_unlock(&b->lock);
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
@@ -581,7 +594,7 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
   st = cs_device_enter(root->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     goto out;
-  pthread_mutex_lock(&root->lock);
+  cs_spin_lock(&root->lock);
   st = cs_buffer_chain(root, q);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->memset_async(b->ptr + offset, value, size,
@@ -589,7 +602,7 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaMemsetAsync");
   }
-  pthread_mutex_unlock(&root->lock);
+  cs_spin_unlock(&root->lock);
   cs_device_leave(saved);
 out:
   if (held)

@@ -241,6 +241,23 @@ struct cs_event {
   unsigned int flags;
 };
 
+/* The lock of an allocation's chain of work: held for the few
+ * instructions that enqueue one operation, so a spinlock (whose release is
+ * a plain store) is cheaper than a mutex; a long wait yields. */
+typedef struct {
+  atomic_flag held;
+} cs_spinlock;
+#define CS_SPINLOCK_INIT {ATOMIC_FLAG_INIT}
+void cs_spin_wait(cs_spinlock *l);
+static inline void cs_spin_lock(cs_spinlock *l) {
+  if (CS_UNLIKELY(atomic_flag_test_and_set_explicit(&l->held,
+                                                    memory_order_acquire)))
+    cs_spin_wait(l);
+}
+static inline void cs_spin_unlock(cs_spinlock *l) {
+  atomic_flag_clear_explicit(&l->held, memory_order_release);
+}
+
 struct cs_buffer {
   struct cs_object hdr;
   struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
@@ -251,7 +268,7 @@ struct cs_buffer {
   cusafe_memory kind;
   /* Root only: work on the memory is chained across streams; `last` is the
    * queue of the latest operation (its owner referenced), guarded by lock. */
-  pthread_mutex_t lock;
+  cs_spinlock lock;
   struct cs_queue *last;
 };
 
@@ -262,14 +279,22 @@ struct cs_module {
   char *name;             /* for messages: a path, a program, "<...>" */
 };
 
+#define CS_INLINE_PARAMS 16
+
 struct cs_kernel {
   struct cs_object hdr;
   struct cs_module *module; /* referenced */
+  /* What a launch reads, kept together: the context and its limits, the
+   * kernel's own, and (for up to CS_INLINE_PARAMS) its parameter sizes. */
+  struct cs_context *ctx;
   cudaKernel_t fn;
-  char *name;
-  size_t nparams;
-  size_t *param_size;
   int max_threads;          /* per block, for this kernel */
+  int max_block[3], max_grid[3];
+  size_t shared_limit;      /* dynamic shared memory per block, at most */
+  size_t nparams;
+  size_t *param_size;       /* param_inline, or malloc'd */
+  size_t param_inline[CS_INLINE_PARAMS];
+  char *name;
   size_t static_shared;
   /* The dynamic shared memory the kernel is currently allowed (raised on
    * demand by launches). */

@@ -64,7 +64,6 @@ static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
 #endif
 
 static cusafe_status check_config(const struct cs_kernel *k,
-                                  const struct cs_context *ctx,
                                   const cusafe_launch_config *c) {
   for (int d = 0; d < 3; d++) {
     if (c->grid[d] == 0)
@@ -75,11 +74,11 @@ static cusafe_status check_config(const struct cs_kernel *k,
                      "block dimension %c is 0", dims[d]);
   }
   for (int d = 0; d < 3; d++)
-    if (c->block[d] > (uint32_t)ctx->max_block[d])
+    if (c->block[d] > (uint32_t)k->max_block[d])
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                      "block dimension %c of %u exceeds the device's limit "
                      "of %d",
-                     dims[d], c->block[d], ctx->max_block[d]);
+                     dims[d], c->block[d], k->max_block[d]);
   uint64_t threads =
       (uint64_t)c->block[0] * c->block[1] * (uint64_t)c->block[2];
   if (threads > (uint64_t)k->max_threads)
@@ -87,19 +86,16 @@ static cusafe_status check_config(const struct cs_kernel *k,
                    "block of %llu threads exceeds the kernel's limit of %d",
                    (unsigned long long)threads, k->max_threads);
   for (int d = 0; d < 3; d++)
-    if (c->grid[d] > (uint32_t)ctx->max_grid[d])
+    if (c->grid[d] > (uint32_t)k->max_grid[d])
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                      "grid dimension %c of %u exceeds the device's limit "
                      "of %d",
-                     dims[d], c->grid[d], ctx->max_grid[d]);
-  size_t limit = ctx->shared_optin > k->static_shared
-                     ? ctx->shared_optin - k->static_shared
-                     : 0;
-  if (c->shared_memory > limit)
+                     dims[d], c->grid[d], k->max_grid[d]);
+  if (c->shared_memory > k->shared_limit)
     return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                    "%zu bytes of shared memory exceed the device's limit of "
                    "%zu",
-                   c->shared_memory, limit);
+                   c->shared_memory, k->shared_limit);
   return CUSAFE_SUCCESS;
 }
 
@@ -112,7 +108,7 @@ cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes) {
   if (bytes > atomic_load(&k->dynamic_limit)) {
     cudaError_t err = cs_cu->kernel_set_attribute_for_device(
         k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes,
-        k->module->ctx->device);
+        k->ctx->device);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaKernelSetAttributeForDevice");
     else
@@ -202,7 +198,7 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
 static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
                             const cusafe_launch_config *c, void **argv,
                             struct launch_buffers *lb) {
-  struct cs_context *ctx = k->module->ctx;
+  struct cs_context *ctx = k->ctx;
   cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
   if (st != CUSAFE_SUCCESS)
     return st;
@@ -212,7 +208,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
     return st;
   roots_unique(lb);
   for (size_t i = 0; i < lb->nroots; i++)
-    pthread_mutex_lock(&lb->roots[i]->lock);
+    cs_spin_lock(&lb->roots[i]->lock);
   for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++)
     st = cs_buffer_chain(lb->roots[i], q);
   if (st == CUSAFE_SUCCESS) {
@@ -224,7 +220,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
       st = cs_fail_cuda(err, "cudaLaunchKernel");
   }
   for (size_t i = lb->nroots; i-- > 0;)
-    pthread_mutex_unlock(&lb->roots[i]->lock);
+    cs_spin_unlock(&lb->roots[i]->lock);
   cs_device_leave(saved);
   return st;
 }
@@ -238,7 +234,7 @@ CUSAFE_API cusafe_status cusafe_kernel_launch(
                                 (struct cs_object **)&k);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_context *ctx = k->module->ctx;
+  struct cs_context *ctx = k->ctx;
   void *argv_stack[STACK_ARGS];
   uint64_t values_stack[STACK_ARGS];
   struct cs_buffer *held_stack[STACK_ARGS], *roots_stack[STACK_ARGS];
@@ -262,7 +258,7 @@ CUSAFE_API cusafe_status cusafe_kernel_launch(
                  k->nparams, nargs);
     goto out;
   }
-  st = check_config(k, ctx, config);
+  st = check_config(k, config);
   if (st != CUSAFE_SUCCESS)
     goto out;
   st = cs_queue_get(config->stream, ctx, &q, &stream);
@@ -315,9 +311,9 @@ CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
                                 (struct cs_object **)&k);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_context *ctx = k->module->ctx;
+  struct cs_context *ctx = k->ctx;
   cusafe_launch_config probe = {{1, 1, 1}, {1, 1, 1}, shared_memory, 0};
-  st = check_config(k, ctx, &probe);
+  st = check_config(k, &probe);
   if (st == CUSAFE_SUCCESS)
     st = cs_kernel_allow_shared(k, shared_memory);
   int saved;

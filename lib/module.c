@@ -423,6 +423,21 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
     } else {
       k->max_threads = attr.maxThreadsPerBlock;
       k->static_shared = attr.sharedSizeBytes;
+      struct cs_context *ctx = m->ctx;
+      k->ctx = ctx;
+      for (int d = 0; d < 3; d++) {
+        k->max_block[d] = ctx->max_block[d];
+        k->max_grid[d] = ctx->max_grid[d];
+      }
+      k->shared_limit = ctx->shared_optin > k->static_shared
+                            ? ctx->shared_optin - k->static_shared
+                            : 0;
+      if (k->nparams <= CS_INLINE_PARAMS) {
+        memcpy(k->param_inline, k->param_size,
+               k->nparams * sizeof *k->param_size);
+        free(k->param_size);
+        k->param_size = k->param_inline;
+      }
       atomic_store(&k->dynamic_limit, (size_t)attr.maxDynamicSharedSizeBytes);
     }
   }
@@ -437,7 +452,8 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
   return CUSAFE_SUCCESS;
 fail:
   pthread_mutex_destroy(&k->limit_lock);
-  free(k->param_size);
+  if (k->param_size != k->param_inline)
+    free(k->param_size);
   free(k->name);
   free(k);
   return st;
@@ -468,7 +484,8 @@ CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
 cusafe_status cs_kernel_destroy(struct cs_kernel *k) {
   struct cs_module *m = k->module;
   pthread_mutex_destroy(&k->limit_lock);
-  free(k->param_size);
+  if (k->param_size != k->param_inline)
+    free(k->param_size);
   free(k->name);
   free(k);
   return cs_unref(&m->hdr);

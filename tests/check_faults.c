@@ -117,8 +117,8 @@ struct expectation {
   int cuda_error;
 };
 
-#define FAILED_MSG "%1$s failed: %2$s"
-#define NO_DRIVER_MSG "no CUDA driver found: %2$s"
+#define FAILED_MSG "{fn} failed: {cuda}"
+#define NO_DRIVER_MSG "no CUDA driver found: {cuda}"
 
 static const struct expectation injections[] = {
     /* Initialisation: no driver, no device. */
@@ -161,15 +161,15 @@ static const struct expectation injections[] = {
      CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
     /* NVRTC: out of memory, or an internal error of the compiler. */
     {"nvrtcCreateProgram", cudaErrorMemoryAllocation, 1, 0,
-     CUSAFE_ERROR_OUT_OF_MEMORY, "%1$s failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
+     CUSAFE_ERROR_OUT_OF_MEMORY, "{fn} failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
     {"nvrtcCompileProgram", cudaErrorUnknown, 1, 0, CUSAFE_ERROR_COMPILE,
-     "%1$s failed: NVRTC_ERROR_INTERNAL_ERROR", 0},
+     "{fn} failed: NVRTC_ERROR_INTERNAL_ERROR", 0},
     {"nvrtcCompileProgram", cudaErrorMemoryAllocation, 1, 0,
-     CUSAFE_ERROR_OUT_OF_MEMORY, "%1$s failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
+     CUSAFE_ERROR_OUT_OF_MEMORY, "{fn} failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
     {"nvrtc*", cudaErrorMemoryAllocation, 0, 0, CUSAFE_ERROR_OUT_OF_MEMORY,
-     "%1$s failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
+     "{fn} failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
     {"nvrtc*", cudaErrorUnknown, 1, 0, CUSAFE_ERROR_COMPILE,
-     "%1$s failed: NVRTC_ERROR_INTERNAL_ERROR", 0},
+     "{fn} failed: NVRTC_ERROR_INTERNAL_ERROR", 0},
     /* Any other function failing with any of the errors above. */
     {NULL, cudaErrorUnknown, 1, 0, CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
     {NULL, cudaErrorMemoryAllocation, 0, 0, CUSAFE_ERROR_OUT_OF_MEMORY,
@@ -223,6 +223,30 @@ static size_t injections_of(const char *function,
 
 /* Whether `msg`, status `st` and CUDA error `cuda_err` are what `function`
  * failing with err gives. */
+/* Writes `template` with "{fn}" replaced by the failed function's name and
+ * "{cuda}" by CUDA's words for the error. */
+static void expand(char *out, size_t n, const char *template,
+                   const char *fn, const char *cuda) {
+  size_t len = 0;
+  out[0] = '\0';
+  while (*template && len + 1 < n) {
+    const char *sub = NULL;
+    if (!strncmp(template, "{fn}", 4))
+      sub = fn;
+    else if (!strncmp(template, "{cuda}", 6))
+      sub = cuda;
+    if (sub) {
+      len += (size_t)snprintf(out + len, n - len, "%s", sub);
+      if (len >= n)
+        len = n - 1;
+      template += sub == fn ? 4 : 6;
+    } else {
+      out[len++] = *template++;
+      out[len] = '\0';
+    }
+  }
+}
+
 static int is_failure_of(const char *function, cudaError_t err,
                          cusafe_status st, const char *msg, int cuda_err,
                          char *want, size_t nwant) {
@@ -232,10 +256,7 @@ static int is_failure_of(const char *function, cudaError_t err,
              function, (int)err);
     return 0;
   }
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-  snprintf(want, nwant, e->message, function, cuda_words(err));
-#pragma GCC diagnostic pop
+  expand(want, nwant, e->message, function, cuda_words(err));
   int want_cuda = e->cuda_error < 0 ? (int)err : e->cuda_error;
   return st == e->status && strcmp(msg, want) == 0 && cuda_err == want_cuda;
 }
