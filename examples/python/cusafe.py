@@ -1182,24 +1182,25 @@ def _kernel_launch(*args):
 
 class PreparedLaunch:
     """A kernel launch with its configuration and arguments converted once
-    (Kernel.prepare); calling it launches again.  It keeps the kernel and
-    the argument objects alive."""
+    (Kernel.prepare); calling it launches again, raising CusafeError on a
+    failure.  It keeps the kernel and the argument objects alive."""
 
-    __slots__ = ("_fn", "_handle", "_config", "_config_ref", "_args",
-                 "_nargs", "_keep")
+    __slots__ = ("_fn", "_argv", "_keep")
 
     def __init__(self, kernel, config, args):
-        self._fn = library().fn.cusafe_kernel_launch
-        self._handle = kernel.handle
-        self._config = config
-        self._config_ref = ctypes.byref(config)
-        self._args, keep = _pack_args(args)
-        self._nargs = len(args)
-        self._keep = (kernel, args, keep)
+        # A function object of its own with no argtypes, called with ctypes
+        # values made once: ctypes then converts nothing per call.  The
+        # values have the exact C types of cusafe_kernel_launch.
+        self._fn = library().cdll["cusafe_kernel_launch"]
+        self._fn.restype = ctypes.c_int
+        cargs, keep = _pack_args(args)
+        self._argv = (ctypes.c_uint64(kernel.handle),
+                      ctypes.c_void_p(ctypes.addressof(config)), cargs,
+                      ctypes.c_size_t(len(args)))
+        self._keep = (kernel, config, args, keep)
 
     def __call__(self):
-        st = self._fn(self._handle, self._config_ref, self._args,
-                      self._nargs)
+        st = self._fn(*self._argv)
         if st:
             library().check(st)
 
