@@ -1,0 +1,93 @@
+#!/bin/sh
+# The thread stress test (tests/stress/stress.c): threads that create, share
+# and release handles while one of them shuts the library down, against the
+# fake CUDA; once with free-running and once with paused streams.
+#   - tests/stress/stress_tsan, built with ThreadSanitizer: any data race
+#     fails (halt_on_error=1, exit code 66).
+#   - tests/stress/stress, a plain build, under Valgrind's Helgrind with
+#     tests/stress/helgrind.supp (Helgrind cannot see the ordering of the
+#     library's atomics; the file says what it hides).  Fewer threads and
+#     iterations: Helgrind is slow.
+# Either part is skipped when it cannot run: no clang with ThreadSanitizer
+# (FUZZ_CC), or Valgrind disabled or missing.  Both skipped: exit 77.
+#
+# Environment: top_srcdir, top_builddir, VALGRIND_ENABLED, cusafe_valgrind
+# (set by make check); STRESS_THREADS and STRESS_ITERATIONS (default 8 and
+# 4000 for ThreadSanitizer).
+set -u
+
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+tsan=$top_builddir/tests/stress/stress_tsan
+plain=$top_builddir/tests/stress/stress
+threads=${STRESS_THREADS:-8}
+iterations=${STRESS_ITERATIONS:-4000}
+
+out=$(mktemp "${TMPDIR:-/tmp}/cusafe-stress.XXXXXX") || exit 99
+trap 'rm -f "$out"' EXIT
+trap 'exit 130' INT TERM
+ran=0
+failed=0
+
+# run LABEL COMMAND...: runs it, shows its output, counts the result.
+run() {
+	label=$1
+	shift
+	start=$(date +%s)
+	"$@" >"$out" 2>&1
+	status=$?
+	secs=$(($(date +%s) - start))
+	cat "$out"
+	if test $status -eq 0; then
+		echo "stress: PASS: $label (${secs} s)"
+	else
+		echo "stress: FAIL: $label: exit status $status (${secs} s)"
+		failed=1
+	fi
+	ran=1
+}
+
+if test -x "$tsan"; then
+	tsan_options="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
+	# ThreadSanitizer of clang 14 cannot start where the kernel randomises
+	# mmap with more bits than it expects; without ASLR it can.
+	prefix=
+	TSAN_OPTIONS=$tsan_options "$tsan" 2 2 >"$out" 2>&1
+	if grep -q 'unexpected memory mapping' "$out"; then
+		if command -v setarch >/dev/null 2>&1 &&
+			TSAN_OPTIONS=$tsan_options setarch "$(uname -m)" -R "$tsan" 2 2 >"$out" 2>&1; then
+			prefix="setarch $(uname -m) -R"
+			echo "stress: ThreadSanitizer runs without ASLR (setarch -R) on this kernel"
+		else
+			echo "SKIP (ThreadSanitizer): it cannot start here:"
+			cat "$out"
+			tsan=
+		fi
+	fi
+	if test -n "$tsan"; then
+		for mode in "" paused; do
+			# shellcheck disable=SC2086
+			run "ThreadSanitizer, $threads threads x $iterations iterations${mode:+, paused streams}" \
+				env TSAN_OPTIONS="$tsan_options" $prefix "$tsan" "$threads" "$iterations" $mode
+		done
+	fi
+else
+	echo "SKIP (ThreadSanitizer): $tsan is not built: configure found no clang with ThreadSanitizer (see FUZZ_CC in ./configure --help)"
+fi
+
+if test "${VALGRIND_ENABLED:-no}" = yes && test -n "${cusafe_valgrind:-}" &&
+	test -x "$plain"; then
+	for mode in "" paused; do
+		# shellcheck disable=SC2086
+		run "Helgrind, 4 threads x 400 iterations${mode:+, paused streams}" \
+			"$top_builddir/libtool" --mode=execute "$cusafe_valgrind" \
+			--tool=helgrind --error-exitcode=1 \
+			--suppressions="$top_srcdir/tests/stress/helgrind.supp" \
+			"$plain" 4 400 $mode
+	done
+else
+	echo "SKIP (Helgrind): Valgrind is disabled or missing (./configure --enable-valgrind)"
+fi
+
+test $ran -eq 1 || exit 77
+exit $failed
