@@ -97,7 +97,7 @@ static cusafe_status slot_take(struct cs_slot **out) {
 }
 
 cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
-  struct cs_slot *slot;
+  struct cs_slot *slot = NULL;
   pthread_mutex_lock(&table_lock);
   cusafe_status st = slot_take(&slot);
   pthread_mutex_unlock(&table_lock);

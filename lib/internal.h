@@ -308,6 +308,8 @@ cusafe_status cs_module_destroy(struct cs_module *module);
  * cs_context_unload_orphans(), so that no code outlives its context. */
 cudaError_t cs_library_unload(struct cs_context *ctx, cudaLibrary_t library);
 void cs_context_unload_orphans(struct cs_context *ctx);
+/* Keeps a library for cs_context_unload_orphans() without unloading it. */
+cudaError_t cs_library_orphan(struct cs_context *ctx, cudaLibrary_t library);
 cusafe_status cs_kernel_destroy(struct cs_kernel *kernel);
 /* Raises a kernel's dynamic shared memory limit to `bytes` if needed. */
 cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes);

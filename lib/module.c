@@ -298,6 +298,11 @@ cudaError_t cs_library_unload(struct cs_context *ctx, cudaLibrary_t library) {
   cudaError_t err = cs_cu->library_unload(library);
   if (err == cudaSuccess)
     return err;
+  cs_library_orphan(ctx, library);
+  return err;
+}
+
+cudaError_t cs_library_orphan(struct cs_context *ctx, cudaLibrary_t library) {
   pthread_mutex_lock(&ctx->orphan_lock);
   cudaLibrary_t *grown =
       realloc(ctx->orphans, (ctx->norphans + 1) * sizeof *grown);
@@ -306,7 +311,7 @@ cudaError_t cs_library_unload(struct cs_context *ctx, cudaLibrary_t library) {
     ctx->orphans[ctx->norphans++] = library;
   }
   pthread_mutex_unlock(&ctx->orphan_lock);
-  return err;
+  return cudaSuccess;
 }
 
 void cs_context_unload_orphans(struct cs_context *ctx) {
@@ -330,7 +335,11 @@ static cusafe_status module_fini(struct cs_module *m) {
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaDeviceSynchronize");
   }
-  cudaError_t err = cs_library_unload(m->ctx, m->library);
+  /* Unsynchronised, launches may still be queued: the library waits on
+   * the orphan list, unloaded before the context goes, after its sync. */
+  cudaError_t err = st == CUSAFE_SUCCESS
+                        ? cs_library_unload(m->ctx, m->library)
+                        : cs_library_orphan(m->ctx, m->library);
   if (err != cudaSuccess && st == CUSAFE_SUCCESS)
     st = cs_fail_cuda(err, "cudaLibraryUnload");
   cs_device_leave(saved);

@@ -131,6 +131,11 @@ struct ent {
 static struct ent pool[MAXE];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* References that could not enter a full pool while failures were
+ * injected (see pin()): released at the end of the input. */
+static cusafe_handle deferred[512];
+static int ndeferred;
+
 static const struct {
   const char *name;
   const char *params; /* p: pointer, else bytes */
@@ -433,7 +438,10 @@ static cusafe_handle forge(struct th *t) {
   default: h = (uint64_t)-1 - u8(&t->r); break;
   }
   pthread_mutex_lock(&pool_lock);
-  if (ent_find(h))
+  int live = ent_find(h) != NULL;
+  for (int i = 0; i < ndeferred; i++)
+    live |= deferred[i] == h;
+  if (live)
     h = 0xDEAD000000000000ull | (h & 0xFFFF); /* not a live one after all */
   pthread_mutex_unlock(&pool_lock);
   return h;
@@ -544,35 +552,57 @@ static size_t rel(struct th *t, size_t ref, size_t dflt) {
 
 static const int devices[] = {0, 1, 0, 1, 0, 1, -1, 2, 8, 256, INT_MAX, INT_MIN};
 
-/* While failures are injected, no context may be destroyed: a failure in a
- * destroying call (see finish_tainted) leaves objects in the fake, and the
- * context's release of its primary context would then be a violation of
- * the fake's before the harness can tell.  So the harness keeps a
- * reference (a pin) on every context from the first injected failure to
- * the end of the input.  Pins add no CUDA call: retain does none. */
-static void pin(cusafe_context c) {
+/* While failures are injected, no context and no module may be destroyed:
+ *   - a failure in a destroying call (see finish_tainted) leaves objects in
+ *     the fake, and the context's release of its primary context would then
+ *     be a violation of the fake's before the harness can tell;
+ *   - a module's destruction synchronizes the device and then unloads the
+ *     library; when that synchronization fails (injected: the fake then
+ *     does nothing), a launch may still be queued, and unloading under it
+ *     is a violation of the fake's.
+ * So the harness keeps a reference (a pin) on every context, module and
+ * kernel (a kernel holds its module) from the first injected failure to the
+ * end of the input.  Pins add no CUDA call: retain does none. */
+static int pinned_type(int type) {
+  return type == T_CTX || type == T_MOD || type == T_KER;
+}
+
+static void pin(cusafe_handle h) {
   pthread_mutex_lock(&pool_lock);
-  struct ent *e = ent_find(c);
+  struct ent *e = ent_find(h);
   int need = e && e->pin == 0;
   pthread_mutex_unlock(&pool_lock);
   if (!need)
     return;
-  expect(cusafe_context_retain(c), CUSAFE_SUCCESS, "cusafe_context_retain (pin)");
+  expect(cusafe_retain(h), CUSAFE_SUCCESS, "cusafe_retain (pin)");
   pthread_mutex_lock(&pool_lock);
-  e = ent_find(c);
+  e = ent_find(h);
   if (!e)
-    die("pinned context 0x%016llx vanished from the pool",
-        (unsigned long long)c);
+    die("pinned handle 0x%016llx vanished from the pool",
+        (unsigned long long)h);
   e->pin++;
   pthread_mutex_unlock(&pool_lock);
 }
 
+
 static void keep(cusafe_handle h, int type, const struct ent *tmpl);
 
-/* Pins every context there is, before the first injected failure: one per
- * device, including a context kept alive by its children only (creating a
- * context for its device returns it). */
+/* Pins every context, module and kernel there is, before the first
+ * injected failure: the contexts of both devices, including one kept alive
+ * by its children only (creating a context for its device returns it),
+ * and the modules and kernels the harness holds (a module without a user
+ * reference lives only while a kernel of it does). */
 static void pin_all(void) {
+  cusafe_handle held[MAXE];
+  int n = 0;
+  pthread_mutex_lock(&pool_lock);
+  for (int i = 0; i < MAXE; i++)
+    if ((pool[i].type == T_MOD || pool[i].type == T_KER) &&
+        pool[i].refs + pool[i].pin > 0)
+      held[n++] = pool[i].h;
+  pthread_mutex_unlock(&pool_lock);
+  for (int i = 0; i < n; i++)
+    pin(held[i]);
   for (int d = 0; d < 2; d++) {
     cusafe_context c = CUSAFE_NULL_HANDLE;
     cusafe_status st = cusafe_context_create(&c, d);
@@ -592,6 +622,12 @@ static void keep(cusafe_handle h, int type, const struct ent *tmpl) {
             (unsigned long long)h, type, tmpl ? tmpl->dev : -1,
             tmpl ? tmpl->size : 0);
   if (!ent_add(h, type, tmpl)) {
+    if (faults_used && pinned_type(type)) {
+      if (ndeferred == (int)(sizeof deferred / sizeof deferred[0]))
+        die("more than %d references to defer", ndeferred);
+      deferred[ndeferred++] = h;
+      return;
+    }
     cusafe_status st = cusafe_release(h);
     check(st, "cusafe_release (pool full)");
     if (st == CUSAFE_ERROR_INVALID_HANDLE)
@@ -599,7 +635,7 @@ static void keep(cusafe_handle h, int type, const struct ent *tmpl) {
           (unsigned long long)h, cusafe_last_error_message());
     return;
   }
-  if (type == T_CTX && faults_used)
+  if (faults_used && pinned_type(type))
     pin(h);
 }
 
@@ -2048,6 +2084,14 @@ static int destroying_call_failed(void) {
 /* Releases every reference the harness still holds; a release must not
  * call any of them stale. */
 static void release_all(int reverse) {
+  for (int i = 0; i < ndeferred; i++) {
+    cusafe_status st = cusafe_release(deferred[i]);
+    check(st, "release (cleanup, deferred)");
+    if (st == CUSAFE_ERROR_INVALID_HANDLE)
+      die("cleanup: release of held handle 0x%016llx says stale: %s",
+          (unsigned long long)deferred[i], cusafe_last_error_message());
+  }
+  ndeferred = 0;
   for (int pass = 0; pass < MAXE; pass++) {
     int any = 0;
     for (int j = 0; j < MAXE; j++) {
@@ -2147,7 +2191,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   memset(pool, 0, sizeof pool);
   faults_armed = faults_used = err4_armed = nfail_fn = 0;
-  nchanges = changes_lost = 0;
+  nchanges = changes_lost = ndeferred = 0;
   sticky[0] = sticky[1] = maybe_sticky = 0;
   if (header & 2)
     fake_set_paused(1);
