@@ -28,28 +28,35 @@ static cusafe_status buffer_get(cusafe_buffer h, const char *name,
   return cs_acquire(h, CS_BUFFER, name, (struct cs_object **)out);
 }
 
-/* Orders the next operation on root's memory on `q` after the previous one
- * (root->lock held). */
 /* Whether root must hold a reference on q's owner: the stream must outlive
  * the free queued on it, but the root's own context it holds already. */
 static bool holds_owner(const struct cs_buffer *root, const struct cs_queue *q) {
   return q->owner != &root->ctx->hdr;
 }
 
-cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q) {
+cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
+                              struct cs_object **drop) {
   struct cs_queue *last = root->last;
+  *drop = NULL;
   if (CS_LIKELY(last == q))
     return CUSAFE_SUCCESS;
+  /* A launch may only have peeked at q's stream: its last reference may
+   * have gone since, and then the stream is as good as released. */
+  if (holds_owner(root, q) && !cs_try_ref(q->owner))
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                   "stream 0x%016llx is stale: its object was released",
+                   (unsigned long long)q->owner->handle);
   if (last) {
     cusafe_status st = cs_queue_handoff(last, q);
-    if (st != CUSAFE_SUCCESS)
+    if (st != CUSAFE_SUCCESS) {
+      if (holds_owner(root, q))
+        *drop = q->owner;
       return st;
+    }
   }
-  if (holds_owner(root, q))
-    cs_ref(q->owner);
   root->last = q;
   if (last && holds_owner(root, last))
-    cs_unref(last->owner);
+    *drop = last->owner;
   return CUSAFE_SUCCESS;
 }
 
@@ -403,8 +410,9 @@ static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     goto out;
+  struct cs_object *drop;
   cs_spin_lock(&root->lock);
-  st = cs_buffer_chain(root, q);
+  st = cs_buffer_chain(root, q, &drop);
   if (st == CUSAFE_SUCCESS) {
     char *dev = b->ptr + offset;
     cudaError_t err = to_host ? cs_cu->memcpy_async(host, dev, size,
@@ -415,6 +423,8 @@ static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
       st = cs_fail_cuda(err, "cudaMemcpyAsync");
   }
   cs_spin_unlock(&root->lock);
+  if (drop)
+    cs_unref(drop);
   if (st == CUSAFE_SUCCESS && sync) {
     cudaError_t err = cs_cu->stream_synchronize(q->stream);
     if (err != cudaSuccess)
@@ -533,11 +543,12 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
   struct cs_buffer *dr = dst->root, *sr = src->root;
   if (run != q)
     st = cs_queue_handoff(q, run);
+  struct cs_object *drop_s = NULL, *drop_d = NULL;
   lock_pair(dr, sr);
   if (st == CUSAFE_SUCCESS)
-    st = cs_buffer_chain(sr, run);
+    st = cs_buffer_chain(sr, run, &drop_s);
   if (st == CUSAFE_SUCCESS)
-    st = cs_buffer_chain(dr, run);
+    st = cs_buffer_chain(dr, run, &drop_d);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err;
     const char *fn;
@@ -553,6 +564,10 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
       st = cs_fail_cuda(err, fn);
   }
   unlock_pair(dr, sr);
+  if (drop_s)
+    cs_unref(drop_s);
+  if (drop_d)
+    cs_unref(drop_d);
   /* Later work on the caller's stream comes after the copy. */
   if (st == CUSAFE_SUCCESS && run != q)
     st = cs_queue_handoff(run, q);
@@ -594,8 +609,9 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
   st = cs_device_enter(root->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     goto out;
+  struct cs_object *drop;
   cs_spin_lock(&root->lock);
-  st = cs_buffer_chain(root, q);
+  st = cs_buffer_chain(root, q, &drop);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->memset_async(b->ptr + offset, value, size,
                                           q->stream);
@@ -603,6 +619,8 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
       st = cs_fail_cuda(err, "cudaMemsetAsync");
   }
   cs_spin_unlock(&root->lock);
+  if (drop)
+    cs_unref(drop);
   cs_device_leave(saved);
 out:
   if (held)

@@ -132,27 +132,25 @@ static const char *param_text(struct param p, char buf[64]) {
   return buf;
 }
 
-static cusafe_status forged(struct param p, cusafe_handle h) {
+__attribute__((cold, noinline)) static cusafe_status
+forged(struct param p, cusafe_handle h) {
   char buf[64];
   return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
                  "%s 0x%016llx is not a cusafe handle", param_text(p, buf),
                  (unsigned long long)h);
 }
 
-static cusafe_status stale(struct param p, cusafe_handle h) {
+__attribute__((cold, noinline)) static cusafe_status
+stale(struct param p, cusafe_handle h) {
   char buf[64];
   return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
                  "%s 0x%016llx is stale: its object was released",
                  param_text(p, buf), (unsigned long long)h);
 }
 
-/* Checks that `h` is a live handle (the caller holds a reference) of type
- * `want` (0: any) and adds `users` caller's references and `all` references
- * to it in one step.  A release passes -1 and -1.  *out is the object and
- * *old the word before the change. */
-static cusafe_status update(cusafe_handle h, enum cs_type want,
-                            struct param name, int users, int all,
-                            struct cs_object **out, uint64_t *old) {
+/* The slot of `h`; fails for a handle that was never handed out. */
+static inline __attribute__((always_inline)) cusafe_status
+locate(cusafe_handle h, struct param name, struct cs_slot **slot) {
   if (h == CUSAFE_NULL_HANDLE) {
     char buf[64];
     return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle",
@@ -161,29 +159,54 @@ static cusafe_status update(cusafe_handle h, enum cs_type want,
   unsigned tag = (unsigned)(h >> 56);
   unsigned htype = tag & 0x0Fu;
   uint32_t index = (uint32_t)h;
-  uint64_t gen = (h >> 32) & GEN_MASK;
   if ((tag & 0xF0u) != TAG_BASE || htype < CS_CONTEXT ||
-      htype > CS_TYPE_LAST || gen == 0 ||
+      htype > CS_TYPE_LAST || ((h >> 32) & GEN_MASK) == 0 ||
       index >= atomic_load_explicit(&high_water, memory_order_acquire))
     return forged(name, h);
-  struct cs_slot *slot = slot_at(index);
+  *slot = slot_at(index);
+  return CUSAFE_SUCCESS;
+}
+
+/* Checks that the slot's `word` holds `h` live (the caller holds a
+ * reference) and of type `want` (0: any). */
+static inline __attribute__((always_inline)) cusafe_status
+check(cusafe_handle h, enum cs_type want, struct param name,
+      const struct cs_slot *slot, uint64_t word) {
+  unsigned htype = (unsigned)(h >> 56) & 0x0Fu;
+  uint64_t gen = (h >> 32) & GEN_MASK;
+  uint64_t slot_gen = GEN_OF(word);
+  if (slot_gen != gen) /* a generation not reached was never handed out */
+    return gen > slot_gen ? forged(name, h) : stale(name, h);
+  if (USERS_OF(word) == 0)
+    return stale(name, h);
+  if (atomic_load_explicit(&slot->type, memory_order_relaxed) != htype)
+    return forged(name, h); /* the right slot and generation, a wrong tag */
+  if (want && htype != (unsigned)want) {
+    char buf[64];
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s 0x%016llx is %s, not %s",
+                   param_text(name, buf), (unsigned long long)h,
+                   type_articles[htype], type_articles[want]);
+  }
+  return CUSAFE_SUCCESS;
+}
+
+/* Checks `h` and adds `users` caller's references and `all` references to
+ * it in one step.  A release passes -1 and -1.  *out is the object and *old
+ * the word before the change.  Sequentially consistent, so that a release
+ * of the last reference is ordered against pins (cs_pin). */
+static inline __attribute__((always_inline)) cusafe_status
+update(cusafe_handle h, enum cs_type want, struct param name, int users,
+       int all, struct cs_object **out, uint64_t *old) {
+  struct cs_slot *slot;
+  cusafe_status st = locate(h, name, &slot);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   uint64_t delta = (uint64_t)((int64_t)users * (int64_t)USER_ONE + all);
   uint64_t word = atomic_load_explicit(&slot->word, memory_order_acquire);
   do {
-    uint64_t slot_gen = GEN_OF(word);
-    if (slot_gen != gen) /* a generation not reached was never handed out */
-      return gen > slot_gen ? forged(name, h) : stale(name, h);
-    if (USERS_OF(word) == 0)
-      return stale(name, h);
-    if (atomic_load_explicit(&slot->type, memory_order_relaxed) != htype)
-      return forged(name, h); /* the right slot and generation, a wrong tag */
-    if (want && htype != (unsigned)want) {
-      char buf[64];
-      return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
-                     "%s 0x%016llx is %s, not %s", param_text(name, buf),
-                     (unsigned long long)h, type_articles[htype],
-                     type_articles[want]);
-    }
+    st = check(h, want, name, slot, word);
+    if (st != CUSAFE_SUCCESS)
+      return st;
     if ((users > 0 && USERS_OF(word) + (uint64_t)users > USER_MAX) ||
         (all > 0 && ALL_OF(word) + (uint64_t)all > ALL_MAX)) {
       char buf[64];
@@ -192,7 +215,7 @@ static cusafe_status update(cusafe_handle h, enum cs_type want,
                      param_text(name, buf), (unsigned long long)h);
     }
   } while (!atomic_compare_exchange_weak_explicit(
-      &slot->word, &word, word + delta, memory_order_acq_rel,
+      &slot->word, &word, word + delta, memory_order_seq_cst,
       memory_order_acquire));
   *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
   if (old)
@@ -200,15 +223,23 @@ static cusafe_status update(cusafe_handle h, enum cs_type want,
   return CUSAFE_SUCCESS;
 }
 
+cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
+                      long index, struct cs_object **out) {
+  struct param p = {name, index};
+  struct cs_slot *slot;
+  cusafe_status st = locate(h, p, &slot);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  /* Sequentially consistent: after the pin (see cs_pin). */
+  st = check(h, type, p, slot, atomic_load(&slot->word));
+  if (st == CUSAFE_SUCCESS)
+    *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
+  return st;
+}
+
 cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
                          struct cs_object **out) {
   return update(h, type, (struct param){name, -1}, 0, 1, out, NULL);
-}
-
-cusafe_status cs_acquire_nth(cusafe_handle h, enum cs_type type,
-                             const char *name, size_t index,
-                             struct cs_object **out) {
-  return update(h, type, (struct param){name, (long)index}, 0, 1, out, NULL);
 }
 
 /* ---- references ----------------------------------------------------------- */
@@ -217,6 +248,18 @@ cusafe_status cs_acquire_nth(cusafe_handle h, enum cs_type type,
  * ALL_MAX: they need no check. */
 void cs_ref(struct cs_object *obj) {
   atomic_fetch_add_explicit(&obj->slot->word, 1, memory_order_relaxed);
+}
+
+bool cs_try_ref(struct cs_object *obj) {
+  struct cs_slot *slot = obj->slot;
+  uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
+  do {
+    if (ALL_OF(word) == 0)
+      return false;
+  } while (!atomic_compare_exchange_weak_explicit(
+      &slot->word, &word, word + 1, memory_order_acquire,
+      memory_order_relaxed));
+  return true;
 }
 
 /* Adds a caller's reference to a live object -- which makes its handle
@@ -262,6 +305,9 @@ static void retire(struct cs_slot *slot, uint64_t gen) {
  * fail until the slot is reused. */
 static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
   struct cs_slot *slot = obj->slot;
+  if (obj->type == CS_KERNEL || obj->type == CS_STREAM ||
+      obj->type == CS_BUFFER)
+    cs_pins_wait(); /* launches may use it without a reference */
   free(atomic_exchange(&obj->label, NULL));
   cusafe_status st = cs_destroy(obj);
   retire(slot, GEN_OF(word));
@@ -269,8 +315,7 @@ static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
 }
 
 cusafe_status cs_unref(struct cs_object *obj) {
-  uint64_t word =
-      atomic_fetch_sub_explicit(&obj->slot->word, 1, memory_order_acq_rel);
+  uint64_t word = atomic_fetch_sub(&obj->slot->word, 1); /* see update() */
   if (ALL_OF(word) != 1)
     return CUSAFE_SUCCESS;
   return destroy_last(obj, word);

@@ -60,13 +60,16 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
  * the parameter's name for the message. */
 cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
                          const char *name, struct cs_object **out);
-/* The same for the index-th element of a list, named "<name> <index>" in
- * messages (kernel arguments); the name is formatted only on failure. */
-cusafe_status cs_acquire_nth(cusafe_handle handle, enum cs_type type,
-                             const char *name, size_t index,
-                             struct cs_object **out);
+/* Checks `handle` as cs_acquire() does but takes no reference: for a
+ * pinned thread only (cs_pin), until cs_unpin().  `index` >= 0 names the
+ * index-th element of a list. */
+cusafe_status cs_peek(cusafe_handle handle, enum cs_type type,
+                      const char *name, long index, struct cs_object **out);
 /* Adds a reference to a live object the caller already holds. */
 void cs_ref(struct cs_object *obj);
+/* Adds a reference to an object the caller only peeked at, unless its last
+ * reference has gone already. */
+bool cs_try_ref(struct cs_object *obj);
 /* Adds a reference handed to the caller unless the object is already being
  * destroyed. */
 bool cs_try_user_ref(struct cs_object *obj);
@@ -108,7 +111,13 @@ cusafe_status cs_state_error(void);
 struct cs_thread {
   _Alignas(64) _Atomic int depth; /* a line of its own: no false sharing */
   _Atomic int in_use;
+  bool shared; /* the record of threads that could not get their own */
   struct cs_thread *next;
+  /* Launches in progress that use objects without references (cs_pin):
+   * the count of pins begun and ended, in a line that only launches write,
+   * so that a destructor's scan of the records stays cheap. */
+  _Alignas(64) _Atomic unsigned long pins_begun;
+  _Atomic unsigned long pins_ended;
 };
 /* initial-exec: one pointer, read on every call without __tls_get_addr. */
 extern __thread struct cs_thread *cs_tls_thread
@@ -158,6 +167,37 @@ static inline void cs_call_leave(struct cs_thread **t) {
   (void)cs_call_;                                                            \
   if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))    \
   return CUSAFE_SUCCESS
+
+/* Pins: a launch looks its kernel, stream and buffers up without taking
+ * references (two atomic operations each), which would cost more than the
+ * safety checks themselves.  Instead it pins its thread first; a kernel,
+ * stream or buffer whose last reference goes waits, before it is destroyed,
+ * for the pins that had begun by then to end (cs_pins_wait()).  The pin is
+ * a sequentially consistent store, and so is the drop of the last
+ * reference: either the launch sees the handle stale, or the destructor
+ * sees the pin.  A pinned thread must not drop references (its own
+ * destructor would wait for it) nor wait for anything that a thread
+ * dropping one may hold: it takes only the buffers' spinlocks, and drops
+ * what it must after cs_unpin(). */
+static inline void cs_pin(struct cs_thread *t) {
+  if (CS_UNLIKELY(t->shared))
+    atomic_fetch_add(&t->pins_begun, 1);
+  else
+    atomic_store(&t->pins_begun,
+                 atomic_load_explicit(&t->pins_begun, memory_order_relaxed) +
+                     1);
+}
+static inline void cs_unpin(struct cs_thread *t) {
+  if (CS_UNLIKELY(t->shared))
+    atomic_fetch_add_explicit(&t->pins_ended, 1, memory_order_release);
+  else
+    atomic_store_explicit(
+        &t->pins_ended,
+        atomic_load_explicit(&t->pins_ended, memory_order_relaxed) + 1,
+        memory_order_release);
+}
+/* Waits until every other thread's pins begun before the call have ended. */
+void cs_pins_wait(void);
 
 /* Initialises CUDA on first use (and registers the exit handler right after
  * the first successful CUDA call); stores the device count. */
@@ -314,8 +354,12 @@ cusafe_status cs_kernel_destroy(struct cs_kernel *kernel);
 /* Raises a kernel's dynamic shared memory limit to `bytes` if needed. */
 cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes);
 /* Chains root's next operation on queue q after its previous one (root's
- * lock held): buffer.c. */
-cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q);
+ * lock held): buffer.c.  The reference that root held on the queue of its
+ * previous operation, if any, is handed to the caller in *drop, to be
+ * dropped (cs_unref) once the lock is released.  Fails if q is a stream
+ * whose last reference went meanwhile (peeked by a pinned launch). */
+cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
+                              struct cs_object **drop);
 cusafe_status cs_stream_destroy(struct cs_stream *stream);
 cusafe_status cs_event_destroy(struct cs_event *event);
 cusafe_status cs_buffer_destroy(struct cs_buffer *buffer);
@@ -325,6 +369,9 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *buffer);
  * (drop with cs_unref when not NULL). */
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            struct cs_queue **out, struct cs_object **held);
+/* The same without a reference, for a pinned thread (cs_pin). */
+cusafe_status cs_queue_peek(cusafe_stream stream, struct cs_context *dflt,
+                            struct cs_queue **out);
 /* Makes later work on `to` wait for the work queued so far on `from`. */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
 /* Destroys a queue's hand-off event, if it was made. */

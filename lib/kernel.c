@@ -120,9 +120,9 @@ cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes) {
 
 /* The buffers of one launch: their roots, locked in address order. */
 struct launch_buffers {
-  struct cs_buffer **held; /* acquired handles, released at the end */
   struct cs_buffer **roots;
-  size_t nheld, nroots;
+  struct cs_object **drops; /* references to drop after the launch */
+  size_t nroots, ndrops;
 };
 
 /* Sorts and deduplicates the roots so that two launches sharing buffers
@@ -145,7 +145,8 @@ static void roots_unique(struct launch_buffers *lb) {
   lb->nroots = n;
 }
 
-/* Resolves every argument to the pointer cudaLaunchKernel wants. */
+/* Resolves every argument to the pointer cudaLaunchKernel wants (the
+ * thread pinned: buffers are peeked at). */
 static cusafe_status resolve_args(const struct cs_kernel *k,
                                   const struct cs_context *ctx,
                                   const cusafe_arg *args, size_t nargs,
@@ -169,12 +170,10 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
       argv[i] = (void *)a->value.bytes;
     } else if (a->kind == CUSAFE_ARG_BUFFER) {
       struct cs_buffer *b;
-      cusafe_status st = cs_acquire_nth(a->value.buffer, CS_BUFFER,
-                                        "argument", i,
-                                        (struct cs_object **)&b);
+      cusafe_status st = cs_peek(a->value.buffer, CS_BUFFER, "argument",
+                                 (long)i, (struct cs_object **)&b);
       if (st != CUSAFE_SUCCESS)
         return st;
-      lb->held[lb->nheld++] = b;
       if (b->ctx != ctx)
         return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
                        "argument %zu belongs to device %d but kernel belongs "
@@ -209,8 +208,12 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   roots_unique(lb);
   for (size_t i = 0; i < lb->nroots; i++)
     cs_spin_lock(&lb->roots[i]->lock);
-  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++)
-    st = cs_buffer_chain(lb->roots[i], q);
+  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++) {
+    struct cs_object *drop;
+    st = cs_buffer_chain(lb->roots[i], q, &drop);
+    if (drop)
+      lb->drops[lb->ndrops++] = drop;
+  }
   if (st == CUSAFE_SUCCESS) {
     dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
     dim3 block = {c->block[0], c->block[1], c->block[2]};
@@ -225,74 +228,89 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   return st;
 }
 
+/* Room for the arguments of one launch: on the stack, or for many
+ * arguments on the heap. */
+struct launch_space {
+  void *argv_stack[STACK_ARGS];
+  uint64_t values_stack[STACK_ARGS];
+  struct cs_buffer *roots_stack[STACK_ARGS];
+  struct cs_object *drops_stack[STACK_ARGS];
+  void **argv;
+  uint64_t *values;
+  struct launch_buffers lb;
+};
+
+static bool space_make(struct launch_space *sp, size_t nargs) {
+  if (nargs <= STACK_ARGS)
+    return true;
+  sp->argv = malloc(nargs * sizeof *sp->argv);
+  sp->values = malloc(nargs * sizeof *sp->values);
+  sp->lb.roots = malloc(nargs * sizeof *sp->lb.roots);
+  sp->lb.drops = malloc(nargs * sizeof *sp->lb.drops);
+  return sp->argv && sp->values && sp->lb.roots && sp->lb.drops;
+}
+
+static void space_free(struct launch_space *sp) {
+  if (sp->argv == sp->argv_stack)
+    return;
+  free(sp->argv);
+  free(sp->values);
+  free(sp->lb.roots);
+  free(sp->lb.drops);
+}
+
+/* The launch proper, on a pinned thread: the kernel, the stream and the
+ * buffers are peeked at, not referenced (see cs_pin in internal.h). */
+static cusafe_status launch_pinned(cusafe_kernel kernel,
+                                   const cusafe_launch_config *config,
+                                   const cusafe_arg *args, size_t nargs,
+                                   struct launch_space *sp) {
+  struct cs_kernel *k;
+  cusafe_status st = cs_peek(kernel, CS_KERNEL, "kernel", -1,
+                             (struct cs_object **)&k);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = k->ctx;
+  if (!config)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
+  if (!args && nargs)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "args is NULL");
+  if (nargs != k->nparams)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "kernel %s takes %zu arguments, %zu given", k->name,
+                   k->nparams, nargs);
+  st = check_config(k, config);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_queue *q;
+  st = cs_queue_peek(config->stream, ctx, &q);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (q->ctx != ctx)
+    return cs_mismatch("stream", q->ctx, "kernel", ctx);
+  if (!space_make(sp, nargs))
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  st = resolve_args(k, ctx, args, nargs, sp->argv, sp->values, &sp->lb);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  return launch(k, q, config, sp->argv, &sp->lb);
+}
+
 CUSAFE_API cusafe_status cusafe_kernel_launch(
     cusafe_kernel kernel, const cusafe_launch_config *config,
     const cusafe_arg *args, size_t nargs) {
   CS_ENTER();
-  struct cs_kernel *k;
-  cusafe_status st = cs_acquire(kernel, CS_KERNEL, "kernel",
-                                (struct cs_object **)&k);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_context *ctx = k->ctx;
-  void *argv_stack[STACK_ARGS];
-  uint64_t values_stack[STACK_ARGS];
-  struct cs_buffer *held_stack[STACK_ARGS], *roots_stack[STACK_ARGS];
-  void **argv = argv_stack;
-  uint64_t *values = values_stack;
-  struct launch_buffers lb = {held_stack, roots_stack, 0, 0};
-  struct cs_queue *q = NULL;
-  struct cs_object *stream = NULL;
-
-  if (!config) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
-    goto out;
-  }
-  if (!args && nargs) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, "args is NULL");
-    goto out;
-  }
-  if (nargs != k->nparams) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                 "kernel %s takes %zu arguments, %zu given", k->name,
-                 k->nparams, nargs);
-    goto out;
-  }
-  st = check_config(k, config);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  st = cs_queue_get(config->stream, ctx, &q, &stream);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  if (q->ctx != ctx) {
-    st = cs_mismatch("stream", q->ctx, "kernel", ctx);
-    goto out;
-  }
-  if (nargs > STACK_ARGS) {
-    argv = malloc(nargs * sizeof *argv);
-    values = malloc(nargs * sizeof *values);
-    lb.held = malloc(nargs * sizeof *lb.held);
-    lb.roots = malloc(nargs * sizeof *lb.roots);
-    if (!argv || !values || !lb.held || !lb.roots) {
-      st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-      goto out;
-    }
-  }
-  st = resolve_args(k, ctx, args, nargs, argv, values, &lb);
-  if (st == CUSAFE_SUCCESS)
-    st = launch(k, q, config, argv, &lb);
-out:
-  for (size_t i = 0; i < lb.nheld; i++)
-    cs_unref(&lb.held[i]->hdr);
-  if (argv != argv_stack) {
-    free(argv);
-    free(values);
-    free(lb.held);
-    free(lb.roots);
-  }
-  if (stream)
-    cs_unref(stream);
-  cs_unref(&k->hdr);
+  struct launch_space sp;
+  sp.argv = sp.argv_stack;
+  sp.values = sp.values_stack;
+  sp.lb = (struct launch_buffers){sp.roots_stack, sp.drops_stack, 0, 0};
+  cs_pin(cs_call_);
+  cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
+  cs_unpin(cs_call_);
+  /* What the buffers' chains let go of, dropped unpinned. */
+  for (size_t i = 0; i < sp.lb.ndrops; i++)
+    cs_unref(sp.lb.drops[i]);
+  space_free(&sp);
   return st;
 }
 

@@ -1,5 +1,6 @@
 /* runtime.c -- initialisation, exit, fork and devices. */
 #include <linux/membarrier.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,7 @@ static pthread_key_t thread_key;
 static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
 /* For a thread whose record could not be allocated: shared, so its depth
  * counts calls of several threads; it is updated atomically all the same. */
-static struct cs_thread overflow_thread = {.in_use = 1};
+static struct cs_thread overflow_thread = {.in_use = 1, .shared = true};
 
 static void thread_gone(void *p) {
   struct cs_thread *t = p;
@@ -84,6 +85,32 @@ struct cs_thread *cs_thread_register(void) {
   pthread_setspecific(thread_key, t);
   cs_tls_thread = t;
   return t;
+}
+
+void cs_pins_wait(void) {
+  struct cs_thread *self = cs_tls_thread;
+  for (struct cs_thread *t = atomic_load(&threads); t; t = t->next) {
+    if (t == self && !t->shared)
+      continue; /* the caller is not pinned */
+    unsigned long begun = atomic_load(&t->pins_begun);
+    for (unsigned spins = 0;
+         (long)(atomic_load_explicit(&t->pins_ended, memory_order_acquire) -
+                begun) < 0;
+         spins++)
+      if (spins >= 64)
+        sched_yield(); /* the launch may be waiting for the GPU's queue */
+  }
+  /* The shared record counts the pins of several threads: wait for a
+   * moment with none in progress (ended read first, so that equal counts
+   * prove it). */
+  struct cs_thread *o = &overflow_thread;
+  for (;;) {
+    unsigned long ended =
+        atomic_load_explicit(&o->pins_ended, memory_order_acquire);
+    if (atomic_load(&o->pins_begun) == ended)
+      break;
+    sched_yield();
+  }
 }
 
 /* Waits until no other thread is inside a call; false after `seconds`. */

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The thread stress test (tests/stress/stress.c): threads that create, share
 # and release handles while one of them shuts the library down, against the
-# fake CUDA; once with free-running and once with paused streams.
+# fake CUDA; with free-running and with paused streams, and with nothing
+# but launches whose handles other threads release at the same time.
 #   - tests/stress/stress_tsan, built with ThreadSanitizer: any data race
 #     fails (halt_on_error=1, exit code 66).
 #   - tests/stress/stress, a plain build, under Valgrind's memcheck: any
@@ -67,9 +68,9 @@ if test -x "$tsan"; then
 		fi
 	fi
 	if test -n "$tsan"; then
-		for mode in "" paused; do
+		for mode in "" paused racy; do
 			# shellcheck disable=SC2086
-			run "ThreadSanitizer, $threads threads x $iterations iterations${mode:+, paused streams}" \
+			run "ThreadSanitizer, $threads threads x $iterations iterations${mode:+, $mode}" \
 				env TSAN_OPTIONS="$tsan_options" $prefix "$tsan" "$threads" "$iterations" $mode
 		done
 	fi
@@ -79,9 +80,9 @@ fi
 
 if test "${VALGRIND_ENABLED:-no}" = yes && test -n "${cusafe_valgrind:-}" &&
 	test -x "$plain"; then
-	for mode in "" paused; do
+	for mode in "" paused racy; do
 		# shellcheck disable=SC2086
-		run "memcheck, $threads threads x 1000 iterations${mode:+, paused streams}" \
+		run "memcheck, $threads threads x 1000 iterations${mode:+, $mode}" \
 			"$top_builddir/libtool" --mode=execute "$cusafe_valgrind" \
 			--error-exitcode=1 --leak-check=full \
 			--show-leak-kinds=definite,indirect \

@@ -28,10 +28,12 @@
 #include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 #include "fakecuda.h"
@@ -2442,10 +2444,17 @@ static cudaError_t fk_occupancy_max_active_blocks(int *blocks,
   return leave(cudaSuccess);
 }
 
+static _Atomic unsigned launch_delay_us;
+
 static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
                                     void **args, size_t shared_memory,
                                     cudaStream_t stream)
 {
+  unsigned delay = atomic_load(&launch_delay_us);
+  if (delay) {
+    struct timespec ts = {delay / 1000000, (long)(delay % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+  }
   struct fstream *s;
   cudaError_t e = begin("cudaLaunchKernel", DRIVER_CHECK);
   if (e == cudaSuccess)
@@ -3439,6 +3448,11 @@ FAKE_EXPORT unsigned long fake_call_count(void)
   unsigned long n = g.calls;
   unlock();
   return n;
+}
+
+FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds)
+{
+  atomic_store(&launch_delay_us, microseconds);
 }
 
 FAKE_EXPORT void fake_set_paused(int paused)

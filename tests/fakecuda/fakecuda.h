@@ -110,6 +110,11 @@ unsigned long fake_call_count(void);
  * at the next call that queues on, queries or synchronizes its stream. */
 void fake_set_paused(int paused);
 
+/* cudaLaunchKernel sleeps `microseconds` (default 0) before it does
+ * anything, holding no lock of the fake's: a caller's launch in progress
+ * then lasts long enough for other threads to release what it uses. */
+void fake_set_launch_delay(unsigned microseconds);
+
 /* Sticky error: from now on every call acting on `device` (and every
  * synchronize or query of its streams and events) returns err, as after a
  * kernel fault; cuDevicePrimaryCtxRelease, cudaStreamDestroy,

@@ -1,7 +1,7 @@
 /* stress.c -- many threads creating, using, sharing and releasing handles
  * at once, against the fake CUDA (two devices), with a shutdown midway.
  *
- * usage: stress [THREADS [ITERATIONS [paused]]]   (default 8 2000)
+ * usage: stress [THREADS [ITERATIONS [paused|racy]]]   (default 8 2000)
  *
  * The main thread makes the shared objects: a context, two streams, three
  * device buffers, an event and the built-in kernels for each device, and a
@@ -14,7 +14,9 @@
  * stream-ordered allocation, events and waits, released with work queued;
  * views of shared buffers; context creation (the same context, one more
  * reference) and release; labels; modules loaded, launched and released
- * with the launch in flight; synchronisations.
+ * with the launch in flight; synchronisations; launches whose kernel,
+ * stream and buffer another thread may release at the same time (they must
+ * succeed or fail with a stale handle, never touch what was destroyed).
  *
  * The workers start together; worker 0 calls cusafe_shutdown() once half
  * of all the iterations are done, while the others go on.  Every call must then return CUSAFE_ERROR_SHUTDOWN,
@@ -23,6 +25,11 @@
  * After the threads are joined the fake must hold nothing alive.  A lifetime
  * violation makes the fake abort; built with -fsanitize=thread, any data
  * race fails the run (TSAN_OPTIONS=halt_on_error=1).
+ *
+ * With `racy` the workers do nothing but that last operation: the even ones
+ * launch with the racy handles, the odd ones replace them, as fast as they
+ * can; each launch sleeps 100 us inside cudaLaunchKernel, so that
+ * releases meet launches in progress.
  *
  * With `paused` the fake's streams run their work only when synchronised,
  * so that much work is still queued when buffers are released and when the
@@ -56,12 +63,19 @@ static struct {
 } S;
 
 static _Atomic cusafe_buffer mailbox[MAILBOX];
+/* Handles that workers replace, releasing the old one, while others launch
+ * with them without a reference of their own. */
+static _Atomic cusafe_kernel racy_kernel[NDEV];
+static _Atomic cusafe_stream racy_stream[NDEV];
+static _Atomic cusafe_buffer racy_buffer[NDEV];
 static _Atomic int shutdown_started, shutdown_done;
 /* Calls that ended before the shutdown began, overlapped it, or began
  * after it ended. */
 static _Atomic unsigned long ops_before, ops_during, ops_after;
+/* Launches with racy handles, and those that found one stale. */
+static _Atomic unsigned long racy_launches, racy_stale;
 static _Atomic long iterations_done;
-static int iterations, nthreads;
+static int iterations, nthreads, racy_only;
 static pthread_barrier_t start;
 
 static void fail(const char *fmt, ...)
@@ -77,7 +91,8 @@ static void fail(const char *fmt, ...) {
   abort();
 }
 
-enum { C_CALL, C_RELEASE, C_QUERY };
+/* C_RACY: a call whose handles another thread may release meanwhile. */
+enum { C_CALL, C_RELEASE, C_QUERY, C_RACY };
 
 /* Checks one call's status against the shutdown: `before` is whether the
  * shutdown had finished when the call began, `after` whether it had begun
@@ -100,6 +115,13 @@ static cusafe_status verify(cusafe_status st, int kind, int before, int after,
   else
     ok = st == CUSAFE_SUCCESS ||
          (kind == C_QUERY && st == CUSAFE_ERROR_NOT_READY);
+  if (!ok && kind == C_RACY && !before && st == CUSAFE_ERROR_INVALID_HANDLE)
+    ok = strstr(cusafe_last_error_message(), " is stale: ") != NULL;
+  if (kind == C_RACY) {
+    atomic_fetch_add(&racy_launches, 1);
+    if (st == CUSAFE_ERROR_INVALID_HANDLE)
+      atomic_fetch_add(&racy_stale, 1);
+  }
   if (!ok)
     fail("line %d: %s returned %s (%s) %s the shutdown", line, expr,
          cusafe_status_string(st), cusafe_last_error_message(),
@@ -121,6 +143,7 @@ static cusafe_status verify(cusafe_status st, int kind, int before, int after,
 #define CALL(expr) DO(C_CALL, expr)
 #define QUERY(expr) DO(C_QUERY, expr)
 #define RELEASE(expr) DO(C_RELEASE, expr)
+#define RACY(expr) DO(C_RACY, expr)
 
 /* xorshift, one state per thread */
 static uint32_t next(uint32_t *s) {
@@ -244,6 +267,45 @@ static void op_launch(struct worker *w) {
     CALL(CUSAFE_LAUNCH(S.axpy[d], &cfg, CUSAFE_ARG_BUF(y),
                        CUSAFE_ARG_F32V(0.5f), CUSAFE_ARG_BUF(x),
                        CUSAFE_ARG_U64V(n)));
+}
+
+/* Replaces one of a device's racy handles, or launches with all three
+ * (only one or the other if `role` is 1 or 2). */
+static void op_racy(struct worker *w, int role) {
+  int d = next(&w->rng) % NDEV;
+  unsigned pick = next(&w->rng) % 4;
+  if (role)
+    pick = role == 1 ? pick % 3 : 3;
+  switch (pick) {
+  case 0: {
+    cusafe_kernel k;
+    if (CALL(cusafe_module_get_kernel(&k, S.module[d], "cusafe_fill_f32")) ==
+        CUSAFE_SUCCESS)
+      RELEASE(cusafe_kernel_release(atomic_exchange(&racy_kernel[d], k)));
+    break;
+  }
+  case 1: {
+    cusafe_stream s;
+    if (CALL(cusafe_stream_create(&s, S.ctx[d], 0, 0)) == CUSAFE_SUCCESS)
+      RELEASE(cusafe_stream_release(atomic_exchange(&racy_stream[d], s)));
+    break;
+  }
+  case 2: {
+    cusafe_buffer b;
+    if (CALL(cusafe_buffer_alloc(&b, S.ctx[d], CUSAFE_MEMORY_DEVICE,
+                                 BUF_BYTES)) == CUSAFE_SUCCESS)
+      RELEASE(cusafe_buffer_release(atomic_exchange(&racy_buffer[d], b)));
+    break;
+  }
+  default: {
+    cusafe_launch_config cfg = {{2, 1, 1}, {64, 1, 1}, 0,
+                                atomic_load(&racy_stream[d])};
+    RACY(CUSAFE_LAUNCH(atomic_load(&racy_kernel[d]), &cfg,
+                       CUSAFE_ARG_BUF(atomic_load(&racy_buffer[d])),
+                       CUSAFE_ARG_F32V(2.0f),
+                       CUSAFE_ARG_U64V(BUF_BYTES / sizeof(float))));
+  }
+  }
 }
 
 static void op_private_stream(struct worker *w) {
@@ -379,7 +441,16 @@ static void *worker_main(void *arg) {
     if (w->id == 0 && !atomic_load(&shutdown_started) &&
         atomic_load(&iterations_done) >= half)
       shut_down();
-    switch (next(&w->rng) % 12) {
+    if (racy_only) {
+      op_racy(w, w->id % 2 ? 1 : 2);
+      if (w->id % 2) { /* as slow as a launch: the two overlap throughout */
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+      }
+      atomic_fetch_add(&iterations_done, 1);
+      continue;
+    }
+    switch (next(&w->rng) % 14) {
     case 0:
     case 1: op_private_buffer(w); break;
     case 2: op_retain_release(w); break;
@@ -391,6 +462,8 @@ static void *worker_main(void *arg) {
     case 8: op_event(w); break;
     case 9: op_label(w); break;
     case 10: op_module(w); break;
+    case 11:
+    case 12: op_racy(w, 0); break;
     default: op_sync(w); break;
     }
     atomic_fetch_add(&iterations_done, 1);
@@ -416,11 +489,15 @@ int main(int argc, char **argv) {
   nthreads = argc > 1 ? atoi(argv[1]) : 8;
   iterations = argc > 2 ? atoi(argv[2]) : 2000;
   int paused = argc > 3 && !strcmp(argv[3], "paused");
+  racy_only = argc > 3 && !strcmp(argv[3], "racy");
   if (nthreads < 2 || nthreads > 64 || iterations < 2) {
-    fprintf(stderr, "usage: %s [THREADS [ITERATIONS [paused]]]\n", argv[0]);
+    fprintf(stderr, "usage: %s [THREADS [ITERATIONS [paused|racy]]]\n",
+            argv[0]);
     return 2;
   }
   fake_set_paused(paused);
+  if (racy_only)
+    fake_set_launch_delay(100); /* launches in progress meet releases */
 
   for (int d = 0; d < NDEV; d++) {
     SETUP(cusafe_context_create(&S.ctx[d], d));
@@ -437,6 +514,13 @@ int main(int argc, char **argv) {
     SETUP(cusafe_module_load_builtin(&S.module[d], S.ctx[d]));
     SETUP(cusafe_module_get_kernel(&S.fill[d], S.module[d], "cusafe_fill_f32"));
     SETUP(cusafe_module_get_kernel(&S.axpy[d], S.module[d], "cusafe_axpy_f32"));
+    cusafe_handle h;
+    SETUP(cusafe_module_get_kernel(&h, S.module[d], "cusafe_fill_f32"));
+    atomic_init(&racy_kernel[d], h);
+    SETUP(cusafe_stream_create(&h, S.ctx[d], 0, 0));
+    atomic_init(&racy_stream[d], h);
+    SETUP(cusafe_buffer_alloc(&h, S.ctx[d], CUSAFE_MEMORY_DEVICE, BUF_BYTES));
+    atomic_init(&racy_buffer[d], h);
   }
   SETUP(cusafe_buffer_alloc(&S.pinned, S.ctx[0], CUSAFE_MEMORY_HOST_PINNED,
                             BUF_BYTES));
@@ -463,7 +547,10 @@ int main(int argc, char **argv) {
       fail("a release after the shutdown failed");
   for (int d = 0; d < NDEV; d++)
     if (cusafe_context_release(S.ctx[d]) != CUSAFE_SUCCESS ||
-        cusafe_kernel_release(S.fill[d]) != CUSAFE_SUCCESS)
+        cusafe_kernel_release(S.fill[d]) != CUSAFE_SUCCESS ||
+        cusafe_kernel_release(racy_kernel[d]) != CUSAFE_SUCCESS ||
+        cusafe_stream_release(racy_stream[d]) != CUSAFE_SUCCESS ||
+        cusafe_buffer_release(racy_buffer[d]) != CUSAFE_SUCCESS)
       fail("a release after the shutdown failed");
   cusafe_buffer b;
   if (cusafe_buffer_alloc(&b, S.ctx[0], CUSAFE_MEMORY_DEVICE, 1) !=
@@ -478,12 +565,15 @@ int main(int argc, char **argv) {
          a, s, e, l, r0, r1);
   printf("stress: %d threads x %d iterations%s: %lu calls checked: %lu "
          "before the shutdown, %lu during it, %lu after it; the shutdown "
-         "began after %ld iterations and took %.1f ms\n",
-         nthreads, iterations, paused ? " (paused streams)" : "",
+         "began after %ld iterations and took %.1f ms; %lu launches with "
+         "racy handles, %lu of them found one stale\n",
+         nthreads, iterations,
+         paused ? " (paused streams)" : racy_only ? " (racy handles)" : "",
          atomic_load(&ops_before) + atomic_load(&ops_during) +
              atomic_load(&ops_after),
          atomic_load(&ops_before), atomic_load(&ops_during),
-         atomic_load(&ops_after), shutdown_at, shutdown_ms);
+         atomic_load(&ops_after), shutdown_at, shutdown_ms,
+         atomic_load(&racy_launches), atomic_load(&racy_stale));
   pthread_barrier_destroy(&start);
   free(w);
   return 0;
