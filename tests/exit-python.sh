@@ -91,6 +91,7 @@ header=$top_srcdir/include/cusafe.h
 #        name               variants status stderr  stdout  times
 scenario binding            "$both" 0 empty "functions bound" 1 -- "$scen" binding "$header"
 scenario errors             "$both" 0 empty "" 1 -- "$scen" errors
+scenario launches           "$both" 0 empty "launches checked" 1 -- "$scen" launches
 scenario global             "$both" 0 empty "" 1 -- "$scen" global
 scenario cycle              "$both" 0 empty "" 1 -- "$scen" cycle
 scenario closure            "$both" 0 empty "" 1 -- "$scen" closure

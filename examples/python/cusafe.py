@@ -533,7 +533,9 @@ def release_handle(handle):
 class _Object:
     """An owned reference on one library handle."""
 
-    __slots__ = ("_handle", "_finalizer", "__weakref__")
+    # _live is the handle while the object is open and 0 once it is
+    # closed, for fast paths that must not call the `handle` property.
+    __slots__ = ("_handle", "_live", "_finalizer", "__weakref__")
     _release_name = "cusafe_release"
 
     def __init__(self):
@@ -542,7 +544,7 @@ class _Object:
 
     def _own(self, handle):
         lib = library()
-        self._handle = handle
+        self._handle = self._live = handle
         # The release function is bound now, not looked up at release
         # time, so that it still works while the interpreter shuts down
         # and module globals are gone.  It is a raw ctypes function (no
@@ -577,6 +579,7 @@ class _Object:
     def close(self):
         """Releases the reference now; closing twice is a no-op."""
         lib = library()
+        self._live = 0
         status = self._finalizer()
         if status:  # None when already closed
             lib.check(status)
@@ -593,6 +596,7 @@ class _Object:
         release (release_handle()); the object is closed."""
         handle = self.handle
         self._finalizer.detach()
+        self._live = 0
         return handle
 
     def __enter__(self):
@@ -1024,6 +1028,8 @@ class Module(_Object):
               _encode(name))
         obj = object.__new__(Kernel)
         obj._name = name
+        obj._pack = _no_packer
+        obj._c_live = c_handle(h.value)
         obj._own(h.value)
         return obj
 
@@ -1052,6 +1058,12 @@ def _scalar(kind, field, lo=None, hi=None):
         v = self.value
         if lo is not None and not lo <= v <= hi:
             raise OverflowError("%r does not fit %s" % (v, kind.name))
+        if field == "f32":  # finite, but rounds to infinity
+            try:
+                struct.pack("<f", v)
+            except OverflowError:
+                raise OverflowError("%r does not fit %s"
+                                    % (v, kind.name)) from None
     cls = type(kind.name, (_Scalar,), {"__slots__": (), "kind": kind,
                                       "field": field, "_check": check})
     cls.__doc__ = "A kernel argument of type %s." % kind.name
@@ -1180,6 +1192,76 @@ def _kernel_launch(*args):
     return _kernel_launch(*args)
 
 
+def _launch_packed(*args):
+    """cusafe_kernel_launch(handle, config, packed arguments, n) for
+    Kernel.launch's fast path: a function object of its own with no
+    argtypes, called with ready ctypes values and a bytes object (passed
+    as its address), so that ctypes converts nothing."""
+    global _launch_packed
+    fn = library().cdll["cusafe_kernel_launch"]
+    fn.restype = c_status
+    _launch_packed = fn
+    return fn(*args)
+
+
+# (grid, block, shared) -> (LaunchConfig, a c_void_p of its address), for
+# the default stream only; never removed, so the addresses stay valid.
+_fast_configs = {}
+# Argument counts as size_t values, made once.
+_SIZES = tuple(ctypes.c_size_t(n) for n in range(64))
+
+# The struct format of each typed scalar's value in the cusafe_arg union:
+# its own width, padded to 8 bytes (so struct checks the range).
+_SCALAR_FORMATS = {"I8": "b7x", "U8": "B7x", "I16": "h6x", "U16": "H6x",
+                   "I32": "i4x", "U32": "I4x", "I64": "q", "U64": "Q",
+                   "F32": "f4x", "F64": "d"}
+
+
+def _make_packer(types):
+    """A function that packs arguments of exactly these types into the bytes
+    of a cusafe_arg array, returning None for arguments of other types; or
+    None when a type needs the general path.  Generated per signature, so
+    that a launch runs one struct call and no loop."""
+    fmt, fields = "<", []
+    for i, t in enumerate(types):
+        # Each cusafe_arg: kind and size (0) as one little-endian 64-bit
+        # constant, then the value.
+        if t is Buffer:
+            fmt += "QQ"
+            fields.append("%d, a%d._live" % (_K_BUFFER, i))
+        elif t is int:
+            fmt += "Qq"
+            fields.append("%d, a%d" % (_K_I64, i))
+        elif t is float:
+            fmt += "Qd"
+            fields.append("%d, a%d" % (_K_F64, i))
+        elif isinstance(t, type) and issubclass(t, _Scalar) and \
+                t.__name__ in _SCALAR_FORMATS and \
+                t is globals().get(t.__name__):
+            fmt += "Q" + _SCALAR_FORMATS[t.__name__]
+            fields.append("%d, a%d.value" % (int(t.kind), i))
+        else:
+            return None
+    names = "".join("a%d, " % i for i in range(len(types)))
+    guard = " or ".join("type(a%d) is not _t%d" % (i, i)
+                        for i in range(len(types)))
+    src = "def pack(args):\n"
+    if types:
+        src += "    (%s) = args\n" % names
+        src += "    if %s:\n        return None\n" % guard
+    else:
+        src += "    if args:\n        return None\n"
+    src += "    return _pack(%s)\n" % ", ".join(fields)
+    env = {"_pack": struct.Struct(fmt).pack}
+    env.update(("_t%d" % i, t) for i, t in enumerate(types))
+    exec(src, env)
+    return env["pack"]
+
+
+def _no_packer(args):
+    return None
+
+
 class PreparedLaunch:
     """A kernel launch with its configuration and arguments converted once
     (Kernel.prepare); calling it launches again, raising CusafeError on a
@@ -1208,7 +1290,8 @@ class PreparedLaunch:
 class Kernel(_Object):
     """A kernel of a module (Module.kernel)."""
 
-    __slots__ = ("_name",)
+    # _c_live: _live as a ready ctypes value, for the fast launch path.
+    __slots__ = ("_name", "_pack", "_c_live")
     _release_name = "cusafe_kernel_release"
 
     def __init__(self, *args, **kwargs):
@@ -1241,13 +1324,65 @@ class Kernel(_Object):
         3 ints; args are Buffers (passed as their device address), ints
         (I64), floats (F64), typed values (I32(...), F32(...), ...) or
         Bytes(...).  Ordered on `stream` (None: the context's default);
-        the buffers stay alive until the kernel has completed."""
+        the buffers stay alive until the kernel has completed.  A closed
+        Kernel or Buffer raises ValueError.
+
+        Launches on the default stream whose arguments have the types of
+        the kernel's previous launch take a fast path: one generated
+        struct call packs the arguments, one ctypes call launches."""
+        if stream is None:
+            try:
+                packed = self._pack(args)
+                config = _fast_configs[grid, block, shared][1]
+                n = _SIZES[len(args)]
+            except Exception:  # a new signature, shape, or a bad value
+                packed = None
+            if packed is not None:
+                st = _launch_packed(self._c_live, config, packed, n)
+                if st:
+                    self._failed(st, args)
+                return
+        self._launch_general(grid, block, args, shared, stream)
+
+    def _launch_general(self, grid, block, args, shared, stream):
+        """Kernel.launch with every check of the binding; prepares the fast
+        path for the next launch of the same shape."""
         config = _launch_config(grid, block, shared, stream)
         cargs, _keep = _pack_args(args)
         st = _kernel_launch(self.handle, ctypes.byref(config), cargs,
                             len(args))
         if st:
             library().check(st)
+        if stream is None:
+            key = (grid, block, shared)
+            try:
+                if key not in _fast_configs and len(_fast_configs) < 256:
+                    fast = _launch_config(grid, block, shared, None)
+                    _fast_configs[key] = (
+                        fast, ctypes.c_void_p(ctypes.addressof(fast)))
+            except TypeError:  # an unhashable grid or block (a list)
+                pass
+            self._pack = _make_packer(tuple(map(type, args))) or _no_packer
+
+    def close(self):
+        self._c_live.value = 0
+        _Object.close(self)
+
+    def detach(self):
+        handle = _Object.detach(self)
+        self._c_live.value = 0
+        return handle
+
+    def _failed(self, status, args):
+        """Raises for a failed fast launch: ValueError for a closed object
+        (whose handle the fast path passed as 0), else the library's
+        error."""
+        if self.closed:
+            raise ValueError("this cusafe.Kernel is closed")
+        for a in args:
+            if type(a) is Buffer and a.closed:
+                raise ValueError("this cusafe.Buffer is closed")
+        library().check(status)
 
     def prepare(self, grid, block, *args, shared=0, stream=None):
         """A PreparedLaunch: this launch with its configuration and

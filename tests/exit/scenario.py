@@ -192,6 +192,98 @@ def errors():
     print("errors checked")
 
 
+def expect_raise(cls, text, fn, *args, **kwargs):
+    """Calls fn, which must raise exactly `cls` with `text` in its message."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        if type(e) is not cls or text not in str(e):
+            raise AssertionError("raised %r, expected %s(%r)"
+                                 % (e, cls.__name__, text)) from e
+        return e
+    raise AssertionError("did not raise %s(%r)" % (cls.__name__, text))
+
+
+def launches():
+    """Kernel.launch on its fast path (the arguments' types and the shape
+    of the previous launch, default stream) and its general path give the
+    same results and the same errors; prepared launches too."""
+    try:
+        ctx = cusafe.Context(0)
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    n = 1000
+    a = cusafe.Buffer.from_host(ctx, array.array("f", range(n)))
+    b = cusafe.Buffer.from_host(ctx, array.array("f", [0.5] * n))
+    c = ctx.alloc(4 * n)
+    module = cusafe.Module.builtin(ctx)
+    add = module.kernel("cusafe_vecadd_f32")
+    fill = module.kernel("cusafe_fill_f32")
+
+    def values(buf):
+        out = array.array("f", bytes(buf.size))
+        buf.read(out)
+        return list(out)
+
+    want = [i + 0.5 for i in range(n)]
+    for i in range(3):  # general, then fast, then fast again
+        c.fill(0)
+        add.launch(4, 256, c, a, b, n)
+        assert values(c) == want, "launch %d" % i
+    # Another signature, a typed scalar, a stream, a list for the grid.
+    for value in (1.5, -2.0):
+        fill.launch((4,), [256], c, cusafe.F32(value), n)
+        assert values(c) == [value] * n
+    s = ctx.stream()
+    fill.launch(4, 256, c, cusafe.F32(7.0), n, stream=s)
+    s.synchronize()
+    assert values(c) == [7.0] * n
+    prepared = add.prepare(4, 256, c, a, b, n)
+    c.fill(0)
+    prepared()
+    assert values(c) == want
+
+    # Bad arguments, each on a kernel whose fast path is set up.
+    for k, args in ((add, (c, a, b, n)), (fill, (c, cusafe.F32(1.0), n))):
+        k.launch(4, 256, *args)
+        k.launch(4, 256, *args)
+    e = expect_error(cusafe.Status.INVALID_ARGUMENTS, add.launch, 4, 256, c,
+                     a, b)
+    assert e.message == "kernel cusafe_vecadd_f32 takes 4 arguments, 3 " \
+        "given", e.message
+    e = expect_error(cusafe.Status.INVALID_ARGUMENTS, fill.launch, 4, 256, c,
+                     cusafe.F32(1.0), cusafe.I32(n))
+    assert e.message == "argument 2 of kernel cusafe_fill_f32 is 4 bytes, " \
+        "parameter 2 is 8 bytes", e.message
+    expect_raise(OverflowError, "does not fit F32", fill.launch, 4, 256, c,
+                 cusafe.F32(1e300), n)
+    expect_raise(OverflowError, "does not fit I64", add.launch, 4, 256, c, a,
+                 b, 2**63)
+    expect_raise(OverflowError, "-1 does not fit U64", add.launch, 4, 256, c,
+                 a, b, cusafe.U64(-1))
+    expect_raise(TypeError, "pass a bool", add.launch, 4, 256, c, a, b, True)
+    expect_raise(TypeError, "cannot pass str", add.launch, 4, 256, c, a, b,
+                 "1000")
+    e = expect_error(cusafe.Status.INVALID_CONFIGURATION, add.launch, 0, 256,
+                     c, a, b, n)
+    assert e.message == "grid dimension x is 0", e.message
+    # Closed and detached objects: ValueError, also on the fast path.
+    add.launch(4, 256, c, a, b, n)
+    b.close()
+    expect_raise(ValueError, "this cusafe.Buffer is closed", add.launch, 4,
+                 256, c, a, b, n)
+    h = a.detach()
+    expect_raise(ValueError, "this cusafe.Buffer is closed", add.launch, 4,
+                 256, c, a, a, n)
+    cusafe.release_handle(h)
+    fill.launch(4, 256, c, cusafe.F32(1.0), n)
+    fill.close()
+    expect_raise(ValueError, "this cusafe.Kernel is closed", fill.launch, 4,
+                 256, c, cusafe.F32(1.0), n)
+    assert values(c) == [1.0] * n
+    print("launches checked")
+
+
 def global_objects():
     """Live objects held by module globals; normal exit."""
     global LIVE
@@ -508,6 +600,7 @@ SCENARIOS = {
     "layout": layout,
     "binding": binding,
     "errors": errors,
+    "launches": launches,
     "global": global_objects,
     "cycle": cycle,
     "closure": closure,
