@@ -302,14 +302,6 @@ void cs_buffer_shutdown(struct cs_object *obj, void *views) {
   cs_handle_kill(obj);
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_retain(cusafe_buffer buffer) {
-  return cs_retain_handle(buffer, CS_BUFFER, "buffer");
-}
-
-CUSAFE_API cusafe_status cusafe_buffer_release(cusafe_buffer buffer) {
-  return cs_release_handle(buffer, CS_BUFFER, "buffer");
-}
-
 /* ---- queries ------------------------------------------------------------------ */
 
 CUSAFE_API cusafe_status cusafe_buffer_get_size(size_t *out,

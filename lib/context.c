@@ -173,14 +173,6 @@ void cs_context_shutdown(struct cs_object *obj, void *arg) {
   cs_handle_kill(obj);
 }
 
-CUSAFE_API cusafe_status cusafe_context_retain(cusafe_context ctx) {
-  return cs_retain_handle(ctx, CS_CONTEXT, "context");
-}
-
-CUSAFE_API cusafe_status cusafe_context_release(cusafe_context ctx) {
-  return cs_release_handle(ctx, CS_CONTEXT, "context");
-}
-
 /* Acquires a context handle for a call. */
 static cusafe_status context_get(cusafe_context h, struct cs_context **out) {
   return cs_acquire(h, CS_CONTEXT, "context", (struct cs_object **)out);

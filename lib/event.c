@@ -87,14 +87,6 @@ void cs_event_shutdown(struct cs_object *obj, void *arg) {
   cs_handle_kill(obj);
 }
 
-CUSAFE_API cusafe_status cusafe_event_retain(cusafe_event event) {
-  return cs_retain_handle(event, CS_EVENT, "event");
-}
-
-CUSAFE_API cusafe_status cusafe_event_release(cusafe_event event) {
-  return cs_release_handle(event, CS_EVENT, "event");
-}
-
 static cusafe_status event_get(cusafe_event h, const char *name,
                                struct cs_event **out) {
   return cs_acquire(h, CS_EVENT, name, (struct cs_object **)out);

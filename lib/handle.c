@@ -197,9 +197,13 @@ check(cusafe_handle h, enum cs_type want, struct param name,
  * it in one step.  A release passes -1 and -1.  *out is the object and *old
  * the word before the change.  Sequentially consistent, so that a release
  * of the last reference is ordered against pins (cs_pin). */
+/* update()'s answer, with `not_last`, when the change would drop the last
+ * reference. */
+#define LAST_REFERENCE ((cusafe_status)-1)
+
 static inline __attribute__((always_inline)) cusafe_status
 update(cusafe_handle h, enum cs_type want, struct param name, int users,
-       int all, struct cs_object **out, uint64_t *old) {
+       int all, bool not_last, struct cs_object **out, uint64_t *old) {
   struct cs_slot *slot;
   cusafe_status st = locate(h, name, &slot);
   if (st != CUSAFE_SUCCESS)
@@ -210,6 +214,8 @@ update(cusafe_handle h, enum cs_type want, struct param name, int users,
     st = check(h, want, name, slot, word);
     if (st != CUSAFE_SUCCESS)
       return st;
+    if (not_last && ALL_OF(word) == 1)
+      return LAST_REFERENCE;
     if ((users > 0 && USERS_OF(word) + (uint64_t)users > USER_MAX) ||
         (all > 0 && ALL_OF(word) + (uint64_t)all > ALL_MAX)) {
       char buf[64];
@@ -242,7 +248,7 @@ cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
 
 cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
                          struct cs_object **out) {
-  return update(h, type, (struct param){name, -1}, 0, 1, out, NULL);
+  return update(h, type, (struct param){name, -1}, 0, 1, false, out, NULL);
 }
 
 /* ---- references ----------------------------------------------------------- */
@@ -368,33 +374,71 @@ cusafe_status cs_destroy(struct cs_object *obj) {
 
 /* ---- the caller's references ------------------------------------------------ */
 
-cusafe_status cs_retain_handle(cusafe_handle h, enum cs_type type,
-                               const char *name) {
-  CS_ENTER();
+/* Retains and releases mark no call in progress (CS_ENTER): the shutdown
+ * need not wait for them, since a retain and a release that is not the
+ * last destroy nothing.  One that meets the shutdown's retirement of its
+ * handle fails as stale: it reports the shutdown instead. */
+static inline __attribute__((always_inline)) cusafe_status
+retain_handle(cusafe_handle h, enum cs_type type, const char *name) {
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))
+    return cs_state_error();
   struct cs_object *obj;
-  return update(h, type, (struct param){name, -1}, 1, 1, &obj, NULL);
+  cusafe_status st =
+      update(h, type, (struct param){name, -1}, 1, 1, false, &obj, NULL);
+  if (CS_UNLIKELY(st != CUSAFE_SUCCESS) && atomic_load(&cs_state))
+    return cs_state_error();
+  return st;
 }
 
-cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
-                                const char *name) {
+/* A release that may drop the last reference, which destroys: marked. */
+__attribute__((noinline)) static cusafe_status
+release_last(cusafe_handle h, enum cs_type type, const char *name) {
   CS_ENTER_RELEASE();
-  if (h == CUSAFE_NULL_HANDLE)
-    return CUSAFE_SUCCESS;
   struct cs_object *obj;
   uint64_t old;
   cusafe_status st =
-      update(h, type, (struct param){name, -1}, -1, -1, &obj, &old);
+      update(h, type, (struct param){name, -1}, -1, -1, false, &obj, &old);
   if (st != CUSAFE_SUCCESS || ALL_OF(old) != 1)
     return st;
   return destroy_last(obj, old);
 }
 
+static inline __attribute__((always_inline)) cusafe_status
+release_handle(cusafe_handle h, enum cs_type type, const char *name) {
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)) ||
+      h == CUSAFE_NULL_HANDLE)
+    return CUSAFE_SUCCESS; /* a no-op after the shutdown */
+  struct cs_object *obj;
+  uint64_t old;
+  cusafe_status st =
+      update(h, type, (struct param){name, -1}, -1, -1, true, &obj, &old);
+  if (CS_LIKELY(st == CUSAFE_SUCCESS))
+    return st;
+  if (st == LAST_REFERENCE)
+    return release_last(h, type, name);
+  return atomic_load(&cs_state) ? CUSAFE_SUCCESS : st;
+}
+
+#define CS_RETAIN_RELEASE(what, type)                                        \
+  CUSAFE_API cusafe_status cusafe_##what##_retain(cusafe_##what h) {         \
+    return retain_handle(h, type, #what);                                    \
+  }                                                                          \
+  CUSAFE_API cusafe_status cusafe_##what##_release(cusafe_##what h) {        \
+    return release_handle(h, type, #what);                                   \
+  }
+CS_RETAIN_RELEASE(context, CS_CONTEXT)
+CS_RETAIN_RELEASE(stream, CS_STREAM)
+CS_RETAIN_RELEASE(event, CS_EVENT)
+CS_RETAIN_RELEASE(buffer, CS_BUFFER)
+CS_RETAIN_RELEASE(module, CS_MODULE)
+CS_RETAIN_RELEASE(kernel, CS_KERNEL)
+
 CUSAFE_API cusafe_status cusafe_retain(cusafe_handle handle) {
-  return cs_retain_handle(handle, 0, "handle");
+  return retain_handle(handle, 0, "handle");
 }
 
 CUSAFE_API cusafe_status cusafe_release(cusafe_handle handle) {
-  return cs_release_handle(handle, 0, "handle");
+  return release_handle(handle, 0, "handle");
 }
 
 CUSAFE_API cusafe_status cusafe_handle_get_type(cusafe_handle_type *out,

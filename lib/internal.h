@@ -88,11 +88,6 @@ void cs_handle_kill(struct cs_object *obj);
 /* Adds a reference handed to the caller (the handle becomes, or stays,
  * valid); used where a call returns an existing object. */
 cusafe_status cs_user_ref(struct cs_object *obj);
-/* The typed and generic retain / release of handles. */
-cusafe_status cs_retain_handle(cusafe_handle h, enum cs_type type,
-                               const char *name);
-cusafe_status cs_release_handle(cusafe_handle h, enum cs_type type,
-                                const char *name);
 /* Destroys an object whose last reference went: per type. */
 cusafe_status cs_destroy(struct cs_object *obj);
 

@@ -361,14 +361,6 @@ void cs_module_shutdown(struct cs_object *obj, void *arg) {
   cs_handle_kill(obj);
 }
 
-CUSAFE_API cusafe_status cusafe_module_retain(cusafe_module module) {
-  return cs_retain_handle(module, CS_MODULE, "module");
-}
-
-CUSAFE_API cusafe_status cusafe_module_release(cusafe_module module) {
-  return cs_release_handle(module, CS_MODULE, "module");
-}
-
 /* ---- kernels ----------------------------------------------------------------------- */
 
 /* Reads the kernel's parameter sizes: cudaFuncGetParamInfo answers
@@ -503,14 +495,6 @@ cusafe_status cs_kernel_destroy(struct cs_kernel *k) {
 void cs_kernel_shutdown(struct cs_object *obj, void *arg) {
   (void)arg;
   cs_handle_kill(obj);
-}
-
-CUSAFE_API cusafe_status cusafe_kernel_retain(cusafe_kernel kernel) {
-  return cs_retain_handle(kernel, CS_KERNEL, "kernel");
-}
-
-CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel) {
-  return cs_release_handle(kernel, CS_KERNEL, "kernel");
 }
 
 CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,

@@ -176,14 +176,6 @@ void cs_stream_shutdown(struct cs_object *obj, void *arg) {
   cs_handle_kill(obj);
 }
 
-CUSAFE_API cusafe_status cusafe_stream_retain(cusafe_stream stream) {
-  return cs_retain_handle(stream, CS_STREAM, "stream");
-}
-
-CUSAFE_API cusafe_status cusafe_stream_release(cusafe_stream stream) {
-  return cs_release_handle(stream, CS_STREAM, "stream");
-}
-
 static cusafe_status stream_get(cusafe_stream h, struct cs_stream **out) {
   return cs_acquire(h, CS_STREAM, "stream", (struct cs_object **)out);
 }
