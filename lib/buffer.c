@@ -9,6 +9,7 @@
  * to another stream costs an event record and a stream wait. */
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -34,9 +35,12 @@ static bool holds_owner(const struct cs_buffer *root, const struct cs_queue *q) 
   return q->owner != &root->ctx->hdr;
 }
 
+struct cs_queue cs_queue_moving;
+
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                               struct cs_object **drop) {
-  struct cs_queue *last = root->last;
+  struct cs_queue *last =
+      atomic_load_explicit(&root->last, memory_order_relaxed);
   *drop = NULL;
   if (CS_LIKELY(last == q))
     return CUSAFE_SUCCESS;
@@ -47,18 +51,50 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                    "stream 0x%016llx is stale: its object was released",
                    (unsigned long long)q->owner->handle);
   if (last) {
+    /* Launches that found `last` without the lock look again once their
+     * kernel is queued; the move must show before the hand-off is
+     * recorded, so that either the record comes after their kernel or
+     * they see the move and settle (cs_buffer_settle). */
+    atomic_store(&root->last, CS_QUEUE_MOVING);
     cusafe_status st = cs_queue_handoff(last, q);
     if (st != CUSAFE_SUCCESS) {
+      atomic_store_explicit(&root->last, last, memory_order_release);
       if (holds_owner(root, q))
         *drop = q->owner;
       return st;
     }
   }
-  root->last = q;
+  atomic_store_explicit(&root->last, q, memory_order_release);
   if (last && holds_owner(root, last))
     *drop = last->owner;
   return CUSAFE_SUCCESS;
 }
+
+void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q) {
+  cs_spin_lock(&root->lock);
+  struct cs_queue *now =
+      atomic_load_explicit(&root->last, memory_order_relaxed);
+  /* If the hand-off fails, the kernel must end before anything later. */
+  if (now != q && cs_queue_handoff(q, now) != CUSAFE_SUCCESS)
+    cs_cu->stream_synchronize(q->stream);
+  cs_spin_unlock(&root->lock);
+}
+
+/* A buffer object, zeroed, whose launch fields share one cache line:
+ * 64-byte aligned inside a malloc'd block (aligned_alloc costs several
+ * times more than malloc's small-block path). */
+static struct cs_buffer *buffer_new(void) {
+  char *block = malloc(sizeof(struct cs_buffer) + 63);
+  if (!block)
+    return NULL;
+  struct cs_buffer *b =
+      (struct cs_buffer *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
+  memset(b, 0, sizeof *b);
+  b->block = block;
+  return b;
+}
+
+static void buffer_free(struct cs_buffer *b) { free(b->block); }
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -81,14 +117,14 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   if (kind == CUSAFE_MEMORY_MANAGED && !ctx->managed)
     return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
                    "device %d does not support managed memory", ctx->device);
-  struct cs_buffer *b = calloc(1, sizeof *b);
+  struct cs_buffer *b = buffer_new();
   if (!b)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
 
   int saved;
   cusafe_status st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS) {
-    free(b);
+    buffer_free(b);
     return st;
   }
   void *ptr = NULL;
@@ -107,7 +143,7 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   if (err != cudaSuccess) {
     st = cs_fail_cuda(err, kind_alloc_fn[kind]);
     cs_device_leave(saved);
-    free(b);
+    buffer_free(b);
     return st;
   }
   b->root = b;
@@ -118,7 +154,7 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   atomic_flag_clear(&b->lock.held);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
-    b->last = q;
+    atomic_init(&b->last, q);
     if (holds_owner(b, q) && !owner_given)
       cs_ref(q->owner);
   }
@@ -198,7 +234,7 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
   st = cs_check_range("view", NULL, offset, size, p->size);
   if (st != CUSAFE_SUCCESS)
     goto fail;
-  struct cs_buffer *v = calloc(1, sizeof *v);
+  struct cs_buffer *v = buffer_new();
   if (!v) {
     st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
     goto fail;
@@ -211,7 +247,7 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
   v->kind = p->kind;
   st = cs_handle_new(&v->hdr, CS_BUFFER);
   if (st != CUSAFE_SUCCESS) {
-    free(v);
+    buffer_free(v);
     goto fail;
   }
   *out = v->hdr.handle;
@@ -228,7 +264,7 @@ fail:
  * memory, which CUDA frees synchronously, once that stream is idle. */
 static cusafe_status free_memory(struct cs_buffer *b) {
   struct cs_context *ctx = b->ctx;
-  struct cs_queue *q = b->last;
+  struct cs_queue *q = atomic_load_explicit(&b->last, memory_order_relaxed);
   cudaError_t err = cudaSuccess;
   const char *fn = NULL;
   cusafe_status st = CUSAFE_SUCCESS;
@@ -279,14 +315,16 @@ static cusafe_status buffer_fini(struct cs_buffer *b) {
 cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
   if (b->parent) {
     struct cs_buffer *parent = b->parent;
-    free(b);
+    buffer_free(b);
     return cs_unref(&parent->hdr);
   }
   struct cs_context *ctx = b->ctx;
   cusafe_status st = buffer_fini(b);
-  if (b->last && holds_owner(b, b->last))
-    cs_unref(b->last->owner);
-  free(b);
+  struct cs_queue *last =
+      atomic_load_explicit(&b->last, memory_order_relaxed);
+  if (last && holds_owner(b, last))
+    cs_unref(last->owner);
+  buffer_free(b);
   cusafe_status st2 = cs_unref(&ctx->hdr);
   return st != CUSAFE_SUCCESS ? st : st2;
 }

@@ -295,17 +295,26 @@ static inline void cs_spin_unlock(cs_spinlock *l) {
 
 struct cs_buffer {
   struct cs_object hdr;
+  /* What a launch reads, in the first cache line of the object (allocated
+   * 64-byte aligned, cs_buffer_new). */
   struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
-  struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
   struct cs_context *ctx;   /* referenced by the root only */
   char *ptr;                /* first byte of this buffer or view */
-  size_t size;
-  cusafe_memory kind;
   /* Root only: work on the memory is chained across streams; `last` is the
-   * queue of the latest operation (its owner referenced), guarded by lock. */
+   * queue of the latest operation (its owner referenced).  It changes
+   * under `lock` only, and is CS_QUEUE_MOVING while a change is recorded;
+   * launches read it without the lock (kernel.c). */
+  _Atomic(struct cs_queue *) last;
   cs_spinlock lock;
-  struct cs_queue *last;
+  cusafe_memory kind;
+  struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
+  size_t size;
+  void *block; /* the allocation this object lies in (cs_buffer_free) */
 };
+
+/* The value of a root's `last` while it changes. */
+extern struct cs_queue cs_queue_moving;
+#define CS_QUEUE_MOVING (&cs_queue_moving)
 
 struct cs_module {
   struct cs_object hdr;
@@ -348,6 +357,10 @@ cudaError_t cs_library_orphan(struct cs_context *ctx, cudaLibrary_t library);
 cusafe_status cs_kernel_destroy(struct cs_kernel *kernel);
 /* Raises a kernel's dynamic shared memory limit to `bytes` if needed. */
 cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes);
+/* Settles a launch queued on q without root's lock, which found that
+ * root's operations moved to another queue meanwhile: orders that queue
+ * after q. */
+void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q);
 /* Chains root's next operation on queue q after its previous one (root's
  * lock held): buffer.c.  The reference that root held on the queue of its
  * previous operation, if any, is handed to the caller in *drop, to be

@@ -194,6 +194,15 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
   return CUSAFE_SUCCESS;
 }
 
+/* Whether every buffer's latest operation is on q already, as in a loop
+ * of launches on one stream: then the launch takes no lock. */
+static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
+  for (size_t i = 0; i < lb->nroots; i++)
+    if (atomic_load_explicit(&lb->roots[i]->last, memory_order_acquire) != q)
+      return false;
+  return true;
+}
+
 static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
                             const cusafe_launch_config *c, void **argv,
                             struct launch_buffers *lb) {
@@ -205,6 +214,27 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
+  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
+  dim3 block = {c->block[0], c->block[1], c->block[2]};
+  if (all_on(lb, q)) {
+    cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
+                                           argv, c->shared_memory, q->stream);
+    if (err != cudaSuccess) {
+      st = cs_fail_cuda(err, "cudaLaunchKernel");
+    } else if (lb->nroots) {
+      /* Another thread may have moved a buffer to another stream since:
+       * it marks the move (CS_QUEUE_MOVING) before recording the
+       * hand-off, so a buffer still on q here was handed off after the
+       * kernel; one that moved is settled. */
+      atomic_thread_fence(memory_order_seq_cst);
+      for (size_t i = 0; i < lb->nroots; i++)
+        if (atomic_load_explicit(&lb->roots[i]->last,
+                                 memory_order_relaxed) != q)
+          cs_buffer_settle(lb->roots[i], q);
+    }
+    cs_device_leave(saved);
+    return st;
+  }
   roots_unique(lb);
   for (size_t i = 0; i < lb->nroots; i++)
     cs_spin_lock(&lb->roots[i]->lock);
@@ -215,8 +245,6 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
       lb->drops[lb->ndrops++] = drop;
   }
   if (st == CUSAFE_SUCCESS) {
-    dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
-    dim3 block = {c->block[0], c->block[1], c->block[2]};
     cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
                                            argv, c->shared_memory, q->stream);
     if (err != cudaSuccess)

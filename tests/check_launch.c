@@ -1222,6 +1222,65 @@ START_TEST(test_release_all_while_launch_queued) {
 }
 END_TEST
 
+/* A launch whose buffer is already on its stream takes no lock; if the
+ * buffer moves to another stream while the launch is in progress (here:
+ * a fill on another stream, from inside cudaLaunchKernel), the launch
+ * must order that stream after its kernel.  Otherwise the release queues
+ * the free on the other stream, where it runs before the kernel. */
+struct move_arg {
+  cusafe_buffer b;
+  cusafe_stream s;
+  cusafe_status st;
+};
+
+static void move_buffer(void *p) {
+  struct move_arg *m = p;
+  m->st = cusafe_buffer_fill(m->b, 0, 64, 7, m->s);
+}
+
+START_TEST(test_buffer_moves_during_launch) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_stream s1 = CUSAFE_NULL_HANDLE, s2 = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_stream_create(&s1, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_create(&s2, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  cusafe_module m = load_fake_image(ctx);
+  cusafe_kernel k = get_kernel(m, "k1");
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 64));
+  fake_set_paused(1);
+  cusafe_launch_config c = config1();
+  c.stream = s1;
+  /* The first launch moves b to s1, the second finds it there. */
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(b), CUSAFE_ARG_I32V(1),
+                      CUSAFE_ARG_I64V(2)));
+  struct move_arg move = {b, s2, CUSAFE_ERROR_INVALID_VALUE};
+  fake_set_launch_hook(move_buffer, &move);
+  fake_log_clear();
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(b), CUSAFE_ARG_I32V(3),
+                      CUSAFE_ARG_I64V(4)));
+  TU_OK(move.st);
+  TU_OK(cusafe_buffer_release(b));
+  /* s2 runs first: before its free it must wait for the second kernel. */
+  TU_OK(cusafe_stream_synchronize(s2));
+  long memset_at = fake_log_find("exec:cudaMemsetAsync", 0);
+  long second = fake_log_find("exec:cudaLaunchKernel", 0);
+  long freed = fake_log_find("exec:cudaFreeAsync", 0);
+  ck_assert_msg(memset_at >= 0 && second >= 0 && freed >= 0,
+                "fill at %ld, kernel at %ld, free at %ld", memset_at, second,
+                freed);
+  ck_assert_msg(freed > second, "b freed at log entry %ld, the kernel ran at "
+                                "%ld", freed, second);
+  fake_set_paused(0);
+  TU_OK(cusafe_stream_release(s1));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
 /* Shutdown with a launch queued: it runs before anything is freed. */
 START_TEST(test_shutdown_with_launch_queued) {
   cusafe_context ctx = CUSAFE_NULL_HANDLE;
@@ -1731,6 +1790,7 @@ static Suite *launch_suite(void) {
   tc = tcase_create("lifetime");
   tcase_add_loop_test(tc, test_release_all_while_launch_queued, 0, 2);
   tcase_add_test(tc, test_shutdown_with_launch_queued);
+  tcase_add_test(tc, test_buffer_moves_during_launch);
   tcase_add_test(tc, test_kernel_keeps_module);
   tcase_add_test(tc, test_module_keeps_context);
   tcase_add_test(tc, test_shutdown_unloads_everything);

@@ -2445,11 +2445,21 @@ static cudaError_t fk_occupancy_max_active_blocks(int *blocks,
 }
 
 static _Atomic unsigned launch_delay_us;
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static void (*launch_hook)(void *);
+static void *launch_hook_arg;
 
 static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
                                     void **args, size_t shared_memory,
                                     cudaStream_t stream)
 {
+  pthread_mutex_lock(&hook_lock);
+  void (*hook)(void *) = launch_hook;
+  void *hook_arg = launch_hook_arg;
+  launch_hook = NULL;
+  pthread_mutex_unlock(&hook_lock);
+  if (hook)
+    hook(hook_arg);
   unsigned delay = atomic_load(&launch_delay_us);
   if (delay) {
     struct timespec ts = {delay / 1000000, (long)(delay % 1000000) * 1000};
@@ -3448,6 +3458,14 @@ FAKE_EXPORT unsigned long fake_call_count(void)
   unsigned long n = g.calls;
   unlock();
   return n;
+}
+
+FAKE_EXPORT void fake_set_launch_hook(void (*fn)(void *arg), void *arg)
+{
+  pthread_mutex_lock(&hook_lock);
+  launch_hook = fn;
+  launch_hook_arg = arg;
+  pthread_mutex_unlock(&hook_lock);
 }
 
 FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds)

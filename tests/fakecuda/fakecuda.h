@@ -115,6 +115,11 @@ void fake_set_paused(int paused);
  * then lasts long enough for other threads to release what it uses. */
 void fake_set_launch_delay(unsigned microseconds);
 
+/* The next cudaLaunchKernel calls fn(arg) first, once, on the launching
+ * thread and holding no lock of the fake's: what another thread might do
+ * while a launch is in progress.  NULL cancels. */
+void fake_set_launch_hook(void (*fn)(void *arg), void *arg);
+
 /* Sticky error: from now on every call acting on `device` (and every
  * synchronize or query of its streams and events) returns err, as after a
  * kernel fault; cuDevicePrimaryCtxRelease, cudaStreamDestroy,
