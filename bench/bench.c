@@ -512,8 +512,11 @@ static void launch_check(cusafe_module module, cudaLibrary_t library,
 }
 
 static void group_launch(void) {
-  int samples = samples_of(21, 7);
-  int batches = opt.quick ? 2 : 8;
+  /* Many short samples, alternating between the paths: the host's speed
+   * drifts by a few percent within seconds, and a launch costs a few
+   * microseconds, so long samples would compare different moments. */
+  int samples = samples_of(101, 21);
+  int batches = opt.quick ? 1 : 2;
   char what[200];
   snprintf(what, sizeof what,
            "host-side cost per launch (%d launches per sample, drained every "
@@ -634,7 +637,7 @@ static void group_launch(void) {
                              {launch_sample, &on_stream, {0}},
                              {launch_sample, &raw, {0}},
                              {launch_sample, &raw2, {0}}};
-      measure(v, 4, samples, 2);
+      measure(v, 4, samples, 10);
       for (int j = 0; j < 4; j++)
         to_us(v[j].v, samples);
       report("launch", cases[i].label, "us", v[0].v, v[2].v, samples,
@@ -646,7 +649,7 @@ static void group_launch(void) {
     } else {
       struct variant v[2] = {{launch_sample, &cs, {0}},
                              {launch_sample, &raw, {0}}};
-      measure(v, 2, samples, 2);
+      measure(v, 2, samples, 10);
       to_us(v[0].v, samples);
       to_us(v[1].v, samples);
       report("launch", cases[i].label, "us", v[0].v, v[1].v, samples,

@@ -378,14 +378,14 @@ cusafe_status cs_destroy(struct cs_object *obj) {
  * need not wait for them, since a retain and a release that is not the
  * last destroy nothing.  One that meets the shutdown's retirement of its
  * handle fails as stale: it reports the shutdown instead. */
-static inline __attribute__((always_inline)) cusafe_status
-retain_handle(cusafe_handle h, enum cs_type type, const char *name) {
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))
+__attribute__((noinline)) static cusafe_status
+retain_slow(cusafe_handle h, enum cs_type type, const char *name) {
+  if (atomic_load_explicit(&cs_state, memory_order_relaxed))
     return cs_state_error();
   struct cs_object *obj;
   cusafe_status st =
       update(h, type, (struct param){name, -1}, 1, 1, false, &obj, NULL);
-  if (CS_UNLIKELY(st != CUSAFE_SUCCESS) && atomic_load(&cs_state))
+  if (st != CUSAFE_SUCCESS && atomic_load(&cs_state))
     return cs_state_error();
   return st;
 }
@@ -403,20 +403,63 @@ release_last(cusafe_handle h, enum cs_type type, const char *name) {
   return destroy_last(obj, old);
 }
 
-static inline __attribute__((always_inline)) cusafe_status
-release_handle(cusafe_handle h, enum cs_type type, const char *name) {
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)) ||
+__attribute__((noinline)) static cusafe_status
+release_slow(cusafe_handle h, enum cs_type type, const char *name) {
+  if (atomic_load_explicit(&cs_state, memory_order_relaxed) ||
       h == CUSAFE_NULL_HANDLE)
     return CUSAFE_SUCCESS; /* a no-op after the shutdown */
   struct cs_object *obj;
   uint64_t old;
   cusafe_status st =
       update(h, type, (struct param){name, -1}, -1, -1, true, &obj, &old);
-  if (CS_LIKELY(st == CUSAFE_SUCCESS))
-    return st;
   if (st == LAST_REFERENCE)
     return release_last(h, type, name);
-  return atomic_load(&cs_state) ? CUSAFE_SUCCESS : st;
+  if (st != CUSAFE_SUCCESS && atomic_load(&cs_state))
+    return CUSAFE_SUCCESS;
+  return st;
+}
+
+/* The common case of a retain or release, in few instructions and no
+ * call: a live handle of the right type, with room in its counts (and, for
+ * a release, not its last reference), while the library runs.  Anything
+ * else goes to the full path, which says what is wrong. */
+static inline __attribute__((always_inline)) bool
+count_fast(cusafe_handle h, enum cs_type type, int delta) {
+  unsigned tag = (unsigned)(h >> 56);
+  uint32_t index = (uint32_t)h;
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed) ||
+                  (tag & 0xF0u) != TAG_BASE ||
+                  index >= atomic_load_explicit(&high_water,
+                                                memory_order_acquire)))
+    return false;
+  struct cs_slot *slot = slot_at(index);
+  uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
+  uint64_t users = USERS_OF(word), all = ALL_OF(word);
+  if (CS_UNLIKELY(GEN_OF(word) != ((h >> 32) & GEN_MASK) || users == 0 ||
+                  atomic_load_explicit(&slot->type, memory_order_relaxed) !=
+                      (tag & 0x0Fu) ||
+                  (type && (tag & 0x0Fu) != (unsigned)type) ||
+                  (delta > 0 ? users == USER_MAX || all == ALL_MAX
+                             : all == 1)))
+    return false;
+  uint64_t change = delta > 0 ? USER_ONE + 1 : -(USER_ONE + 1);
+  return atomic_compare_exchange_strong_explicit(
+      &slot->word, &word, word + change, memory_order_seq_cst,
+      memory_order_relaxed);
+}
+
+static inline __attribute__((always_inline)) cusafe_status
+retain_handle(cusafe_handle h, enum cs_type type, const char *name) {
+  if (CS_LIKELY(count_fast(h, type, 1)))
+    return CUSAFE_SUCCESS;
+  return retain_slow(h, type, name);
+}
+
+static inline __attribute__((always_inline)) cusafe_status
+release_handle(cusafe_handle h, enum cs_type type, const char *name) {
+  if (CS_LIKELY(count_fast(h, type, -1)))
+    return CUSAFE_SUCCESS;
+  return release_slow(h, type, name);
 }
 
 #define CS_RETAIN_RELEASE(what, type)                                        \
