@@ -49,7 +49,12 @@ struct cs_slot {
   uint32_t next_free; /* under table_lock */
 };
 
-static struct cs_slot *_Atomic chunks[MAX_CHUNKS];
+/* The first chunk is static, so that finding one of the first 4096 slots
+ * takes no load: a retain or release is then one load and one
+ * compare-and-swap of the slot's word.  Its pages are touched only as
+ * slots are handed out. */
+static struct cs_slot first_chunk[CHUNK_SLOTS];
+static struct cs_slot *_Atomic chunks[MAX_CHUNKS] = {first_chunk};
 static _Atomic uint32_t high_water; /* slots ever handed out */
 static uint32_t free_head = NO_SLOT;
 /* A spinlock: held for a few instructions (or, once per 4096 handles, for
@@ -61,7 +66,9 @@ static const char *const type_articles[] = {
     "an invalid handle", "a context", "a stream", "an event",
     "a buffer",          "a module",  "a kernel"};
 
-static struct cs_slot *slot_at(uint32_t index) {
+static inline struct cs_slot *slot_at(uint32_t index) {
+  if (CS_LIKELY(index < CHUNK_SLOTS))
+    return &first_chunk[index];
   struct cs_slot *chunk = atomic_load_explicit(&chunks[index >> CHUNK_BITS],
                                                memory_order_acquire);
   return chunk ? &chunk[index & (CHUNK_SLOTS - 1)] : NULL;
@@ -95,6 +102,11 @@ static cusafe_status slot_take(struct cs_slot **out) {
                           memory_order_release);
   }
   *out = slot_at(index);
+  if (index < CHUNK_SLOTS) { /* the static chunk: a slot's first use */
+    (*out)->index = index;
+    atomic_store_explicit(&(*out)->word, 1ull << GEN_SHIFT,
+                          memory_order_relaxed); /* generation 1 */
+  }
   atomic_store_explicit(&high_water, index + 1, memory_order_release);
   return CUSAFE_SUCCESS;
 }

@@ -1839,6 +1839,35 @@ START_TEST(test_bad_handle) {
 }
 END_TEST
 
+/* More handles than the table's first, static chunk holds (4096): those
+ * beyond it live in chunks allocated on demand and behave the same. */
+START_TEST(test_many_handles) {
+  enum { N = 10000 };
+  cusafe_buffer a = CUSAFE_NULL_HANDLE;
+  cusafe_buffer *views = tu_xmalloc(N * sizeof *views);
+  size_t size = 0;
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, N));
+  for (size_t i = 0; i < N; i++)
+    TU_OK(cusafe_buffer_view(&views[i], a, i, N - i));
+  TU_OK(cusafe_buffer_release(a));
+  for (size_t i = 0; i < N; i++) {
+    TU_OK(cusafe_buffer_retain(views[i]));
+    TU_OK(cusafe_buffer_get_size(&size, views[i]));
+    ck_assert_uint_eq(size, N - i);
+    TU_OK(cusafe_buffer_release(views[i]));
+  }
+  for (size_t i = 0; i < N; i++)
+    TU_OK(cusafe_buffer_release(views[i]));
+  for (size_t i = 0; i < N; i += 997) {
+    TU_STALE(views[i]);
+    TU_ERR(cusafe_buffer_release(views[i]), CUSAFE_ERROR_INVALID_HANDLE,
+           "buffer 0x%016llx is stale: its object was released",
+           TU_HX(views[i]));
+  }
+  free(views);
+}
+END_TEST
+
 START_TEST(test_stale_after_slot_reuse) {
   cusafe_buffer a = CUSAFE_NULL_HANDLE;
   cusafe_buffer later[64];
@@ -2746,6 +2775,7 @@ static Suite *api_suite(void) {
 
   tc = with_context(tcase_create("handles"));
   tcase_add_test(tc, test_stale_after_slot_reuse);
+  tcase_add_test(tc, test_many_handles);
   tcase_add_test(tc, test_double_release);
   tcase_add_test(tc, test_generic_retain_release_on_each_type);
   tcase_add_test(tc, test_set_label_on_each_type);
