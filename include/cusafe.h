@@ -26,7 +26,11 @@
  * cusafe_last_cuda_error() the underlying cudaError_t, both kept per thread.
  *
  * Threads: unless its comment says otherwise, every function is thread-safe,
- * and any handle may be used and released from any thread.
+ * and any handle may be used and released from any thread.  A release that
+ * drops the last reference of a kernel, stream or buffer which a launch on
+ * another thread is using at that moment waits for that launch call to
+ * return (launches use their handles without taking references); a launch
+ * that begins after such a release gets CUSAFE_ERROR_INVALID_HANDLE.
  *
  * Exit: the library destroys what is still alive, in dependency order, from
  * an atexit handler that runs before the CUDA runtime tears itself down, or
@@ -581,7 +585,9 @@ typedef struct cusafe_launch_config {
  * Buffers are passed as their device address (a view at its offset) and
  * stay alive until the kernel has completed, like every other operation on
  * them (see "Ordering" above).  Dynamic shared memory above the default
- * limit is opted into automatically.  `args` may be NULL when nargs is 0. */
+ * limit is opted into automatically.  `args` may be NULL when nargs is 0.
+ * Thread-safe; a handle released by another thread during the call either
+ * launches (its release waits for the call) or fails as stale. */
 CUSAFE_API cusafe_status cusafe_kernel_launch(
     cusafe_kernel kernel, const cusafe_launch_config *config,
     const cusafe_arg *args, size_t nargs);
