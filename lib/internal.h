@@ -327,22 +327,24 @@ struct cs_module {
 
 struct cs_kernel {
   struct cs_object hdr;
-  struct cs_module *module; /* referenced */
-  /* What a launch reads, kept together: the context and its limits, the
-   * kernel's own, and (for up to CS_INLINE_PARAMS) its parameter sizes. */
+  /* What a launch reads, in the first two cache lines (the object is
+   * allocated 64-byte aligned): the context, the function, the context's
+   * default stream, and the kernel's and the device's limits. */
   struct cs_context *ctx;
   cudaKernel_t fn;
-  int max_threads;          /* per block, for this kernel */
-  int max_block[3], max_grid[3];
-  size_t shared_limit;      /* dynamic shared memory per block, at most */
-  size_t nparams;
-  size_t *param_size;       /* param_inline, or malloc'd */
-  size_t param_inline[CS_INLINE_PARAMS];
-  char *name;
-  size_t static_shared;
+  cudaStream_t default_stream; /* ctx's own, which outlives the kernel */
   /* The dynamic shared memory the kernel is currently allowed (raised on
    * demand by launches). */
   _Atomic size_t dynamic_limit;
+  size_t nparams;
+  size_t *param_size;       /* param_inline, or malloc'd */
+  int max_threads;          /* per block, for this kernel */
+  int max_block[3], max_grid[3];
+  size_t shared_limit;      /* dynamic shared memory per block, at most */
+  size_t param_inline[CS_INLINE_PARAMS];
+  struct cs_module *module; /* referenced */
+  char *name;
+  size_t static_shared;
   pthread_mutex_t limit_lock;
 };
 

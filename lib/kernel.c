@@ -204,6 +204,7 @@ static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
 }
 
 static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
+                            cudaStream_t stream,
                             const cusafe_launch_config *c, void **argv,
                             struct launch_buffers *lb) {
   struct cs_context *ctx = k->ctx;
@@ -218,7 +219,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   dim3 block = {c->block[0], c->block[1], c->block[2]};
   if (all_on(lb, q)) {
     cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                           argv, c->shared_memory, q->stream);
+                                           argv, c->shared_memory, stream);
     if (err != cudaSuccess) {
       st = cs_fail_cuda(err, "cudaLaunchKernel");
     } else if (lb->nroots) {
@@ -246,7 +247,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   }
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                           argv, c->shared_memory, q->stream);
+                                           argv, c->shared_memory, stream);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaLaunchKernel");
   }
@@ -310,18 +311,24 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   st = check_config(k, config);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_queue *q;
-  st = cs_queue_peek(config->stream, ctx, &q);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (q->ctx != ctx)
-    return cs_mismatch("stream", q->ctx, "kernel", ctx);
+  /* The context's own stream needs no look-up, nor any line of the
+   * context: the kernel keeps a copy of its cudaStream_t. */
+  struct cs_queue *q = &ctx->queue;
+  cudaStream_t stream = k->default_stream;
+  if (config->stream != CUSAFE_STREAM_DEFAULT) {
+    st = cs_queue_peek(config->stream, ctx, &q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+    if (q->ctx != ctx)
+      return cs_mismatch("stream", q->ctx, "kernel", ctx);
+    stream = q->stream;
+  }
   if (!space_make(sp, nargs))
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   st = resolve_args(k, ctx, args, nargs, sp->argv, sp->values, &sp->lb);
   if (st != CUSAFE_SUCCESS)
     return st;
-  return launch(k, q, config, sp->argv, &sp->lb);
+  return launch(k, q, stream, config, sp->argv, &sp->lb);
 }
 
 CUSAFE_API cusafe_status cusafe_kernel_launch(
