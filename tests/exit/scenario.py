@@ -272,6 +272,10 @@ def launches():
     b.close()
     expect_raise(ValueError, "this cusafe.Buffer is closed", add.launch, 4,
                  256, c, a, b, n)
+    # A prepared launch read its handles when it was prepared.
+    e = expect_error(cusafe.Status.INVALID_HANDLE, prepared)
+    assert e.message.startswith("argument 2 0x") and \
+        e.message.endswith(" is stale: its object was released"), e.message
     h = a.detach()
     expect_raise(ValueError, "this cusafe.Buffer is closed", add.launch, 4,
                  256, c, a, a, n)
