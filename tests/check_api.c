@@ -1919,6 +1919,85 @@ START_TEST(test_stale_after_slot_reuse) {
 }
 END_TEST
 
+/* Retains and releases of `h` on a thread of their own. */
+struct counts_job {
+  cusafe_handle h;
+  int retains, releases;
+  cusafe_status st;
+};
+
+static void *counts_main(void *arg) {
+  struct counts_job *j = arg;
+  j->st = CUSAFE_SUCCESS;
+  for (int i = 0; i < j->retains && j->st == CUSAFE_SUCCESS; i++)
+    j->st = cusafe_retain(j->h);
+  for (int i = 0; i < j->releases && j->st == CUSAFE_SUCCESS; i++)
+    j->st = cusafe_release(j->h);
+  return NULL;
+}
+
+static cusafe_status counts_elsewhere(cusafe_handle h, int retains,
+                                      int releases) {
+  struct counts_job j = {h, retains, releases, CUSAFE_SUCCESS};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, counts_main, &j), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  return j.st;
+}
+
+/* A thread's retain or release offers the slot the word that its last one
+ * left there; other threads' changes in between must count all the same,
+ * and a handle released and reused elsewhere must still be stale here. */
+START_TEST(test_counts_changed_by_other_threads) {
+  cusafe_buffer b = CUSAFE_NULL_HANDLE, a = CUSAFE_NULL_HANDLE;
+  cusafe_buffer later[64];
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 16));
+  TU_OK(cusafe_buffer_retain(b));              /* 2 */
+  TU_OK(counts_elsewhere(b, 2, 0));            /* 4 */
+  TU_OK(cusafe_buffer_release(b));             /* 3 */
+  TU_OK(counts_elsewhere(b, 0, 2));            /* 1 */
+  TU_OK(cusafe_buffer_retain(b));              /* 2 */
+  TU_OK(counts_elsewhere(b, 1, 1));            /* 2 */
+  TU_OK(cusafe_buffer_release(b));             /* 1 */
+  TU_LIVE(b, CUSAFE_TYPE_BUFFER);
+  TU_OK(cusafe_buffer_release(b));             /* 0: destroyed */
+  TU_STALE(b);
+  TU_ERR(cusafe_buffer_retain(b), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffer 0x%016llx is stale: its object was released", TU_HX(b));
+
+  /* Released elsewhere, its slot taken by a new buffer. */
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 16));
+  TU_OK(cusafe_buffer_retain(a));
+  TU_OK(cusafe_buffer_release(a));
+  TU_OK(counts_elsewhere(a, 0, 1));
+  TU_STALE(a);
+  int reused = 0;
+  for (size_t i = 0; i < 64; i++) {
+    TU_OK(cusafe_buffer_alloc(&later[i], ctx, CUSAFE_MEMORY_DEVICE, 16));
+    reused += (uint32_t)later[i] == (uint32_t)a; /* the slot index */
+  }
+  ck_assert_int_eq(reused, 1);
+  TU_ERR(cusafe_buffer_retain(a), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffer 0x%016llx is stale: its object was released", TU_HX(a));
+  TU_ERR(cusafe_buffer_release(a), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffer 0x%016llx is stale: its object was released", TU_HX(a));
+  /* The new buffers' counts are untouched: one release ends each. */
+  for (size_t i = 0; i < 64; i++) {
+    TU_OK(cusafe_buffer_release(later[i]));
+    TU_STALE(later[i]);
+  }
+
+  /* A handle of another type in the memo's place: still checked. */
+  TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 16));
+  TU_OK(cusafe_buffer_retain(a));
+  TU_ERR(cusafe_stream_release(a), CUSAFE_ERROR_INVALID_HANDLE,
+         "stream 0x%016llx is a buffer, not a stream", TU_HX(a));
+  TU_OK(cusafe_buffer_release(a));
+  TU_OK(cusafe_buffer_release(a));
+  TU_STALE(a);
+}
+END_TEST
+
 START_TEST(test_double_release) {
   cusafe_stream s = CUSAFE_NULL_HANDLE;
   cusafe_event e = CUSAFE_NULL_HANDLE;
@@ -2777,6 +2856,7 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_stale_after_slot_reuse);
   tcase_add_test(tc, test_many_handles);
   tcase_add_test(tc, test_double_release);
+  tcase_add_test(tc, test_counts_changed_by_other_threads);
   tcase_add_test(tc, test_generic_retain_release_on_each_type);
   tcase_add_test(tc, test_set_label_on_each_type);
   tcase_add_test(tc, test_release_null_is_noop);
