@@ -379,9 +379,6 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *buffer);
  * (drop with cs_unref when not NULL). */
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            struct cs_queue **out, struct cs_object **held);
-/* The same without a reference, for a pinned thread (cs_pin). */
-cusafe_status cs_queue_peek(cusafe_stream stream, struct cs_context *dflt,
-                            struct cs_queue **out);
 /* Makes later work on `to` wait for the work queued so far on `from`. */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
 /* Destroys a queue's hand-off event, if it was made. */

@@ -205,6 +205,18 @@ static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
   return true;
 }
 
+/* Queues the kernel: the one cudaLaunchKernel call of every path. */
+static inline cusafe_status queue_kernel(const struct cs_kernel *k,
+                                         const cusafe_launch_config *c,
+                                         void **argv, cudaStream_t stream) {
+  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
+  dim3 block = {c->block[0], c->block[1], c->block[2]};
+  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
+                                         argv, c->shared_memory, stream);
+  return err == cudaSuccess ? CUSAFE_SUCCESS
+                            : cs_fail_cuda(err, "cudaLaunchKernel");
+}
+
 static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
                             cudaStream_t stream,
                             const cusafe_launch_config *c, void **argv,
@@ -217,14 +229,9 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
-  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
-  dim3 block = {c->block[0], c->block[1], c->block[2]};
   if (all_on(lb, q)) {
-    cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                           argv, c->shared_memory, stream);
-    if (err != cudaSuccess) {
-      st = cs_fail_cuda(err, "cudaLaunchKernel");
-    } else if (lb->nroots) {
+    st = queue_kernel(k, c, argv, stream);
+    if (st == CUSAFE_SUCCESS && lb->nroots) {
       /* Another thread may have moved a buffer to another stream since:
        * it marks the move (CS_QUEUE_MOVING) before recording the
        * hand-off, so a buffer still on q here was handed off after the
@@ -247,12 +254,8 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
     if (drop)
       lb->drops[lb->ndrops++] = drop;
   }
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                           argv, c->shared_memory, stream);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaLaunchKernel");
-  }
+  if (st == CUSAFE_SUCCESS)
+    st = queue_kernel(k, c, argv, stream);
   for (size_t i = lb->nroots; i-- > 0;)
     cs_spin_unlock(&lb->roots[i]->lock);
   cs_device_leave(saved);
@@ -318,9 +321,11 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   struct cs_queue *q = &ctx->queue;
   cudaStream_t stream = k->default_stream;
   if (config->stream != CUSAFE_STREAM_DEFAULT) {
-    st = cs_queue_peek(config->stream, ctx, &q);
+    struct cs_object *s;
+    st = cs_peek(config->stream, CS_STREAM, "stream", -1, &s);
     if (st != CUSAFE_SUCCESS)
       return st;
+    q = &((struct cs_stream *)s)->queue;
     if (q->ctx != ctx)
       return cs_mismatch("stream", q->ctx, "kernel", ctx);
     stream = q->stream;

@@ -19,19 +19,6 @@ cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
   return CUSAFE_SUCCESS;
 }
 
-cusafe_status cs_queue_peek(cusafe_stream stream, struct cs_context *dflt,
-                            struct cs_queue **out) {
-  if (stream == CUSAFE_STREAM_DEFAULT) {
-    *out = &dflt->queue;
-    return CUSAFE_SUCCESS;
-  }
-  struct cs_object *obj;
-  cusafe_status st = cs_peek(stream, CS_STREAM, "stream", -1, &obj);
-  if (st == CUSAFE_SUCCESS)
-    *out = &((struct cs_stream *)obj)->queue;
-  return st;
-}
-
 /* One event per queue suffices: a wait captures the event's latest record
  * when it is queued, and a later record on the same stream only covers more
  * of it, so concurrent hand-offs from one stream stay correct. */
