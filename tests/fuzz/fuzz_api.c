@@ -423,9 +423,15 @@ static cusafe_handle pick_held(struct th *t, int type, int dev,
  * handle. */
 static cusafe_handle forge(struct th *t) {
   cusafe_handle base = pick_held(t, 0, -1, NULL);
-  uint8_t m = u8(&t->r);
+  int c = u8(&t->r) % 10;
+  /* With two threads, the other one may make the next occupant of a slot
+   * (gen + 1), or of a neighbouring slot at the same generation, between
+   * the look-up below and the use of the forged handle, which would then
+   * be live: forge only what can never be. */
+  if (!t->strict && (c == 2 || c == 4))
+    c++;
   cusafe_handle h;
-  switch (m % 10) {
+  switch (c) {
   case 0: h = u64(&t->r); break;
   case 1: h = base ^ ((uint64_t)(1 + u8(&t->r) % 15) << 56); break; /* tag */
   case 2: h = base + (1ull << 32); break;                          /* gen + 1 */
@@ -1654,17 +1660,31 @@ static void op_refs(struct th *t) {
     cusafe_status st = typed_retain[type](h);
     check(st, "retain");
     if (st == CUSAFE_SUCCESS) {
-      if (!any.type || (type && any.type != type))
-        die("retain (type %d) of 0x%016llx, %s, succeeded", type,
-            (unsigned long long)h,
-            any.type ? "of another type" : "not held");
+      if (any.type && type && any.type != type)
+        die("retain (type %d) of 0x%016llx, of another type, succeeded",
+            type, (unsigned long long)h);
       pthread_mutex_lock(&pool_lock);
       struct ent *pe = ent_find(h);
-      if (!pe)
+      if (pe)
+        pe->refs++;
+      pthread_mutex_unlock(&pool_lock);
+      if (!pe && any.type)
         die("retained handle 0x%016llx vanished from the pool",
             (unsigned long long)h);
-      pe->refs++;
-      pthread_mutex_unlock(&pool_lock);
+      if (!pe && t->strict)
+        die("retain (type %d) of 0x%016llx, not held, succeeded", type,
+            (unsigned long long)h);
+      if (!pe) {
+        /* Two threads: the other one made h (a forged "next generation"
+         * of one of its handles, say) after the look-up above and has not
+         * added it to the pool yet.  The reference is ours to give back. */
+        st = cusafe_release(h);
+        check(st, "cusafe_release (of a handle made meanwhile)");
+        if (st != CUSAFE_SUCCESS)
+          die("release of 0x%016llx, just retained, returned %s: %s",
+              (unsigned long long)h, cusafe_status_string(st),
+              cusafe_last_error_message());
+      }
     } else if (t->strict && held && (!type || type == any.type)) {
       die("retain of held handle 0x%016llx failed: %s",
           (unsigned long long)h, cusafe_last_error_message());
