@@ -244,8 +244,24 @@ update(cusafe_handle h, enum cs_type want, struct param name, int users,
   return CUSAFE_SUCCESS;
 }
 
-cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
-                      long index, struct cs_object **out) {
+/* The slot of `h`, a handle of type `type` (0: any) below the high-water
+ * mark, or NULL: the first checks of the fast paths, whose failures the
+ * full paths explain. */
+static inline __attribute__((always_inline)) struct cs_slot *
+slot_of(cusafe_handle h, enum cs_type type) {
+  unsigned tag = (unsigned)(h >> 56);
+  uint32_t index = (uint32_t)h;
+  if (CS_UNLIKELY((tag & 0xF0u) != TAG_BASE ||
+                  (type && (tag & 0x0Fu) != (unsigned)type) ||
+                  index >= atomic_load_explicit(&high_water,
+                                                memory_order_acquire)))
+    return NULL;
+  return slot_at(index);
+}
+
+__attribute__((cold, noinline)) static cusafe_status
+peek_slow(cusafe_handle h, enum cs_type type, const char *name, long index,
+          struct cs_object **out) {
   struct param p = {name, index};
   struct cs_slot *slot;
   cusafe_status st = locate(h, p, &slot);
@@ -256,6 +272,23 @@ cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
   if (st == CUSAFE_SUCCESS)
     *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
   return st;
+}
+
+cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
+                      long index, struct cs_object **out) {
+  struct cs_slot *slot = slot_of(h, type);
+  if (CS_LIKELY(slot)) {
+    /* Sequentially consistent: after the pin (see cs_pin). */
+    uint64_t word = atomic_load(&slot->word);
+    if (CS_LIKELY(GEN_OF(word) == ((h >> 32) & GEN_MASK) &&
+                  USERS_OF(word) != 0 &&
+                  atomic_load_explicit(&slot->type, memory_order_relaxed) ==
+                      ((h >> 56) & 0x0Fu))) {
+      *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
+      return CUSAFE_SUCCESS;
+    }
+  }
+  return peek_slow(h, type, name, index, out);
 }
 
 cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
@@ -451,15 +484,11 @@ static __thread struct rc_memo rc_memo __attribute__((tls_model("initial-exec"))
  * else goes to the full path, which says what is wrong. */
 static inline __attribute__((always_inline)) bool
 count_fast(cusafe_handle h, enum cs_type type, int delta) {
-  unsigned tag = (unsigned)(h >> 56);
-  uint32_t index = (uint32_t)h;
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed) ||
-                  (tag & 0xF0u) != TAG_BASE ||
-                  (type && (tag & 0x0Fu) != (unsigned)type) ||
-                  index >= atomic_load_explicit(&high_water,
-                                                memory_order_acquire)))
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))
     return false;
-  struct cs_slot *slot = slot_at(index);
+  struct cs_slot *slot = slot_of(h, type);
+  if (CS_UNLIKELY(!slot))
+    return false;
   struct rc_memo *memo = &rc_memo;
   bool typed = memo->handle == h; /* the memo's word passed the type check */
   uint64_t word = typed ? memo->word
@@ -474,7 +503,7 @@ count_fast(cusafe_handle h, enum cs_type type, int delta) {
       break;
     if (CS_UNLIKELY(!typed &&
                     atomic_load_explicit(&slot->type, memory_order_relaxed) !=
-                        (tag & 0x0Fu)))
+                        ((h >> 56) & 0x0Fu)))
       break;
     if (CS_LIKELY(atomic_compare_exchange_strong_explicit(
             &slot->word, &word, word + change, memory_order_seq_cst,

@@ -154,17 +154,19 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
                                   const cusafe_arg *args, size_t nargs,
                                   void **argv, uint64_t *values,
                                   struct launch_buffers *lb) {
+  /* Read once: the stores to values[] might otherwise alias it. */
+  const size_t *param_size = k->param_size;
   for (size_t i = 0; i < nargs; i++) {
     const cusafe_arg *a = &args[i];
     size_t size = arg_size(a);
     if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
       return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                      "argument %zu has unknown kind %u", i, a->kind);
-    if (size != k->param_size[i])
+    if (size != param_size[i])
       return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                      "argument %zu of kernel %s is %zu bytes, parameter %zu "
                      "is %zu bytes",
-                     i, k->name, size, i, k->param_size[i]);
+                     i, k->name, size, i, param_size[i]);
     if (a->kind == CUSAFE_ARG_BYTES) {
       if (!a->value.bytes)
         return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes",
