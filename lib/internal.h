@@ -18,11 +18,14 @@
 
 /* Records `status` with a printf-style message for the calling thread and
  * returns status; the CUDA error of the thread is set to 0. */
+/* Errors are the exception: cold, so that the compiler lays the paths to
+ * them out of the way of the common ones. */
 cusafe_status cs_fail(cusafe_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+    __attribute__((cold, format(printf, 2, 3)));
 /* Records a failed CUDA call: "<function> failed: <CUDA's words>", maps err
  * to a status and returns it. */
-cusafe_status cs_fail_cuda(cudaError_t err, const char *function);
+cusafe_status cs_fail_cuda(cudaError_t err, const char *function)
+    __attribute__((cold));
 /* Sets the calling thread's last CUDA error (after cs_fail). */
 void cs_note_cuda_error(cudaError_t err);
 /* The status a CUDA error maps to. */
@@ -97,7 +100,7 @@ enum cs_state { CS_RUNNING = 0, CS_SHUT_DOWN = 1, CS_FORKED = 2 };
 extern _Atomic int cs_state;
 
 /* Fails with SHUTDOWN or FORKED unless the library is running. */
-cusafe_status cs_state_error(void);
+cusafe_status cs_state_error(void) __attribute__((cold));
 
 /* Every thread that calls into cusafe has a record that says whether it is
  * inside a call, so that the shutdown can wait for calls in progress on
@@ -386,7 +389,8 @@ void cs_queue_fini(struct cs_queue *q);
 
 /* "stream belongs to device 1 but buffer belongs to device 0" */
 cusafe_status cs_mismatch(const char *a, const struct cs_context *actx,
-                          const char *b, const struct cs_context *bctx);
+                          const char *b, const struct cs_context *bctx)
+    __attribute__((cold));
 
 /* Shutdown: each frees the CUDA resources of one live object, whatever its
  * references, and retires its handle.  cs_buffer_shutdown takes views

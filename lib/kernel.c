@@ -219,34 +219,14 @@ static inline cusafe_status queue_kernel(const struct cs_kernel *k,
                             : cs_fail_cuda(err, "cudaLaunchKernel");
 }
 
-static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
-                            cudaStream_t stream,
-                            const cusafe_launch_config *c, void **argv,
-                            struct launch_buffers *lb) {
-  struct cs_context *ctx = k->ctx;
-  cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (all_on(lb, q)) {
-    st = queue_kernel(k, c, argv, stream);
-    if (st == CUSAFE_SUCCESS && lb->nroots) {
-      /* Another thread may have moved a buffer to another stream since:
-       * it marks the move (CS_QUEUE_MOVING) before recording the
-       * hand-off, so a buffer still on q here was handed off after the
-       * kernel; one that moved is settled. */
-      atomic_thread_fence(memory_order_seq_cst);
-      for (size_t i = 0; i < lb->nroots; i++)
-        if (atomic_load_explicit(&lb->roots[i]->last,
-                                 memory_order_relaxed) != q)
-          cs_buffer_settle(lb->roots[i], q);
-    }
-    cs_device_leave(saved);
-    return st;
-  }
+/* A launch whose buffers' latest work is on other streams: the buffers
+ * locked, their work chained to q, then the kernel queued.  Out of line,
+ * so that the common path stays short. */
+__attribute__((noinline)) static cusafe_status
+launch_locked(struct cs_kernel *k, struct cs_queue *q, cudaStream_t stream,
+              const cusafe_launch_config *c, void **argv,
+              struct launch_buffers *lb) {
+  cusafe_status st = CUSAFE_SUCCESS;
   roots_unique(lb);
   for (size_t i = 0; i < lb->nroots; i++)
     cs_spin_lock(&lb->roots[i]->lock);
@@ -260,6 +240,37 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
     st = queue_kernel(k, c, argv, stream);
   for (size_t i = lb->nroots; i-- > 0;)
     cs_spin_unlock(&lb->roots[i]->lock);
+  return st;
+}
+
+static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
+                            cudaStream_t stream,
+                            const cusafe_launch_config *c, void **argv,
+                            struct launch_buffers *lb) {
+  struct cs_context *ctx = k->ctx;
+  cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  int saved;
+  st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (CS_UNLIKELY(!all_on(lb, q))) {
+    st = launch_locked(k, q, stream, c, argv, lb);
+  } else {
+    st = queue_kernel(k, c, argv, stream);
+    if (st == CUSAFE_SUCCESS && lb->nroots) {
+      /* Another thread may have moved a buffer to another stream since:
+       * it marks the move (CS_QUEUE_MOVING) before recording the
+       * hand-off, so a buffer still on q here was handed off after the
+       * kernel; one that moved is settled. */
+      atomic_thread_fence(memory_order_seq_cst);
+      for (size_t i = 0; i < lb->nroots; i++)
+        if (CS_UNLIKELY(atomic_load_explicit(&lb->roots[i]->last,
+                                             memory_order_relaxed) != q))
+          cs_buffer_settle(lb->roots[i], q);
+    }
+  }
   cs_device_leave(saved);
   return st;
 }
