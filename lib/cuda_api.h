@@ -1,9 +1,9 @@
 /* cuda_api.h -- the one table through which cusafe reaches CUDA.
  *
- * Every CUDA call of the library goes through `cs_cu`.  The shipped library
- * defines it in lib/cuda_real.c with the CUDA runtime's own functions; the
- * test suite links the same library sources with tests/fakecuda/fakecuda.c,
- * which defines it with a fake.  Nothing in the shipped library can select
+ * Every CUDA call of the library goes through `cs_cu`, the table
+ * `cs_cuda_table`.  The shipped library defines it in lib/cuda_real.c with
+ * the CUDA runtime's own functions; the test suite links the same library
+ * sources with tests/fakecuda/fakecuda.c, which defines it with a fake.  Nothing in the shipped library can select
  * the fake: it is simply not compiled into it.
  *
  * Driver functions (the primary context) are not in the table: the library
@@ -112,7 +112,10 @@ struct cs_cuda {
   const char *(*nvrtc_get_error_string)(nvrtcResult result);
 };
 
-/* The table in use: the real runtime's, or in the test build the fake's. */
-extern const struct cs_cuda *const cs_cu;
+/* The table in use: the real runtime's, or in the test build the fake's.
+ * An object, not a pointer to one, so that a call through it loads the
+ * function's address and nothing before it. */
+extern const struct cs_cuda cs_cuda_table;
+#define cs_cu (&cs_cuda_table)
 
 #endif /* CUSAFE_CUDA_API_H */

@@ -2,7 +2,7 @@
  * functions.  The test build links tests/fakecuda/fakecuda.c instead. */
 #include "cuda_api.h"
 
-static const struct cs_cuda real = {
+const struct cs_cuda cs_cuda_table = {
     .get_device_count = cudaGetDeviceCount,
     .driver_get_version = cudaDriverGetVersion,
     .runtime_get_version = cudaRuntimeGetVersion,
@@ -54,5 +54,3 @@ static const struct cs_cuda real = {
     .nvrtc_destroy_program = nvrtcDestroyProgram,
     .nvrtc_get_error_string = nvrtcGetErrorString,
 };
-
-const struct cs_cuda *const cs_cu = &real;

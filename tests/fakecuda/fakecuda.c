@@ -1,8 +1,9 @@
 /* fakecuda.c -- a fake CUDA runtime for the test suite (see fakecuda.h).
  *
  * The test build links the library's sources with this file instead of
- * lib/cuda_real.c, so `cs_cu` below is the only CUDA the library sees.  It
- * includes the CUDA headers for their types only and calls no CUDA function.
+ * lib/cuda_real.c, so `cs_cuda_table` below is the only CUDA the library
+ * sees.  It includes the CUDA headers for their types only and calls no
+ * CUDA function.
  *
  * Model, in brief:
  *   - "Device" memory is host memory from malloc(), filled with 0xA5 when
@@ -3269,7 +3270,7 @@ static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog)
 /* The table                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static const struct cs_cuda fake_table = {
+FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .get_device_count = fk_get_device_count,
     .driver_get_version = fk_driver_get_version,
     .runtime_get_version = fk_runtime_get_version,
@@ -3321,8 +3322,6 @@ static const struct cs_cuda fake_table = {
     .nvrtc_destroy_program = fk_nvrtc_destroy_program,
     .nvrtc_get_error_string = fk_nvrtc_get_error_string,
 };
-
-FAKE_EXPORT const struct cs_cuda *const cs_cu = &fake_table;
 
 /* ------------------------------------------------------------------------ */
 /* Control API (fakecuda.h)                                                   */
