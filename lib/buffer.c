@@ -40,7 +40,7 @@ struct cs_queue cs_queue_moving;
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                               struct cs_object **drop) {
   struct cs_queue *last =
-      atomic_load_explicit(&root->last, memory_order_relaxed);
+      atomic_load_explicit(root->last, memory_order_relaxed);
   *drop = NULL;
   if (CS_LIKELY(last == q))
     return CUSAFE_SUCCESS;
@@ -55,16 +55,16 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
      * kernel is queued; the move must show before the hand-off is
      * recorded, so that either the record comes after their kernel or
      * they see the move and settle (cs_buffer_settle). */
-    atomic_store(&root->last, CS_QUEUE_MOVING);
+    atomic_store(root->last, CS_QUEUE_MOVING);
     cusafe_status st = cs_queue_handoff(last, q);
     if (st != CUSAFE_SUCCESS) {
-      atomic_store_explicit(&root->last, last, memory_order_release);
+      atomic_store_explicit(root->last, last, memory_order_release);
       if (holds_owner(root, q))
         *drop = q->owner;
       return st;
     }
   }
-  atomic_store_explicit(&root->last, q, memory_order_release);
+  atomic_store_explicit(root->last, q, memory_order_release);
   if (last && holds_owner(root, last))
     *drop = last->owner;
   return CUSAFE_SUCCESS;
@@ -73,28 +73,24 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
 void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q) {
   cs_spin_lock(&root->lock);
   struct cs_queue *now =
-      atomic_load_explicit(&root->last, memory_order_relaxed);
+      atomic_load_explicit(root->last, memory_order_relaxed);
   /* If the hand-off fails, the kernel must end before anything later. */
   if (now != q && cs_queue_handoff(q, now) != CUSAFE_SUCCESS)
     cs_cu->stream_synchronize(q->stream);
   cs_spin_unlock(&root->lock);
 }
 
-/* A buffer object, zeroed, whose launch fields share one cache line:
- * 64-byte aligned inside a malloc'd block (aligned_alloc costs several
- * times more than malloc's small-block path). */
+/* A buffer object, zeroed.  Launches read its slot, not the object. */
 static struct cs_buffer *buffer_new(void) {
-  char *block = malloc(sizeof(struct cs_buffer) + 63);
-  if (!block)
-    return NULL;
-  struct cs_buffer *b =
-      (struct cs_buffer *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
-  memset(b, 0, sizeof *b);
-  b->block = block;
+  struct cs_buffer *b = malloc(sizeof *b);
+  if (b) {
+    memset(b, 0, sizeof *b);
+    b->last = &b->early_last;
+  }
   return b;
 }
 
-static void buffer_free(struct cs_buffer *b) { free(b->block); }
+static void buffer_free(struct cs_buffer *b) { free(b); }
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -154,11 +150,11 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   atomic_flag_clear(&b->lock.held);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
-    atomic_init(&b->last, q);
+    atomic_init(b->last, q);
     if (holds_owner(b, q) && !owner_given)
       cs_ref(q->owner);
   }
-  st = cs_handle_new(&b->hdr, CS_BUFFER);
+  st = cs_handle_new_buffer(b);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
     cs_ref(&ctx->hdr); /* destroy drops the buffer's reference on ctx */
@@ -245,7 +241,7 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
   v->ptr = p->ptr + offset;
   v->size = size;
   v->kind = p->kind;
-  st = cs_handle_new(&v->hdr, CS_BUFFER);
+  st = cs_handle_new_buffer(v);
   if (st != CUSAFE_SUCCESS) {
     buffer_free(v);
     goto fail;
@@ -264,7 +260,7 @@ fail:
  * memory, which CUDA frees synchronously, once that stream is idle. */
 static cusafe_status free_memory(struct cs_buffer *b) {
   struct cs_context *ctx = b->ctx;
-  struct cs_queue *q = atomic_load_explicit(&b->last, memory_order_relaxed);
+  struct cs_queue *q = atomic_load_explicit(b->last, memory_order_relaxed);
   cudaError_t err = cudaSuccess;
   const char *fn = NULL;
   cusafe_status st = CUSAFE_SUCCESS;
@@ -321,7 +317,7 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
   struct cs_context *ctx = b->ctx;
   cusafe_status st = buffer_fini(b);
   struct cs_queue *last =
-      atomic_load_explicit(&b->last, memory_order_relaxed);
+      atomic_load_explicit(b->last, memory_order_relaxed);
   if (last && holds_owner(b, last))
     cs_unref(last->owner);
   buffer_free(b);

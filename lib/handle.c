@@ -40,14 +40,19 @@
 #define ALL_OF(w) ((w) & ALL_MAX)
 
 /* One cache line each, so that threads using different handles do not
- * contend for one line. */
+ * contend for one line.  A buffer's slot also holds what a launch needs of
+ * the buffer, so that a launch reads one line per buffer argument. */
 struct cs_slot {
   _Alignas(64) _Atomic uint64_t word;
   struct cs_object *_Atomic obj;
-  _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
   uint32_t index;
-  uint32_t next_free; /* under table_lock */
+  _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
+  union {
+    uint32_t next_free;            /* a free slot's, under table_lock */
+    struct cs_buffer_slot buffer;  /* a buffer's (cs_handle_new_buffer) */
+  } u;
 };
+_Static_assert(sizeof(struct cs_slot) == 64, "a slot is one cache line");
 
 /* The first chunk is static, so that finding one of the first 4096 slots
  * takes no load: a retain or release is then one load and one
@@ -55,7 +60,6 @@ struct cs_slot {
  * slots are handed out. */
 static struct cs_slot first_chunk[CHUNK_SLOTS];
 static struct cs_slot *_Atomic chunks[MAX_CHUNKS] = {first_chunk};
-static _Atomic uint32_t high_water; /* slots ever handed out */
 static uint32_t free_head = NO_SLOT;
 /* A spinlock: held for a few instructions (or, once per 4096 handles, for
  * the allocation of a chunk), it costs one atomic operation where a mutex
@@ -79,10 +83,10 @@ static cusafe_status slot_take(struct cs_slot **out) {
   uint32_t index = free_head;
   if (index != NO_SLOT) {
     *out = slot_at(index);
-    free_head = (*out)->next_free;
+    free_head = (*out)->u.next_free;
     return CUSAFE_SUCCESS;
   }
-  index = atomic_load_explicit(&high_water, memory_order_relaxed);
+  index = atomic_load_explicit(&cs_hot.handles, memory_order_relaxed);
   if ((index >> CHUNK_BITS) >= MAX_CHUNKS)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
                    "the handle table is full (%u handles)",
@@ -107,11 +111,14 @@ static cusafe_status slot_take(struct cs_slot **out) {
     atomic_store_explicit(&(*out)->word, 1ull << GEN_SHIFT,
                           memory_order_relaxed); /* generation 1 */
   }
-  atomic_store_explicit(&high_water, index + 1, memory_order_release);
+  atomic_store_explicit(&cs_hot.handles, index + 1, memory_order_release);
   return CUSAFE_SUCCESS;
 }
 
-cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
+/* Takes a slot for obj and sets obj's slot, type and handle; the caller
+ * publishes it with publish() once the slot holds what lookups read. */
+static cusafe_status claim(struct cs_object *obj, enum cs_type type,
+                           struct cs_slot **out) {
   struct cs_slot *slot = NULL;
   cs_spin_lock(&table_lock);
   cusafe_status st = slot_take(&slot);
@@ -126,9 +133,46 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
                 slot->index;
   atomic_store_explicit(&slot->obj, obj, memory_order_relaxed);
   atomic_store_explicit(&slot->type, (uint8_t)type, memory_order_relaxed);
-  /* Publishes obj: a lookup that sees the references sees the object. */
+  *out = slot;
+  return CUSAFE_SUCCESS;
+}
+
+/* Enters the claimed slot's object with one reference: a lookup that sees
+ * the references sees everything stored in the slot and the object. */
+static void publish(struct cs_slot *slot) {
+  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
+                                             memory_order_relaxed));
   atomic_store_explicit(&slot->word, (gen << GEN_SHIFT) | USER_ONE | 1,
                         memory_order_release);
+}
+
+cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
+  struct cs_slot *slot;
+  cusafe_status st = claim(obj, type, &slot);
+  if (st == CUSAFE_SUCCESS)
+    publish(slot);
+  return st;
+}
+
+cusafe_status cs_handle_new_buffer(struct cs_buffer *b) {
+  struct cs_slot *slot;
+  cusafe_status st = claim(&b->hdr, CS_BUFFER, &slot);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_buffer_slot *bs = &slot->u.buffer;
+  bs->ptr = b->ptr;
+  bs->ctx = b->ctx;
+  bs->root = b->root;
+  if (b->root == b) { /* the chain's latest queue moves into the slot */
+    atomic_init(&bs->own_last, atomic_load_explicit(b->last,
+                                                    memory_order_relaxed));
+    b->last = &bs->own_last;
+  } else {
+    atomic_init(&bs->own_last, NULL);
+    b->last = b->root->last;
+  }
+  bs->last = b->last;
+  publish(slot);
   return CUSAFE_SUCCESS;
 }
 
@@ -176,7 +220,7 @@ locate(cusafe_handle h, struct param name, struct cs_slot **slot) {
   uint32_t index = (uint32_t)h;
   if ((tag & 0xF0u) != TAG_BASE || htype < CS_CONTEXT ||
       htype > CS_TYPE_LAST || ((h >> 32) & GEN_MASK) == 0 ||
-      index >= atomic_load_explicit(&high_water, memory_order_acquire))
+      index >= atomic_load_explicit(&cs_hot.handles, memory_order_acquire))
     return forged(name, h);
   *slot = slot_at(index);
   return CUSAFE_SUCCESS;
@@ -253,7 +297,7 @@ slot_of(cusafe_handle h, enum cs_type type) {
   uint32_t index = (uint32_t)h;
   if (CS_UNLIKELY((tag & 0xF0u) != TAG_BASE ||
                   (type && (tag & 0x0Fu) != (unsigned)type) ||
-                  index >= atomic_load_explicit(&high_water,
+                  index >= atomic_load_explicit(&cs_hot.handles,
                                                 memory_order_acquire)))
     return NULL;
   return slot_at(index);
@@ -289,6 +333,27 @@ cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
     }
   }
   return peek_slow(h, type, name, index, out);
+}
+
+cusafe_status cs_peek_buffer(cusafe_handle h, long index,
+                             const struct cs_buffer_slot **out) {
+  struct cs_slot *slot = slot_of(h, CS_BUFFER);
+  if (CS_LIKELY(slot)) {
+    /* Sequentially consistent: after the pin (see cs_pin). */
+    uint64_t word = atomic_load(&slot->word);
+    if (CS_LIKELY(GEN_OF(word) == ((h >> 32) & GEN_MASK) &&
+                  USERS_OF(word) != 0 &&
+                  atomic_load_explicit(&slot->type, memory_order_relaxed) ==
+                      CS_BUFFER)) {
+      *out = &slot->u.buffer;
+      return CUSAFE_SUCCESS;
+    }
+  }
+  struct cs_object *obj;
+  cusafe_status st = peek_slow(h, CS_BUFFER, "argument", index, &obj);
+  if (st == CUSAFE_SUCCESS) /* revived meanwhile (cs_try_user_ref) */
+    *out = &obj->slot->u.buffer;
+  return st;
 }
 
 cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
@@ -350,7 +415,7 @@ static void retire(struct cs_slot *slot, uint64_t gen) {
   atomic_store_explicit(&slot->obj, NULL, memory_order_relaxed);
   atomic_store_explicit(&slot->word, gen << GEN_SHIFT, memory_order_release);
   cs_spin_lock(&table_lock);
-  slot->next_free = free_head;
+  slot->u.next_free = free_head;
   free_head = slot->index;
   cs_spin_unlock(&table_lock);
 }
@@ -393,7 +458,7 @@ uint32_t cs_user_refs(const struct cs_object *obj) {
 void cs_handle_foreach(enum cs_type type,
                        void (*fn)(struct cs_object *obj, void *arg),
                        void *arg) {
-  uint32_t n = atomic_load_explicit(&high_water, memory_order_acquire);
+  uint32_t n = atomic_load_explicit(&cs_hot.handles, memory_order_acquire);
   for (uint32_t i = 0; i < n; i++) {
     struct cs_slot *slot = slot_at(i);
     if (ALL_OF(atomic_load_explicit(&slot->word, memory_order_acquire)) == 0)
@@ -425,12 +490,12 @@ cusafe_status cs_destroy(struct cs_object *obj) {
  * handle fails as stale: it reports the shutdown instead. */
 __attribute__((noinline)) static cusafe_status
 retain_slow(cusafe_handle h, enum cs_type type, const char *name) {
-  if (atomic_load_explicit(&cs_state, memory_order_relaxed))
+  if (atomic_load_explicit(&cs_hot.state, memory_order_relaxed))
     return cs_state_error();
   struct cs_object *obj;
   cusafe_status st =
       update(h, type, (struct param){name, -1}, 1, 1, false, &obj, NULL);
-  if (st != CUSAFE_SUCCESS && atomic_load(&cs_state))
+  if (st != CUSAFE_SUCCESS && atomic_load(&cs_hot.state))
     return cs_state_error();
   return st;
 }
@@ -450,7 +515,7 @@ release_last(cusafe_handle h, enum cs_type type, const char *name) {
 
 __attribute__((noinline)) static cusafe_status
 release_slow(cusafe_handle h, enum cs_type type, const char *name) {
-  if (atomic_load_explicit(&cs_state, memory_order_relaxed) ||
+  if (atomic_load_explicit(&cs_hot.state, memory_order_relaxed) ||
       h == CUSAFE_NULL_HANDLE)
     return CUSAFE_SUCCESS; /* a no-op after the shutdown */
   struct cs_object *obj;
@@ -459,7 +524,7 @@ release_slow(cusafe_handle h, enum cs_type type, const char *name) {
       update(h, type, (struct param){name, -1}, -1, -1, true, &obj, &old);
   if (st == LAST_REFERENCE)
     return release_last(h, type, name);
-  if (st != CUSAFE_SUCCESS && atomic_load(&cs_state))
+  if (st != CUSAFE_SUCCESS && atomic_load(&cs_hot.state))
     return CUSAFE_SUCCESS;
   return st;
 }
@@ -484,7 +549,7 @@ static __thread struct rc_memo rc_memo __attribute__((tls_model("initial-exec"))
  * else goes to the full path, which says what is wrong. */
 static inline __attribute__((always_inline)) bool
 count_fast(cusafe_handle h, enum cs_type type, int delta) {
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))
     return false;
   struct cs_slot *slot = slot_of(h, type);
   if (CS_UNLIKELY(!slot))

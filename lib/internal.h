@@ -11,6 +11,9 @@
 #include "cusafe.h"
 #include "cuda_api.h"
 
+/* The functions of a launch: kept together (.text.hot), so that a launch
+ * right after the driver's own work fetches few lines and pages of code. */
+#define CS_HOT __attribute__((hot))
 #define CS_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CS_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -58,6 +61,11 @@ struct cs_object {
 /* Enters obj into the table with one reference and sets obj->handle.
  * Returns CUSAFE_ERROR_OUT_OF_MEMORY if the table cannot grow. */
 cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
+struct cs_buffer;
+struct cs_buffer_slot;
+/* Enters a buffer as cs_handle_new() does, with what launches read of it
+ * in its slot (struct cs_buffer_slot); a root's `last` moves there. */
+cusafe_status cs_handle_new_buffer(struct cs_buffer *b);
 /* Looks up `handle`, checks that it is live and of `type` (0: any type),
  * and takes a reference that the caller drops with cs_unref().  `name` is
  * the parameter's name for the message. */
@@ -67,7 +75,12 @@ cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
  * pinned thread only (cs_pin), until cs_unpin().  `index` >= 0 names the
  * index-th element of a list. */
 cusafe_status cs_peek(cusafe_handle handle, enum cs_type type,
-                      const char *name, long index, struct cs_object **out);
+                      const char *name, long index,
+                      struct cs_object **out) CS_HOT;
+/* cs_peek() of a buffer that is the index-th argument of a launch: *out
+ * is what the launch reads of it, in the buffer's handle slot. */
+cusafe_status cs_peek_buffer(cusafe_handle handle, long index,
+                             const struct cs_buffer_slot **out) CS_HOT;
 /* Adds a reference to a live object the caller already holds. */
 void cs_ref(struct cs_object *obj);
 /* Adds a reference to an object the caller only peeked at, unless its last
@@ -97,7 +110,19 @@ cusafe_status cs_destroy(struct cs_object *obj);
 /* ---- the library's state (runtime.c) ------------------------------------- */
 
 enum cs_state { CS_RUNNING = 0, CS_SHUT_DOWN = 1, CS_FORKED = 2 };
-extern _Atomic int cs_state;
+
+/* What every call reads, in one cache line. */
+struct cs_hot {
+  _Atomic int state; /* enum cs_state */
+  /* 1 once the shutdown can make every thread's marks visible with one
+   * membarrier() call: calls then need only a compiler barrier. */
+  _Atomic int light_calls;
+  /* 1 when the process sees one device, which is then always current. */
+  _Atomic int single_device;
+  /* The handle table's slots ever handed out (handle.c). */
+  _Atomic uint32_t handles;
+};
+extern struct cs_hot cs_hot;
 
 /* Fails with SHUTDOWN or FORKED unless the library is running. */
 cusafe_status cs_state_error(void) __attribute__((cold));
@@ -107,23 +132,22 @@ cusafe_status cs_state_error(void) __attribute__((cold));
  * other threads before it destroys what they use (a daemon thread at exit).
  * Only the owning thread writes `depth`; the shutdown reads it. */
 struct cs_thread {
-  _Alignas(64) _Atomic int depth; /* a line of its own: no false sharing */
+  /* One cache line of its own (no false sharing with other records),
+   * which is all that a call and a launch touch of the record. */
+  _Alignas(64) _Atomic int depth;
   _Atomic int in_use;
   bool shared; /* the record of threads that could not get their own */
   struct cs_thread *next;
   /* Launches in progress that use objects without references (cs_pin):
-   * the count of pins begun and ended, in a line that only launches write,
-   * so that a destructor's scan of the records stays cheap. */
-  _Alignas(64) _Atomic unsigned long pins_begun;
+   * the count of pins begun and ended. */
+  _Atomic unsigned long pins_begun;
   _Atomic unsigned long pins_ended;
 };
+_Static_assert(sizeof(struct cs_thread) == 64, "a thread's record is a line");
 /* initial-exec: one pointer, read on every call without __tls_get_addr. */
 extern __thread struct cs_thread *cs_tls_thread
     __attribute__((tls_model("initial-exec")));
 struct cs_thread *cs_thread_register(void);
-/* 1 once the shutdown can make every thread's marks visible with one
- * membarrier() call: calls then need only a compiler barrier. */
-extern _Atomic int cs_light_calls;
 
 static inline struct cs_thread *cs_call_enter(void) {
   struct cs_thread *t = cs_tls_thread;
@@ -136,7 +160,7 @@ static inline struct cs_thread *cs_call_enter(void) {
    * of the state before its scan of the marks: a full fence, or, where the
    * shutdown issues membarrier() between the two, only a compiler barrier
    * (the scheme of liburcu's membarrier flavour). */
-  if (CS_LIKELY(atomic_load_explicit(&cs_light_calls, memory_order_relaxed)))
+  if (CS_LIKELY(atomic_load_explicit(&cs_hot.light_calls, memory_order_relaxed)))
     atomic_signal_fence(memory_order_seq_cst);
   else
     atomic_thread_fence(memory_order_seq_cst);
@@ -156,14 +180,14 @@ static inline void cs_call_leave(struct cs_thread **t) {
   struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =      \
       cs_call_enter();                                                       \
   (void)cs_call_;                                                            \
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))    \
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))    \
   return cs_state_error()
 /* Releases are silent no-ops after shutdown and in a forked child. */
 #define CS_ENTER_RELEASE()                                                   \
   struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =      \
       cs_call_enter();                                                       \
   (void)cs_call_;                                                            \
-  if (CS_UNLIKELY(atomic_load_explicit(&cs_state, memory_order_relaxed)))    \
+  if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))    \
   return CUSAFE_SUCCESS
 
 /* Pins: a launch looks its kernel, stream and buffers up without taking
@@ -210,17 +234,18 @@ CUresult cs_library_load_now(cudaLibrary_t library);
 /* Makes `device` current for the calling thread; *saved receives the device
  * to restore with cs_device_leave() (-1: nothing to restore). */
 cusafe_status cs_device_switch(int device, int *saved);
-/* 1 when the process sees one device, which is then always current. */
-extern _Atomic int cs_single_device;
 static inline cusafe_status cs_device_enter(int device, int *saved) {
-  if (CS_LIKELY(atomic_load_explicit(&cs_single_device,
+  if (CS_LIKELY(atomic_load_explicit(&cs_hot.single_device,
                                      memory_order_relaxed))) {
     *saved = -1;
     return CUSAFE_SUCCESS;
   }
   return cs_device_switch(device, saved);
 }
-void cs_device_leave(int saved);
+static inline void cs_device_leave(int saved) {
+  if (CS_UNLIKELY(saved >= 0))
+    cs_cu->set_device(saved);
+}
 /* cs_device_enter() for a teardown that must synchronise the right device
  * before it frees: a failure is tried once more. */
 cusafe_status cs_device_enter_teardown(int device, int *saved);
@@ -298,21 +323,32 @@ static inline void cs_spin_unlock(cs_spinlock *l) {
 
 struct cs_buffer {
   struct cs_object hdr;
-  /* What a launch reads, in the first cache line of the object (allocated
-   * 64-byte aligned, cs_buffer_new). */
   struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
   struct cs_context *ctx;   /* referenced by the root only */
   char *ptr;                /* first byte of this buffer or view */
-  /* Root only: work on the memory is chained across streams; `last` is the
-   * queue of the latest operation (its owner referenced).  It changes
+  /* Root only: work on the memory is chained across streams; `*last` is
+   * the queue of the latest operation (its owner referenced).  It changes
    * under `lock` only, and is CS_QUEUE_MOVING while a change is recorded;
-   * launches read it without the lock (kernel.c). */
-  _Atomic(struct cs_queue *) last;
+   * launches read it without the lock (kernel.c).  It lives in the root's
+   * handle slot (cs_handle_new_buffer), or in `early_last` until then. */
+  _Atomic(struct cs_queue *) *last;
   cs_spinlock lock;
   cusafe_memory kind;
   struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
   size_t size;
-  void *block; /* the allocation this object lies in (cs_buffer_free) */
+  _Atomic(struct cs_queue *) early_last;
+};
+
+/* What a launch reads of a buffer, in the buffer's handle slot next to the
+ * generation that the launch checks, so that a buffer argument costs one
+ * cache line: set before the handle is published and constant while it is
+ * live, except a root's `own_last`. */
+struct cs_buffer_slot {
+  char *ptr;
+  struct cs_context *ctx;
+  struct cs_buffer *root;
+  _Atomic(struct cs_queue *) *last;   /* the root's `last` */
+  _Atomic(struct cs_queue *) own_last; /* where a root's `last` points */
 };
 
 /* The value of a root's `last` while it changes. */
@@ -332,24 +368,35 @@ struct cs_kernel {
   struct cs_object hdr;
   /* What a launch reads, in the first two cache lines (the object is
    * allocated 64-byte aligned): the context, the function, the context's
-   * default stream, and the kernel's and the device's limits. */
+   * default stream, the kernel's and the device's limits and, for up to
+   * CS_INLINE_PARAMS parameters, their sizes. */
   struct cs_context *ctx;
   cudaKernel_t fn;
   cudaStream_t default_stream; /* ctx's own, which outlives the kernel */
-  /* The dynamic shared memory the kernel is currently allowed (raised on
-   * demand by launches). */
-  _Atomic size_t dynamic_limit;
-  size_t nparams;
-  size_t *param_size;       /* param_inline, or malloc'd */
+  uint32_t nparams;
   int max_threads;          /* per block, for this kernel */
   int max_block[3], max_grid[3];
-  size_t shared_limit;      /* dynamic shared memory per block, at most */
-  size_t param_inline[CS_INLINE_PARAMS];
+  uint32_t shared_limit;    /* dynamic shared memory per block, at most */
+  /* The dynamic shared memory the kernel is currently allowed (raised on
+   * demand by launches). */
+  _Atomic uint32_t dynamic_limit;
+  union {
+    uint16_t inline_[CS_INLINE_PARAMS]; /* nparams <= CS_INLINE_PARAMS */
+    uint16_t *heap;                     /* more: malloc'd */
+  } param_size;
   struct cs_module *module; /* referenced */
   char *name;
   size_t static_shared;
   pthread_mutex_t limit_lock;
 };
+_Static_assert(offsetof(struct cs_kernel, module) == 128,
+               "a launch reads two cache lines of a kernel");
+
+/* The parameter sizes of k. */
+static inline const uint16_t *cs_kernel_params(const struct cs_kernel *k) {
+  return k->nparams <= CS_INLINE_PARAMS ? k->param_size.inline_
+                                        : k->param_size.heap;
+}
 
 cusafe_status cs_context_destroy(struct cs_context *ctx);
 cusafe_status cs_module_destroy(struct cs_module *module);
@@ -360,8 +407,6 @@ void cs_context_unload_orphans(struct cs_context *ctx);
 /* Keeps a library for cs_context_unload_orphans() without unloading it. */
 cudaError_t cs_library_orphan(struct cs_context *ctx, cudaLibrary_t library);
 cusafe_status cs_kernel_destroy(struct cs_kernel *kernel);
-/* Raises a kernel's dynamic shared memory limit to `bytes` if needed. */
-cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

@@ -65,8 +65,9 @@ static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
 }
 #endif
 
-static cusafe_status check_config(const struct cs_kernel *k,
-                                  const cusafe_launch_config *c) {
+/* Why c does not fit k (the messages of config_fits()). */
+__attribute__((cold, noinline)) static cusafe_status
+check_config(const struct cs_kernel *k, const cusafe_launch_config *c) {
   for (int d = 0; d < 3; d++) {
     if (c->grid[d] == 0)
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
@@ -97,14 +98,31 @@ static cusafe_status check_config(const struct cs_kernel *k,
     return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                    "%zu bytes of shared memory exceed the device's limit of "
                    "%zu",
-                   c->shared_memory, k->shared_limit);
+                   c->shared_memory, (size_t)k->shared_limit);
   return CUSAFE_SUCCESS;
 }
 
-cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes) {
-  if (CS_LIKELY(bytes <= atomic_load_explicit(&k->dynamic_limit,
-                                              memory_order_relaxed)))
-    return CUSAFE_SUCCESS;
+/* Whether c fits k's and its device's limits: no dimension 0 or above
+ * its limit (d - 1 wraps for 0), no more threads per block than the kernel
+ * allows, no more shared memory than the device has.  Branch-free, over
+ * the kernel's second cache line; check_config() says what is wrong. */
+static inline bool config_fits(const struct cs_kernel *k,
+                               const cusafe_launch_config *c) {
+  bool bad = false;
+  for (int d = 0; d < 3; d++)
+    bad |= (c->grid[d] - 1u >= (uint32_t)k->max_grid[d]) |
+           (c->block[d] - 1u >= (uint32_t)k->max_block[d]);
+  uint64_t threads =
+      (uint64_t)c->block[0] * c->block[1] * (uint64_t)c->block[2];
+  bad |= (threads > (uint64_t)k->max_threads) |
+         (c->shared_memory > k->shared_limit);
+  return !bad;
+}
+
+/* Raises the kernel's dynamic shared memory limit to `bytes` (at most
+ * shared_limit). */
+__attribute__((noinline)) static cusafe_status
+raise_shared(struct cs_kernel *k, size_t bytes) {
   cusafe_status st = CUSAFE_SUCCESS;
   pthread_mutex_lock(&k->limit_lock);
   if (bytes > atomic_load(&k->dynamic_limit)) {
@@ -114,15 +132,27 @@ cusafe_status cs_kernel_allow_shared(struct cs_kernel *k, size_t bytes) {
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaKernelSetAttributeForDevice");
     else
-      atomic_store(&k->dynamic_limit, bytes);
+      atomic_store(&k->dynamic_limit, (uint32_t)bytes); /* <= shared_limit */
   }
   pthread_mutex_unlock(&k->limit_lock);
   return st;
 }
 
-/* The buffers of one launch: their roots, locked in address order. */
+/* Allows the kernel `bytes` of dynamic shared memory (checked against
+ * shared_limit), raising its limit if needed. */
+static inline cusafe_status allow_shared(struct cs_kernel *k, size_t bytes) {
+  if (CS_LIKELY(bytes <= atomic_load_explicit(&k->dynamic_limit,
+                                              memory_order_relaxed)))
+    return CUSAFE_SUCCESS;
+  return raise_shared(k, bytes);
+}
+
+/* The buffers of one launch: their roots, locked in address order, and
+ * where each root's latest queue is (lasts[i] is roots[i]'s until
+ * roots_unique() sorts the roots). */
 struct launch_buffers {
   struct cs_buffer **roots;
+  _Atomic(struct cs_queue *) **lasts;
   struct cs_object **drops; /* references to drop after the launch */
   size_t nroots, ndrops;
 };
@@ -147,6 +177,26 @@ static void roots_unique(struct launch_buffers *lb) {
   lb->nroots = n;
 }
 
+/* Why argument i, whose fixed-size kind does not pass param_size bytes,
+ * is wrong; or, for a bytes argument, its address in *arg. */
+__attribute__((cold, noinline)) static cusafe_status
+arg_unusual(const struct cs_kernel *k, const cusafe_arg *a, size_t i,
+            size_t param_size, void **arg) {
+  size_t size = arg_size(a);
+  if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "argument %zu has unknown kind %u", i, a->kind);
+  if (size != param_size)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "argument %zu of kernel %s is %zu bytes, parameter %zu "
+                   "is %zu bytes",
+                   i, k->name, size, i, param_size);
+  if (!a->value.bytes)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes", i);
+  *arg = (void *)a->value.bytes;
+  return CUSAFE_SUCCESS;
+}
+
 /* Resolves every argument to the pointer cudaLaunchKernel wants (the
  * thread pinned: buffers are peeked at). */
 static cusafe_status resolve_args(const struct cs_kernel *k,
@@ -154,36 +204,29 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
                                   const cusafe_arg *args, size_t nargs,
                                   void **argv, uint64_t *values,
                                   struct launch_buffers *lb) {
-  /* Read once: the stores to values[] might otherwise alias it. */
-  const size_t *param_size = k->param_size;
+  const uint16_t *param_size = cs_kernel_params(k);
   for (size_t i = 0; i < nargs; i++) {
     const cusafe_arg *a = &args[i];
-    size_t size = arg_size(a);
-    if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
-      return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                     "argument %zu has unknown kind %u", i, a->kind);
-    if (size != param_size[i])
-      return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                     "argument %zu of kernel %s is %zu bytes, parameter %zu "
-                     "is %zu bytes",
-                     i, k->name, size, i, param_size[i]);
-    if (a->kind == CUSAFE_ARG_BYTES) {
-      if (!a->value.bytes)
-        return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes",
-                       i);
-      argv[i] = (void *)a->value.bytes;
-    } else if (a->kind == CUSAFE_ARG_BUFFER) {
-      struct cs_buffer *b;
-      cusafe_status st = cs_peek(a->value.buffer, CS_BUFFER, "argument",
-                                 (long)i, (struct cs_object **)&b);
+    unsigned kind = a->kind;
+    /* A fixed-size kind's size; 0, which no parameter has, for bytes
+     * and for unknown kinds. */
+    size_t size = kind < 16 ? (KIND_SIZES >> 4 * kind) & 0xF : 0;
+    if (CS_UNLIKELY(size != param_size[i])) {
+      cusafe_status st = arg_unusual(k, a, i, param_size[i], &argv[i]);
       if (st != CUSAFE_SUCCESS)
         return st;
-      if (b->ctx != ctx)
+    } else if (kind == CUSAFE_ARG_BUFFER) {
+      const struct cs_buffer_slot *b;
+      cusafe_status st = cs_peek_buffer(a->value.buffer, (long)i, &b);
+      if (st != CUSAFE_SUCCESS)
+        return st;
+      if (CS_UNLIKELY(b->ctx != ctx))
         return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
                        "argument %zu belongs to device %d but kernel belongs "
                        "to device %d",
                        i, b->ctx->device, ctx->device);
-      lb->roots[lb->nroots++] = b->root;
+      lb->roots[lb->nroots] = b->root;
+      lb->lasts[lb->nroots++] = b->last;
       memcpy(&values[i], &b->ptr, sizeof b->ptr);
       argv[i] = &values[i];
     } else {
@@ -202,7 +245,7 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
  * of launches on one stream: then the launch takes no lock. */
 static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
   for (size_t i = 0; i < lb->nroots; i++)
-    if (atomic_load_explicit(&lb->roots[i]->last, memory_order_acquire) != q)
+    if (atomic_load_explicit(lb->lasts[i], memory_order_acquire) != q)
       return false;
   return true;
 }
@@ -248,7 +291,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
                             const cusafe_launch_config *c, void **argv,
                             struct launch_buffers *lb) {
   struct cs_context *ctx = k->ctx;
-  cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
+  cusafe_status st = allow_shared(k, c->shared_memory);
   if (st != CUSAFE_SUCCESS)
     return st;
   int saved;
@@ -266,7 +309,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
        * kernel; one that moved is settled. */
       atomic_thread_fence(memory_order_seq_cst);
       for (size_t i = 0; i < lb->nroots; i++)
-        if (CS_UNLIKELY(atomic_load_explicit(&lb->roots[i]->last,
+        if (CS_UNLIKELY(atomic_load_explicit(lb->lasts[i],
                                              memory_order_relaxed) != q))
           cs_buffer_settle(lb->roots[i], q);
     }
@@ -284,6 +327,7 @@ struct launch_space {
   void *argv_stack[STACK_ARGS];
   uint64_t values_stack[STACK_ARGS];
   struct cs_buffer *roots_stack[STACK_ARGS];
+  _Atomic(struct cs_queue *) *lasts_stack[STACK_ARGS];
   struct cs_object *drops_stack[STACK_ARGS];
 };
 
@@ -293,8 +337,10 @@ static bool space_make(struct launch_space *sp, size_t nargs) {
   sp->argv = malloc(nargs * sizeof *sp->argv);
   sp->values = malloc(nargs * sizeof *sp->values);
   sp->lb.roots = malloc(nargs * sizeof *sp->lb.roots);
+  sp->lb.lasts = malloc(nargs * sizeof *sp->lb.lasts);
   sp->lb.drops = malloc(nargs * sizeof *sp->lb.drops);
-  return sp->argv && sp->values && sp->lb.roots && sp->lb.drops;
+  return sp->argv && sp->values && sp->lb.roots && sp->lb.lasts &&
+         sp->lb.drops;
 }
 
 static void space_free(struct launch_space *sp) {
@@ -303,6 +349,7 @@ static void space_free(struct launch_space *sp) {
   free(sp->argv);
   free(sp->values);
   free(sp->lb.roots);
+  free(sp->lb.lasts);
   free(sp->lb.drops);
 }
 
@@ -325,10 +372,9 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   if (nargs != k->nparams)
     return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                    "kernel %s takes %zu arguments, %zu given", k->name,
-                   k->nparams, nargs);
-  st = check_config(k, config);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+                   (size_t)k->nparams, nargs);
+  if (CS_UNLIKELY(!config_fits(k, config)))
+    return check_config(k, config);
   /* The context's own stream needs no look-up, nor any line of the
    * context: the kernel keeps a copy of its cudaStream_t. */
   struct cs_queue *q = &ctx->queue;
@@ -351,14 +397,15 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   return launch(k, q, stream, config, sp->argv, &sp->lb);
 }
 
-CUSAFE_API cusafe_status cusafe_kernel_launch(
+CUSAFE_API CS_HOT cusafe_status cusafe_kernel_launch(
     cusafe_kernel kernel, const cusafe_launch_config *config,
     const cusafe_arg *args, size_t nargs) {
   CS_ENTER();
   struct launch_space sp;
   sp.argv = sp.argv_stack;
   sp.values = sp.values_stack;
-  sp.lb = (struct launch_buffers){sp.roots_stack, sp.drops_stack, 0, 0};
+  sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
+                                  sp.drops_stack, 0, 0};
   cs_pin(cs_call_);
   cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
   cs_unpin(cs_call_);
@@ -388,7 +435,7 @@ CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
   cusafe_launch_config probe = {{1, 1, 1}, {1, 1, 1}, shared_memory, 0};
   st = check_config(k, &probe);
   if (st == CUSAFE_SUCCESS)
-    st = cs_kernel_allow_shared(k, shared_memory);
+    st = allow_shared(k, shared_memory);
   int saved;
   if (st == CUSAFE_SUCCESS)
     st = cs_device_enter(ctx->device, &saved);

@@ -363,33 +363,62 @@ void cs_module_shutdown(struct cs_object *obj, void *arg) {
 
 /* ---- kernels ----------------------------------------------------------------------- */
 
+/* The most bytes one parameter may take: kept in 16 bits, far above the
+ * 32 764 bytes that CUDA allows all the parameters of a kernel together.
+ * No parameter takes 0 bytes (a C++ object takes one at least), which a
+ * launch relies on to tell the kinds of arguments apart. */
+#define PARAM_MAX UINT16_MAX
+
 /* Reads the kernel's parameter sizes: cudaFuncGetParamInfo answers
  * cudaErrorInvalidValue past the last parameter. */
-static cusafe_status read_params(struct cs_kernel *k) {
-  size_t cap = 8;
-  k->param_size = malloc(cap * sizeof *k->param_size);
-  if (!k->param_size)
-    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+static cusafe_status read_params(struct cs_kernel *k, const char *module) {
+  size_t cap = CS_INLINE_PARAMS;
+  uint16_t *sizes = k->param_size.inline_;
   for (size_t i = 0;; i++) {
     size_t offset, size;
     cudaError_t err = cs_cu->func_get_param_info((const void *)k->fn, i,
                                                  &offset, &size);
     if (err == cudaErrorInvalidValue) {
       cs_cu->get_last_error(); /* the end of the list is no error to others */
-      k->nparams = i;
+      k->nparams = (uint32_t)i;
+      if (i > CS_INLINE_PARAMS)
+        k->param_size.heap = sizes;
       return CUSAFE_SUCCESS;
     }
-    if (err != cudaSuccess)
+    if (err != cudaSuccess) {
+      if (sizes != k->param_size.inline_)
+        free(sizes);
       return cs_fail_cuda(err, "cudaFuncGetParamInfo");
+    }
+    if (size == 0 || size > PARAM_MAX) { /* launches rely on 1..PARAM_MAX */
+      if (sizes != k->param_size.inline_)
+        free(sizes);
+      return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                     "parameter %zu of kernel %s in module %s is %zu bytes; "
+                     "cusafe supports 1 to %u",
+                     i, k->name, module, size, (unsigned)PARAM_MAX);
+    }
     if (i == cap) {
-      size_t *grown = realloc(k->param_size, 2 * cap * sizeof *grown);
-      if (!grown)
+      uint16_t *grown = malloc(2 * cap * sizeof *grown);
+      if (!grown) {
+        if (sizes != k->param_size.inline_)
+          free(sizes);
         return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-      k->param_size = grown;
+      }
+      memcpy(grown, sizes, cap * sizeof *grown);
+      if (sizes != k->param_size.inline_)
+        free(sizes);
+      sizes = grown;
       cap *= 2;
     }
-    k->param_size[i] = size;
+    sizes[i] = (uint16_t)size;
   }
+}
+
+/* Frees what read_params() allocated. */
+static void params_free(struct cs_kernel *k) {
+  if (k->nparams > CS_INLINE_PARAMS)
+    free(k->param_size.heap);
 }
 
 /* Looks the kernel up in m and reads its layout and limits. */
@@ -419,7 +448,7 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
     st = load_failed(err, "cudaLibraryGetKernel", m->name);
   }
   if (st == CUSAFE_SUCCESS)
-    st = read_params(k);
+    st = read_params(k, m->name);
   if (st == CUSAFE_SUCCESS) {
     struct cudaFuncAttributes attr;
     err = cs_cu->func_get_attributes(&attr, (const void *)k->fn);
@@ -435,16 +464,12 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
         k->max_block[d] = ctx->max_block[d];
         k->max_grid[d] = ctx->max_grid[d];
       }
+      /* Both fit 32 bits: a device has kilobytes of shared memory. */
       k->shared_limit = ctx->shared_optin > k->static_shared
-                            ? ctx->shared_optin - k->static_shared
+                            ? (uint32_t)(ctx->shared_optin - k->static_shared)
                             : 0;
-      if (k->nparams <= CS_INLINE_PARAMS) {
-        memcpy(k->param_inline, k->param_size,
-               k->nparams * sizeof *k->param_size);
-        free(k->param_size);
-        k->param_size = k->param_inline;
-      }
-      atomic_store(&k->dynamic_limit, (size_t)attr.maxDynamicSharedSizeBytes);
+      atomic_store(&k->dynamic_limit,
+                   (uint32_t)attr.maxDynamicSharedSizeBytes);
     }
   }
   cs_device_leave(saved);
@@ -458,8 +483,7 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
   return CUSAFE_SUCCESS;
 fail:
   pthread_mutex_destroy(&k->limit_lock);
-  if (k->param_size != k->param_inline)
-    free(k->param_size);
+  params_free(k);
   free(k->name);
   free(k);
   return st;
@@ -490,8 +514,7 @@ CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
 cusafe_status cs_kernel_destroy(struct cs_kernel *k) {
   struct cs_module *m = k->module;
   pthread_mutex_destroy(&k->limit_lock);
-  if (k->param_size != k->param_inline)
-    free(k->param_size);
+  params_free(k);
   free(k->name);
   free(k);
   return cs_unref(&m->hdr);
@@ -515,9 +538,11 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
   if (st != CUSAFE_SUCCESS)
     return st;
   *count = k->nparams;
-  if (sizes)
+  if (sizes) {
+    const uint16_t *param_size = cs_kernel_params(k);
     for (size_t i = 0; i < k->nparams && i < capacity; i++)
-      sizes[i] = k->param_size[i];
+      sizes[i] = param_size[i];
+  }
   cs_unref(&k->hdr);
   return CUSAFE_SUCCESS;
 }

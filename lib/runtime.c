@@ -10,7 +10,7 @@
 
 #include "internal.h"
 
-_Atomic int cs_state = CS_RUNNING;
+_Alignas(64) struct cs_hot cs_hot = {.state = CS_RUNNING};
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int initialised;
@@ -28,8 +28,6 @@ static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
 
 __thread struct cs_thread *cs_tls_thread
     __attribute__((tls_model("initial-exec")));
-_Atomic int cs_light_calls;
-_Atomic int cs_single_device;
 
 /* Registers for expedited membarrier(), which makes cheap calls possible;
  * where the kernel (or Valgrind) lacks it, calls keep their full fence. */
@@ -37,14 +35,14 @@ static void light_calls_init(void) {
 #ifdef __NR_membarrier
   if (syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
               0) == 0)
-    atomic_store(&cs_light_calls, 1);
+    atomic_store(&cs_hot.light_calls, 1);
 #endif
 }
 
 /* A full memory barrier on every thread of the process. */
 static void heavy_barrier(void) {
 #ifdef __NR_membarrier
-  if (atomic_load(&cs_light_calls) &&
+  if (atomic_load(&cs_hot.light_calls) &&
       syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
     return;
 #endif
@@ -131,7 +129,7 @@ static bool drain_calls(int seconds) {
 }
 
 cusafe_status cs_state_error(void) {
-  if (atomic_load(&cs_state) == CS_FORKED)
+  if (atomic_load(&cs_hot.state) == CS_FORKED)
     return cs_fail(CUSAFE_ERROR_FORKED, "cusafe cannot be used in a process "
                                         "forked after CUDA was initialised");
   return cs_fail(CUSAFE_ERROR_SHUTDOWN, "cusafe has been shut down");
@@ -141,7 +139,7 @@ cusafe_status cs_state_error(void) {
  * answers cudaErrorInitializationError), and its exit must touch nothing of
  * the parent's: from here on every call fails and releases do nothing. */
 static void at_fork_child(void) {
-  atomic_store(&cs_state, CS_FORKED);
+  atomic_store(&cs_hot.state, CS_FORKED);
 }
 
 static void at_exit(void) { cusafe_shutdown(); }
@@ -207,7 +205,7 @@ cusafe_status cs_init(int *count) {
             found != cudaDriverEntryPointSuccess)
           library_get_module = NULL;
         device_count = n;
-        atomic_store(&cs_single_device, n == 1);
+        atomic_store(&cs_hot.single_device, n == 1);
         atomic_store_explicit(&initialised, 1, memory_order_release);
       }
     }
@@ -251,10 +249,6 @@ cusafe_status cs_device_enter_teardown(int device, int *saved) {
   return st == CUSAFE_SUCCESS ? st : cs_device_enter(device, saved);
 }
 
-void cs_device_leave(int saved) {
-  if (saved >= 0)
-    cs_cu->set_device(saved);
-}
 
 cusafe_status cs_check_range(const char *what, const char *which,
                              size_t offset, size_t size, size_t limit) {
@@ -385,7 +379,7 @@ static void report_leak(struct cs_object *obj, void *arg) {
  * memory and gets an error, never a crash. */
 CUSAFE_API cusafe_status cusafe_shutdown(void) {
   int expected = CS_RUNNING;
-  if (!atomic_compare_exchange_strong(&cs_state, &expected, CS_SHUT_DOWN))
+  if (!atomic_compare_exchange_strong(&cs_hot.state, &expected, CS_SHUT_DOWN))
     return CUSAFE_SUCCESS; /* done already, or a forked child */
   if (!atomic_load(&initialised))
     return CUSAFE_SUCCESS;
