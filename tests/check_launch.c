@@ -512,6 +512,217 @@ START_TEST(test_argument_values) {
 }
 END_TEST
 
+/* A kernel of 40 parameters, whose sizes cusafe keeps beyond the 16 it
+ * holds inline and whose arguments go beyond the 32 a launch holds on its
+ * stack, and kernels of 16 and 17 parameters, on either side of the first
+ * limit.  wide's parameters are 8 groups of (p, 4, 8, 2, 1): a group at
+ * offset o puts them at o, o + 8, o + 16, o + 24 and o + 26, and the next
+ * group at o + 32, so 251 bytes in all. */
+static const char wide_image[] =
+    "FAKECUBIN\n"
+    "kernel wide p 4 8 2 1 p 4 8 2 1 p 4 8 2 1 p 4 8 2 1"
+    " p 4 8 2 1 p 4 8 2 1 p 4 8 2 1 p 4 8 2 1\n"
+    "kernel k16 p 4 4 4 4 4 4 4 4 4 4 4 4 4 4 8\n"
+    "kernel k17 p 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 8\n";
+#define WIDE_GROUPS 8
+#define WIDE_PARAMS (5 * WIDE_GROUPS)
+
+/* wide's arguments: group g passes bufs[g % 3] and values made from g. */
+static void wide_args(cusafe_arg *a, const cusafe_buffer bufs[3]) {
+  for (int g = 0; g < WIDE_GROUPS; g++) {
+    a[5 * g] = CUSAFE_ARG_BUF(bufs[g % 3]);
+    a[5 * g + 1] = CUSAFE_ARG_I32V(1000 + g);
+    a[5 * g + 2] = CUSAFE_ARG_I64V(-(g + 1) * 1000000000000LL);
+    a[5 * g + 3] = CUSAFE_ARG_UINT(CUSAFE_ARG_U16, 60000 + g);
+    a[5 * g + 4] = CUSAFE_ARG_UINT(CUSAFE_ARG_U8, 200 + g);
+  }
+}
+
+/* The last launch passed wide_args(bufs) at wide's offsets. */
+static void check_wide_values(const cusafe_buffer bufs[3]) {
+  unsigned char got[256];
+  ck_assert_uint_eq(fake_last_launch_args(got, sizeof got), 251);
+  for (int g = 0; g < WIDE_GROUPS; g++) {
+    const unsigned char *o = got + 32 * g;
+    void *p, *want;
+    int32_t i32;
+    int64_t i64;
+    uint16_t u16;
+    TU_OK(cusafe_buffer_interop_pointer(&want, bufs[g % 3]));
+    memcpy(&p, o, 8);
+    memcpy(&i32, o + 8, 4);
+    memcpy(&i64, o + 16, 8);
+    memcpy(&u16, o + 24, 2);
+    ck_assert_ptr_eq(p, want);
+    ck_assert_int_eq(i32, 1000 + g);
+    ck_assert_int_eq(i64, -(g + 1) * 1000000000000LL);
+    ck_assert_uint_eq(u16, 60000 + g);
+    ck_assert_uint_eq(o[26], 200 + g);
+  }
+}
+
+START_TEST(test_many_parameters) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  cusafe_buffer bufs[3] = {CUSAFE_NULL_HANDLE};
+  cusafe_arg a[WIDE_PARAMS + 1];
+  size_t count = 0, sizes[WIDE_PARAMS + 1];
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_module_load_data(&m, ctx, wide_image, sizeof wide_image));
+  cusafe_kernel wide = get_kernel(m, "wide");
+  cusafe_kernel k16 = get_kernel(m, "k16");
+  cusafe_kernel k17 = get_kernel(m, "k17");
+
+  /* The sizes come back as read, on both sides of the inline limit. */
+  TU_OK(cusafe_kernel_get_params(&count, sizes, WIDE_PARAMS + 1, wide));
+  ck_assert_uint_eq(count, WIDE_PARAMS);
+  for (int i = 0; i < WIDE_PARAMS; i++)
+    ck_assert_uint_eq(sizes[i], ((const size_t[]){8, 4, 8, 2, 1})[i % 5]);
+  TU_OK(cusafe_kernel_get_params(&count, sizes, WIDE_PARAMS + 1, k16));
+  ck_assert_uint_eq(count, 16);
+  ck_assert_uint_eq(sizes[0], 8);
+  ck_assert_uint_eq(sizes[14], 4);
+  ck_assert_uint_eq(sizes[15], 8);
+  TU_OK(cusafe_kernel_get_params(&count, sizes, WIDE_PARAMS + 1, k17));
+  ck_assert_uint_eq(count, 17);
+  ck_assert_uint_eq(sizes[15], 4);
+  ck_assert_uint_eq(sizes[16], 8);
+
+  /* Two allocations and a view of the first: three buffers, two roots,
+   * each passed several times. */
+  TU_OK(cusafe_buffer_alloc(&bufs[0], ctx, CUSAFE_MEMORY_DEVICE, 1024));
+  TU_OK(cusafe_buffer_alloc(&bufs[1], ctx, CUSAFE_MEMORY_DEVICE, 1024));
+  TU_OK(cusafe_buffer_view(&bufs[2], bufs[0], 64, 256));
+  wide_args(a, bufs);
+  fake_set_paused(1);
+  cusafe_launch_config c = config1();
+  c.stream = s; /* the buffers move from the default stream to s */
+  TU_OK(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS));
+  check_wide_values(bufs);
+  c.stream = CUSAFE_STREAM_DEFAULT; /* and back */
+  TU_OK(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS));
+  check_wide_values(bufs);
+  TU_OK(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS)); /* no move */
+  check_wide_values(bufs);
+
+  /* Each argument is checked, the last ones too. */
+  a[38] = CUSAFE_ARG_I32V(1);
+  TU_ERR(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 38 of kernel wide is 4 bytes, parameter 38 is 2 bytes");
+  TU_ERR(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS - 1),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel wide takes 40 arguments, 39 given");
+  wide_args(a, bufs);
+  cusafe_buffer gone = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_alloc(&gone, ctx, CUSAFE_MEMORY_DEVICE, 64));
+  TU_OK(cusafe_buffer_release(gone));
+  a[35] = CUSAFE_ARG_BUF(gone);
+  TU_ERR(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS),
+         CUSAFE_ERROR_INVALID_HANDLE,
+         "argument 35 0x%016llx is stale: its object was released",
+         TU_HX(gone));
+
+  /* The queued kernels keep the buffers and the stream: released before
+   * any kernel ran, they are freed after the last one. */
+  wide_args(a, bufs);
+  c.stream = s;
+  TU_OK(cusafe_kernel_launch(wide, &c, a, WIDE_PARAMS));
+  for (int i = 2; i >= 0; i--)
+    TU_OK(cusafe_buffer_release(bufs[i]));
+  TU_OK(cusafe_stream_release(s));
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 4);
+
+  /* 16 and 17 parameters: the last size of each is checked. */
+  c.stream = CUSAFE_STREAM_DEFAULT;
+  for (int i = 1; i < 17; i++)
+    a[i] = CUSAFE_ARG_I32V(i);
+  TU_OK(cusafe_buffer_alloc(&bufs[0], ctx, CUSAFE_MEMORY_DEVICE, 64));
+  a[0] = CUSAFE_ARG_BUF(bufs[0]);
+  a[15] = CUSAFE_ARG_I64V(-15);
+  TU_OK(cusafe_kernel_launch(k16, &c, a, 16));
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 15 of kernel k17 is 8 bytes, parameter 15 is 4 bytes");
+  a[15] = CUSAFE_ARG_I32V(15);
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 16 of kernel k17 is 4 bytes, parameter 16 is 8 bytes");
+  a[16] = CUSAFE_ARG_I64V(-16);
+  TU_OK(cusafe_kernel_launch(k17, &c, a, 17));
+  int64_t last = 0;
+  unsigned char got[80];
+  ck_assert_uint_eq(fake_last_launch_args(got, sizeof got), 80);
+  memcpy(&last, got + 72, 8);
+  ck_assert_int_eq(last, -16);
+
+  TU_OK(cusafe_buffer_release(bufs[0]));
+  TU_OK(cusafe_kernel_release(wide));
+  TU_OK(cusafe_kernel_release(k16));
+  TU_OK(cusafe_kernel_release(k17));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
+/* cusafe keeps a parameter's size in 16 bits: a kernel whose parameter
+ * is larger, which CUDA does not allow today, is refused by name. */
+START_TEST(test_parameter_size_limit) {
+  static const char image[] = "FAKECUBIN\n"
+                              "kernel big 4 65535\n"
+                              "kernel huge 8 65536\n";
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  size_t count = 0, sizes[2] = {0, 0};
+  fake_set_param_space(200000);
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_data(&m, ctx, image, sizeof image));
+
+  k = get_kernel(m, "big");
+  TU_OK(cusafe_kernel_get_params(&count, sizes, 2, k));
+  ck_assert_uint_eq(count, 2);
+  ck_assert_uint_eq(sizes[0], 4);
+  ck_assert_uint_eq(sizes[1], 65535);
+  unsigned char *blob = tu_xmalloc(65535), *got = tu_xmalloc(65539);
+  for (size_t i = 0; i < 65535; i++)
+    blob[i] = (unsigned char)(i * 7);
+  cusafe_launch_config c = config1();
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
+                      ((cusafe_arg){CUSAFE_ARG_BYTES, 65535, {.bytes = blob}})));
+  ck_assert_uint_eq(fake_last_launch_args(got, 65539), 65539);
+  int32_t first = 0;
+  memcpy(&first, got, 4);
+  ck_assert_int_eq(first, -9);
+  TU_BYTES_EQ(got + 4, blob, 65535);
+  TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
+                       ((cusafe_arg){CUSAFE_ARG_BYTES, 65536 + 4,
+                                     {.bytes = blob}})),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "argument 1 of kernel big is 65540 bytes, parameter 1 is 65535 "
+         "bytes");
+  free(blob);
+  free(got);
+  TU_OK(cusafe_kernel_release(k));
+
+  k = (cusafe_kernel)0x1234;
+  TU_ERR(cusafe_module_get_kernel(&k, m, "huge"), CUSAFE_ERROR_NOT_SUPPORTED,
+         "parameter 1 of kernel huge in module <memory image> is 65536 "
+         "bytes; cusafe supports 1 to 65535");
+  ck_assert_uint_eq(k, CUSAFE_NULL_HANDLE);
+
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  fake_set_param_space(32764);
+  CHECK_NOTHING_LIVE();
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Configuration                                                              */
 /* ------------------------------------------------------------------------ */
@@ -1769,6 +1980,8 @@ static Suite *launch_suite(void) {
   tc = tcase_create("arguments");
   tcase_add_test(tc, test_argument_checks);
   tcase_add_test(tc, test_argument_values);
+  tcase_add_test(tc, test_many_parameters);
+  tcase_add_test(tc, test_parameter_size_limit);
   tcase_add_test(tc, test_config_checks);
   tcase_add_test(tc, test_suggest_config);
   tcase_add_test(tc, test_context_mismatch);

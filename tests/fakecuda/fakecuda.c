@@ -187,6 +187,8 @@ struct fprogram {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_initialized;
 
+#define PARAM_SPACE_MAX 32764 /* bytes of kernel parameters (CUDA 12.1+) */
+
 static struct {
   enum fake_driver driver;
   int ndev;
@@ -229,6 +231,7 @@ static struct {
   char *nvrtc_options; /* the options of the last nvrtcCompileProgram */
   unsigned char *launch_args; /* the argument values of the last launch */
   size_t launch_args_size;
+  size_t param_space; /* bytes of parameters a kernel may take */
 
   struct fdevice dev[MAX_DEVICES];
 } g;
@@ -300,6 +303,7 @@ static void set_defaults(void)
   g.fail_err = cudaSuccess;
   g.fail_persistent = 0;
   g.nfail_fn = 0;
+  g.param_space = PARAM_SPACE_MAX;
   for (int i = 0; i < MAX_DEVICES; i++) {
     struct fdevice *d = &g.dev[i];
     memset(d, 0, sizeof *d);
@@ -1950,7 +1954,6 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
 #define SM_SHARED (228 * 1024)          /* per multiprocessor */
 #define SM_THREADS 2048
 #define SM_BLOCKS 32
-#define PARAM_SPACE_MAX 32764 /* bytes of kernel parameters (CUDA 12.1+) */
 
 /* The kernels built into cusafe (from kernels/), with their layouts.  The
  * indices say which parameter is which for the semantics of exec_builtin. */
@@ -2012,7 +2015,7 @@ static int kernel_add_param(struct fkernel *k, size_t size, int pointer)
 {
   size_t align = param_align(size);
   size_t off = (k->argbytes + align - 1) / align * align;
-  if (size > PARAM_SPACE_MAX || off > PARAM_SPACE_MAX - size)
+  if (size > g.param_space || off > g.param_space - size)
     return 0;
   k->psize = xrealloc(k->psize, (k->nparams + 1) * sizeof *k->psize);
   k->poffset = xrealloc(k->poffset, (k->nparams + 1) * sizeof *k->poffset);
@@ -2105,7 +2108,7 @@ static int parse_kernel_line(struct flibrary *lib, const char *line,
       if (!kernel_add_param(k, sizeof(void *), 1))
         return 0;
     } else {
-      if (!parse_number(s, e, 1, PARAM_SPACE_MAX, &v) ||
+      if (!parse_number(s, e, 1, g.param_space, &v) ||
           !kernel_add_param(k, v, 0))
         return 0;
     }
@@ -3470,6 +3473,13 @@ FAKE_EXPORT void fake_set_launch_hook(void (*fn)(void *arg), void *arg)
 FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds)
 {
   atomic_store(&launch_delay_us, microseconds);
+}
+
+FAKE_EXPORT void fake_set_param_space(size_t bytes)
+{
+  lock();
+  g.param_space = bytes;
+  unlock();
 }
 
 FAKE_EXPORT void fake_set_paused(int paused)

@@ -110,6 +110,10 @@ unsigned long fake_call_count(void);
  * at the next call that queues on, queries or synchronizes its stream. */
 void fake_set_paused(int paused);
 
+/* The bytes of parameters one kernel of a fake image may take (default
+ * 32764, CUDA's limit since 12.1): what a later CUDA might allow. */
+void fake_set_param_space(size_t bytes);
+
 /* cudaLaunchKernel sleeps `microseconds` (default 0) before it does
  * anything, holding no lock of the fake's: a caller's launch in progress
  * then lasts long enough for other threads to release what it uses. */
