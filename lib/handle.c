@@ -318,36 +318,49 @@ peek_slow(cusafe_handle h, enum cs_type type, const char *name, long index,
   return st;
 }
 
+/* The slot of `h` if it is a live handle of `type` (not 0), else NULL:
+ * the whole check of a peek, in few instructions, whose failures
+ * peek_slow() explains.  Sequentially consistent: after the pin (see
+ * cs_pin). */
+static inline __attribute__((always_inline)) struct cs_slot *
+live_slot(cusafe_handle h, enum cs_type type) {
+  uint32_t index = (uint32_t)h;
+  if (CS_UNLIKELY((unsigned)(h >> 56) != (TAG_BASE | (unsigned)type) ||
+                  index >= atomic_load_explicit(&cs_hot.handles,
+                                                memory_order_acquire)))
+    return NULL;
+  struct cs_slot *slot = slot_at(index);
+  if (CS_UNLIKELY(!slot))
+    return NULL;
+  uint64_t word = atomic_load(&slot->word);
+  /* h's generation, moved to the word's and xor'ed out, leaves the
+   * caller's references, 1 to USER_MAX if the generation is h's. */
+  uint64_t users =
+      (word ^ ((h << (GEN_SHIFT - 32)) & ~((1ull << GEN_SHIFT) - 1))) >>
+      USER_SHIFT;
+  if (CS_UNLIKELY(users - 1 >= USER_MAX ||
+                  atomic_load_explicit(&slot->type, memory_order_relaxed) !=
+                      (uint8_t)type))
+    return NULL;
+  return slot;
+}
+
 cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
                       long index, struct cs_object **out) {
-  struct cs_slot *slot = slot_of(h, type);
+  struct cs_slot *slot = live_slot(h, type);
   if (CS_LIKELY(slot)) {
-    /* Sequentially consistent: after the pin (see cs_pin). */
-    uint64_t word = atomic_load(&slot->word);
-    if (CS_LIKELY(GEN_OF(word) == ((h >> 32) & GEN_MASK) &&
-                  USERS_OF(word) != 0 &&
-                  atomic_load_explicit(&slot->type, memory_order_relaxed) ==
-                      ((h >> 56) & 0x0Fu))) {
-      *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
-      return CUSAFE_SUCCESS;
-    }
+    *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
+    return CUSAFE_SUCCESS;
   }
   return peek_slow(h, type, name, index, out);
 }
 
 cusafe_status cs_peek_buffer(cusafe_handle h, long index,
                              const struct cs_buffer_slot **out) {
-  struct cs_slot *slot = slot_of(h, CS_BUFFER);
+  struct cs_slot *slot = live_slot(h, CS_BUFFER);
   if (CS_LIKELY(slot)) {
-    /* Sequentially consistent: after the pin (see cs_pin). */
-    uint64_t word = atomic_load(&slot->word);
-    if (CS_LIKELY(GEN_OF(word) == ((h >> 32) & GEN_MASK) &&
-                  USERS_OF(word) != 0 &&
-                  atomic_load_explicit(&slot->type, memory_order_relaxed) ==
-                      CS_BUFFER)) {
-      *out = &slot->u.buffer;
-      return CUSAFE_SUCCESS;
-    }
+    *out = &slot->u.buffer;
+    return CUSAFE_SUCCESS;
   }
   struct cs_object *obj;
   cusafe_status st = peek_slow(h, CS_BUFFER, "argument", index, &obj);

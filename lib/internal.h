@@ -71,9 +71,9 @@ cusafe_status cs_handle_new_buffer(struct cs_buffer *b);
  * the parameter's name for the message. */
 cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
                          const char *name, struct cs_object **out);
-/* Checks `handle` as cs_acquire() does but takes no reference: for a
- * pinned thread only (cs_pin), until cs_unpin().  `index` >= 0 names the
- * index-th element of a list. */
+/* Checks `handle` as cs_acquire() does, for a `type` other than 0, but
+ * takes no reference: for a pinned thread only (cs_pin), until cs_unpin().
+ * `index` >= 0 names the index-th element of a list. */
 cusafe_status cs_peek(cusafe_handle handle, enum cs_type type,
                       const char *name, long index,
                       struct cs_object **out) CS_HOT;
@@ -369,7 +369,7 @@ struct cs_kernel {
   /* What a launch reads, in the first two cache lines (the object is
    * allocated 64-byte aligned): the context, the function, the context's
    * default stream, the kernel's and the device's limits and, for up to
-   * CS_INLINE_PARAMS parameters, their sizes. */
+   * CS_INLINE_PARAMS parameters, the kinds of argument each accepts. */
   struct cs_context *ctx;
   cudaKernel_t fn;
   cudaStream_t default_stream; /* ctx's own, which outlives the kernel */
@@ -380,22 +380,42 @@ struct cs_kernel {
   /* The dynamic shared memory the kernel is currently allowed (raised on
    * demand by launches). */
   _Atomic uint32_t dynamic_limit;
+  /* Per parameter, the fixed-size kinds of argument of its size: bit k
+   * for cusafe_arg_kind k (cs_kernel_kinds). */
   union {
     uint16_t inline_[CS_INLINE_PARAMS]; /* nparams <= CS_INLINE_PARAMS */
     uint16_t *heap;                     /* more: malloc'd */
-  } param_size;
+  } param_kinds;
+  uint16_t *param_size;     /* each parameter's bytes (1 to 65 535) */
   struct cs_module *module; /* referenced */
   char *name;
   size_t static_shared;
   pthread_mutex_t limit_lock;
 };
-_Static_assert(offsetof(struct cs_kernel, module) == 128,
+_Static_assert(offsetof(struct cs_kernel, param_size) == 128,
                "a launch reads two cache lines of a kernel");
 
-/* The parameter sizes of k. */
-static inline const uint16_t *cs_kernel_params(const struct cs_kernel *k) {
-  return k->nparams <= CS_INLINE_PARAMS ? k->param_size.inline_
-                                        : k->param_size.heap;
+/* The size an argument of `kind` passes, or 0 for bytes (which say their
+ * size) and unknown kinds.  The sizes of kinds 1 to 11 are the nibbles of
+ * one constant: no table to load. */
+#define CS_KIND_SIZES                                                        \
+  ((uint64_t)8 << 4 * CUSAFE_ARG_BUFFER | (uint64_t)1 << 4 * CUSAFE_ARG_I8 |  \
+   (uint64_t)1 << 4 * CUSAFE_ARG_U8 | (uint64_t)2 << 4 * CUSAFE_ARG_I16 |     \
+   (uint64_t)2 << 4 * CUSAFE_ARG_U16 | (uint64_t)4 << 4 * CUSAFE_ARG_I32 |    \
+   (uint64_t)4 << 4 * CUSAFE_ARG_U32 | (uint64_t)8 << 4 * CUSAFE_ARG_I64 |    \
+   (uint64_t)8 << 4 * CUSAFE_ARG_U64 | (uint64_t)4 << 4 * CUSAFE_ARG_F32 |    \
+   (uint64_t)8 << 4 * CUSAFE_ARG_F64)
+_Static_assert(sizeof(void *) == 8, "buffers pass 8-byte addresses");
+_Static_assert(CUSAFE_ARG_F64 < 16 && CUSAFE_ARG_BYTES < 16,
+               "kinds fit the nibbles of CS_KIND_SIZES and 16-bit masks");
+static inline size_t cs_kind_size(unsigned kind) {
+  return kind < 16 ? (CS_KIND_SIZES >> 4 * kind) & 0xF : 0;
+}
+
+/* The kinds of argument that each parameter of k accepts. */
+static inline const uint16_t *cs_kernel_kinds(const struct cs_kernel *k) {
+  return k->nparams <= CS_INLINE_PARAMS ? k->param_kinds.inline_
+                                        : k->param_kinds.heap;
 }
 
 cusafe_status cs_context_destroy(struct cs_context *ctx);

@@ -16,25 +16,8 @@
 
 static const char dims[3] = {'x', 'y', 'z'};
 
-/* The size an argument of `kind` passes, or 0 for an unknown kind.  The
- * sizes of kinds 1 to 11 are the nibbles of one constant: no switch (whose
- * indirect jump mispredicts when a launch mixes kinds) and no table (a
- * load that misses after the driver's own launch work). */
-#define KIND_SIZES                                                           \
-  ((uint64_t)8 << 4 * CUSAFE_ARG_BUFFER | (uint64_t)1 << 4 * CUSAFE_ARG_I8 |  \
-   (uint64_t)1 << 4 * CUSAFE_ARG_U8 | (uint64_t)2 << 4 * CUSAFE_ARG_I16 |     \
-   (uint64_t)2 << 4 * CUSAFE_ARG_U16 | (uint64_t)4 << 4 * CUSAFE_ARG_I32 |    \
-   (uint64_t)4 << 4 * CUSAFE_ARG_U32 | (uint64_t)8 << 4 * CUSAFE_ARG_I64 |    \
-   (uint64_t)8 << 4 * CUSAFE_ARG_U64 | (uint64_t)4 << 4 * CUSAFE_ARG_F32 |    \
-   (uint64_t)8 << 4 * CUSAFE_ARG_F64)
-_Static_assert(sizeof(void *) == 8, "buffers pass 8-byte addresses");
-_Static_assert(CUSAFE_ARG_F64 < 16 && CUSAFE_ARG_BYTES < 16,
-               "kinds fit the nibbles of KIND_SIZES");
-
 static inline size_t arg_size(const cusafe_arg *a) {
-  if (a->kind == CUSAFE_ARG_BYTES)
-    return a->size;
-  return a->kind < 16 ? (KIND_SIZES >> 4 * a->kind) & 0xF : 0;
+  return a->kind == CUSAFE_ARG_BYTES ? a->size : cs_kind_size(a->kind);
 }
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -177,12 +160,12 @@ static void roots_unique(struct launch_buffers *lb) {
   lb->nroots = n;
 }
 
-/* Why argument i, whose fixed-size kind does not pass param_size bytes,
- * is wrong; or, for a bytes argument, its address in *arg. */
+/* Why argument i, whose kind parameter i does not accept as it is, is
+ * wrong; or, for a bytes argument of the right size, its address in *arg. */
 __attribute__((cold, noinline)) static cusafe_status
 arg_unusual(const struct cs_kernel *k, const cusafe_arg *a, size_t i,
-            size_t param_size, void **arg) {
-  size_t size = arg_size(a);
+            void **arg) {
+  size_t size = arg_size(a), param_size = k->param_size[i];
   if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
     return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                    "argument %zu has unknown kind %u", i, a->kind);
@@ -204,15 +187,13 @@ static cusafe_status resolve_args(const struct cs_kernel *k,
                                   const cusafe_arg *args, size_t nargs,
                                   void **argv, uint64_t *values,
                                   struct launch_buffers *lb) {
-  const uint16_t *param_size = cs_kernel_params(k);
+  const uint16_t *kinds = cs_kernel_kinds(k);
   for (size_t i = 0; i < nargs; i++) {
     const cusafe_arg *a = &args[i];
     unsigned kind = a->kind;
-    /* A fixed-size kind's size; 0, which no parameter has, for bytes
-     * and for unknown kinds. */
-    size_t size = kind < 16 ? (KIND_SIZES >> 4 * kind) & 0xF : 0;
-    if (CS_UNLIKELY(size != param_size[i])) {
-      cusafe_status st = arg_unusual(k, a, i, param_size[i], &argv[i]);
+    /* One bit test: a fixed-size kind of the parameter's size. */
+    if (CS_UNLIKELY(kind >= 16 || !((kinds[i] >> kind) & 1))) {
+      cusafe_status st = arg_unusual(k, a, i, &argv[i]);
       if (st != CUSAFE_SUCCESS)
         return st;
     } else if (kind == CUSAFE_ARG_BUFFER) {

@@ -369,56 +369,77 @@ void cs_module_shutdown(struct cs_object *obj, void *arg) {
  * launch relies on to tell the kinds of arguments apart. */
 #define PARAM_MAX UINT16_MAX
 
-/* Reads the kernel's parameter sizes: cudaFuncGetParamInfo answers
- * cudaErrorInvalidValue past the last parameter. */
+/* The fixed-size kinds of argument that a parameter of `size` bytes
+ * accepts, as a mask: bit k for kind k. */
+static uint16_t kinds_of(size_t size) {
+  uint16_t mask = 0;
+  for (unsigned kind = 0; kind < 16; kind++)
+    if (cs_kind_size(kind) == size)
+      mask |= (uint16_t)(1u << kind);
+  return mask;
+}
+
+/* Reads the kernel's parameter sizes, and the kinds each accepts:
+ * cudaFuncGetParamInfo answers cudaErrorInvalidValue past the last
+ * parameter. */
 static cusafe_status read_params(struct cs_kernel *k, const char *module) {
-  size_t cap = CS_INLINE_PARAMS;
-  uint16_t *sizes = k->param_size.inline_;
-  for (size_t i = 0;; i++) {
+  size_t cap = 8, n = 0;
+  uint16_t *sizes = malloc(cap * sizeof *sizes);
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (!sizes)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  for (;; n++) {
     size_t offset, size;
-    cudaError_t err = cs_cu->func_get_param_info((const void *)k->fn, i,
+    cudaError_t err = cs_cu->func_get_param_info((const void *)k->fn, n,
                                                  &offset, &size);
     if (err == cudaErrorInvalidValue) {
       cs_cu->get_last_error(); /* the end of the list is no error to others */
-      k->nparams = (uint32_t)i;
-      if (i > CS_INLINE_PARAMS)
-        k->param_size.heap = sizes;
-      return CUSAFE_SUCCESS;
+      break;
     }
     if (err != cudaSuccess) {
-      if (sizes != k->param_size.inline_)
-        free(sizes);
-      return cs_fail_cuda(err, "cudaFuncGetParamInfo");
+      st = cs_fail_cuda(err, "cudaFuncGetParamInfo");
+      break;
     }
     if (size == 0 || size > PARAM_MAX) { /* launches rely on 1..PARAM_MAX */
-      if (sizes != k->param_size.inline_)
-        free(sizes);
-      return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
-                     "parameter %zu of kernel %s in module %s is %zu bytes; "
-                     "cusafe supports 1 to %u",
-                     i, k->name, module, size, (unsigned)PARAM_MAX);
+      st = cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                   "parameter %zu of kernel %s in module %s is %zu bytes; "
+                   "cusafe supports 1 to %u",
+                   n, k->name, module, size, (unsigned)PARAM_MAX);
+      break;
     }
-    if (i == cap) {
-      uint16_t *grown = malloc(2 * cap * sizeof *grown);
+    if (n == cap) {
+      uint16_t *grown = realloc(sizes, 2 * cap * sizeof *grown);
       if (!grown) {
-        if (sizes != k->param_size.inline_)
-          free(sizes);
-        return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+        st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+        break;
       }
-      memcpy(grown, sizes, cap * sizeof *grown);
-      if (sizes != k->param_size.inline_)
-        free(sizes);
       sizes = grown;
       cap *= 2;
     }
-    sizes[i] = (uint16_t)size;
+    sizes[n] = (uint16_t)size;
   }
+  uint16_t *kinds = k->param_kinds.inline_;
+  if (st == CUSAFE_SUCCESS && n > CS_INLINE_PARAMS &&
+      !(kinds = malloc(n * sizeof *kinds)))
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  if (st != CUSAFE_SUCCESS) {
+    free(sizes);
+    return st;
+  }
+  for (size_t i = 0; i < n; i++)
+    kinds[i] = kinds_of(sizes[i]);
+  if (n > CS_INLINE_PARAMS)
+    k->param_kinds.heap = kinds;
+  k->param_size = sizes;
+  k->nparams = (uint32_t)n;
+  return CUSAFE_SUCCESS;
 }
 
 /* Frees what read_params() allocated. */
 static void params_free(struct cs_kernel *k) {
   if (k->nparams > CS_INLINE_PARAMS)
-    free(k->param_size.heap);
+    free(k->param_kinds.heap);
+  free(k->param_size);
 }
 
 /* Looks the kernel up in m and reads its layout and limits. */
@@ -538,11 +559,9 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
   if (st != CUSAFE_SUCCESS)
     return st;
   *count = k->nparams;
-  if (sizes) {
-    const uint16_t *param_size = cs_kernel_params(k);
+  if (sizes)
     for (size_t i = 0; i < k->nparams && i < capacity; i++)
-      sizes[i] = param_size[i];
-  }
+      sizes[i] = k->param_size[i];
   cs_unref(&k->hdr);
   return CUSAFE_SUCCESS;
 }
