@@ -117,8 +117,8 @@ static cusafe_status slot_take(struct cs_slot **out) {
 
 /* Takes a slot for obj and sets obj's slot, type and handle; the caller
  * publishes it with publish() once the slot holds what lookups read. */
-static cusafe_status claim(struct cs_object *obj, enum cs_type type,
-                           struct cs_slot **out) {
+static inline __attribute__((always_inline)) cusafe_status
+claim(struct cs_object *obj, enum cs_type type, struct cs_slot **out) {
   struct cs_slot *slot = NULL;
   cs_spin_lock(&table_lock);
   cusafe_status st = slot_take(&slot);
@@ -139,7 +139,7 @@ static cusafe_status claim(struct cs_object *obj, enum cs_type type,
 
 /* Enters the claimed slot's object with one reference: a lookup that sees
  * the references sees everything stored in the slot and the object. */
-static void publish(struct cs_slot *slot) {
+static inline void publish(struct cs_slot *slot) {
   uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
                                              memory_order_relaxed));
   atomic_store_explicit(&slot->word, (gen << GEN_SHIFT) | USER_ONE | 1,

@@ -351,6 +351,15 @@ struct cs_buffer_slot {
   _Atomic(struct cs_queue *) own_last; /* where a root's `last` points */
 };
 
+/* The order in which buffers' roots are locked, the same for every
+ * caller: by their handles' slots, which, unlike the objects' addresses,
+ * a program's runs assign alike, so that a launch or copy that locks
+ * several roots makes its CUDA calls in the same order every time. */
+static inline bool cs_root_before(const struct cs_buffer *a,
+                                  const struct cs_buffer *b) {
+  return (uintptr_t)a->hdr.slot < (uintptr_t)b->hdr.slot;
+}
+
 /* The value of a root's `last` while it changes. */
 extern struct cs_queue cs_queue_moving;
 #define CS_QUEUE_MOVING (&cs_queue_moving)

@@ -130,7 +130,7 @@ static inline cusafe_status allow_shared(struct cs_kernel *k, size_t bytes) {
   return raise_shared(k, bytes);
 }
 
-/* The buffers of one launch: their roots, locked in address order, and
+/* The buffers of one launch: their roots, locked in order, and
  * where each root's latest queue is (lasts[i] is roots[i]'s until
  * roots_unique() sorts the roots). */
 struct launch_buffers {
@@ -141,15 +141,15 @@ struct launch_buffers {
 };
 
 /* Sorts and deduplicates the roots so that two launches sharing buffers
- * always lock them in the same order.  A launch has few buffers: an
- * insertion sort beats qsort's calls through a comparator. */
+ * always lock them in the same order (cs_root_before).  A launch has few
+ * buffers: an insertion sort beats qsort's calls through a comparator. */
 static void roots_unique(struct launch_buffers *lb) {
   if (lb->nroots < 2)
     return;
   for (size_t i = 1; i < lb->nroots; i++) {
     struct cs_buffer *r = lb->roots[i];
     size_t j = i;
-    for (; j > 0 && (uintptr_t)lb->roots[j - 1] > (uintptr_t)r; j--)
+    for (; j > 0 && cs_root_before(r, lb->roots[j - 1]); j--)
       lb->roots[j] = lb->roots[j - 1];
     lb->roots[j] = r;
   }
