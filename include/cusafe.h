@@ -510,7 +510,9 @@ CUSAFE_API cusafe_status cusafe_module_release(cusafe_module module);
 
 /* Looks up a kernel of the module by name and reads its parameter layout.
  * The kernel holds a reference on the module.  Errors: INVALID_VALUE (name
- * NULL), NOT_FOUND ("kernel \"<name>\" not found in module <module>"). */
+ * NULL), NOT_FOUND ("kernel \"<name>\" not found in module <module>"),
+ * NOT_SUPPORTED (a parameter of more than 65 535 bytes, which CUDA does not
+ * allow today: it allows 32 764 bytes for all the parameters together). */
 CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
                                                   cusafe_module module,
                                                   const char *name);
