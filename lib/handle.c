@@ -289,8 +289,9 @@ update(cusafe_handle h, enum cs_type want, struct param name, int users,
 }
 
 /* The slot of `h`, a handle of type `type` (0: any) below the high-water
- * mark, or NULL: the first checks of the fast paths, whose failures the
- * full paths explain. */
+ * mark, or NULL: the first checks of a retain's or release's fast path
+ * (count_fast), whose failures the full path explains.  Peeks, whose type
+ * is never 0, check more at once (live_slot). */
 static inline __attribute__((always_inline)) struct cs_slot *
 slot_of(cusafe_handle h, enum cs_type type) {
   unsigned tag = (unsigned)(h >> 56);
