@@ -7,26 +7,34 @@
  * (stream-ordered), so the free runs after everything queued before it.
  * Work on the same stream as the last costs one pointer comparison; moving
  * to another stream costs an event record and a stream wait. */
-#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-void cs_spin_wait(cs_spinlock *l) {
-  for (unsigned spins = 0; atomic_flag_test_and_set_explicit(
-           &l->held, memory_order_acquire);
-       spins++)
-    if (spins >= 64)
-      sched_yield(); /* the holder may be inside a CUDA call */
-}
+#include "buffer.h"
+#include "context.h"
+#include "device.h"
 
 static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
                                             "cudaMallocManaged"};
 
+static const char *const kind_names[] = {"device", "pinned host", "managed"};
+
 static cusafe_status buffer_get(cusafe_buffer h, const char *name,
                                 struct cs_buffer **out) {
-  return cs_acquire(h, CS_BUFFER, name, (struct cs_object **)out);
+  return CS_ACQUIRE(h, CS_BUFFER, name, out);
+}
+
+/* Checks that [offset, offset + size) lies within `limit` bytes. */
+static cusafe_status check_range(const char *what, const char *which,
+                                 size_t offset, size_t size, size_t limit) {
+  if (CS_LIKELY(offset <= limit && size <= limit - offset))
+    return CUSAFE_SUCCESS;
+  return cs_fail(CUSAFE_ERROR_OUT_OF_RANGE,
+                 "%s of %zu bytes at offset %zu exceeds %s%sbuffer of %zu "
+                 "bytes",
+                 what, size, offset, which ? which : "", which ? " " : "",
+                 limit);
 }
 
 /* Whether root must hold a reference on q's owner: the stream must outlive
@@ -95,7 +103,49 @@ static struct cs_buffer *buffer_new(void) {
 
 static void buffer_free(struct cs_buffer *b) { free(b); }
 
+/* Enters b into the handle table with what launches read of it in its
+ * slot; a root's `last` moves there. */
+static cusafe_status buffer_enter(struct cs_buffer *b) {
+  struct cs_buffer_slot *bs;
+  cusafe_status st = cs_handle_claim_buffer(&b->hdr, &bs);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  bs->ptr = b->ptr;
+  bs->ctx = b->ctx;
+  bs->root = b->root;
+  if (b->root == b) { /* the chain's latest queue moves into the slot */
+    atomic_init(&bs->own_last,
+                atomic_load_explicit(b->last, memory_order_relaxed));
+    b->last = &bs->own_last;
+  } else {
+    atomic_init(&bs->own_last, NULL);
+    b->last = b->root->last;
+  }
+  bs->last = b->last;
+  cs_handle_publish(&b->hdr);
+  return CUSAFE_SUCCESS;
+}
+
 /* ---- allocation ------------------------------------------------------------ */
+
+/* Allocates size bytes of `kind` memory (ctx's device current). */
+static cusafe_status memory_alloc(void **ptr, cusafe_memory kind, size_t size,
+                                  struct cs_queue *q) {
+  cudaError_t err;
+  switch (kind) {
+  case CUSAFE_MEMORY_DEVICE:
+    err = cs_cu->malloc_async(ptr, size, q->stream);
+    break;
+  case CUSAFE_MEMORY_HOST_PINNED:
+    err = cs_cu->malloc_host(ptr, size);
+    break;
+  default:
+    err = cs_cu->malloc_managed(ptr, size, cudaMemAttachGlobal);
+    break;
+  }
+  return err == cudaSuccess ? CUSAFE_SUCCESS
+                            : cs_fail_cuda(err, kind_alloc_fn[kind]);
+}
 
 /* Allocates a root buffer in ctx; `q` orders device memory.  On success the
  * caller's reference on ctx passes to the buffer, and so does its reference
@@ -121,27 +171,14 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
 
   int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS) {
-    buffer_free(b);
-    return st;
-  }
   void *ptr = NULL;
-  cudaError_t err;
-  switch (kind) {
-  case CUSAFE_MEMORY_DEVICE:
-    err = cs_cu->malloc_async(&ptr, size, q->stream);
-    break;
-  case CUSAFE_MEMORY_HOST_PINNED:
-    err = cs_cu->malloc_host(&ptr, size);
-    break;
-  default:
-    err = cs_cu->malloc_managed(&ptr, size, cudaMemAttachGlobal);
-    break;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = memory_alloc(&ptr, kind, size, q);
+    if (st != CUSAFE_SUCCESS)
+      cs_device_leave(saved);
   }
-  if (err != cudaSuccess) {
-    st = cs_fail_cuda(err, kind_alloc_fn[kind]);
-    cs_device_leave(saved);
+  if (st != CUSAFE_SUCCESS) {
     buffer_free(b);
     return st;
   }
@@ -150,20 +187,19 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   b->ptr = ptr;
   b->size = size;
   b->kind = kind;
-  atomic_flag_clear(&b->lock.held);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
     atomic_init(b->last, q);
     if (holds_owner(b, q) && !owner_given)
       cs_ref(q->owner);
   }
-  st = cs_handle_new_buffer(b);
+  st = buffer_enter(b);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
     cs_ref(&ctx->hdr); /* destroy drops the buffer's reference on ctx */
     if (owner_given && kind == CUSAFE_MEMORY_DEVICE && holds_owner(b, q))
       cs_ref(q->owner); /* ... and on q's owner, which stays the caller's */
-    cs_buffer_destroy(b);
+    cs_buffer_destroy(&b->hdr);
     return st;
   }
   *out = b->hdr.handle;
@@ -174,14 +210,9 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                              cusafe_context ctx_handle,
                                              cusafe_memory kind,
                                              size_t size) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   struct cs_context *ctx;
-  cusafe_status st = cs_acquire(ctx_handle, CS_CONTEXT, "context",
-                                (struct cs_object **)&ctx);
+  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
   if (st != CUSAFE_SUCCESS)
     return st;
   st = buffer_alloc(out, ctx, kind, size, &ctx->queue, false);
@@ -193,14 +224,9 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
 CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    cusafe_stream stream,
                                                    size_t size) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   struct cs_stream *s;
-  cusafe_status st = cs_acquire(stream, CS_STREAM, "stream",
-                                (struct cs_object **)&s);
+  cusafe_status st = CS_ACQUIRE(stream, CS_STREAM, "stream", &s);
   if (st != CUSAFE_SUCCESS)
     return st;
   struct cs_context *ctx = s->queue.ctx;
@@ -214,45 +240,44 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
   return st;
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
-                                            cusafe_buffer parent,
-                                            size_t offset, size_t size) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_buffer *p;
-  cusafe_status st = buffer_get(parent, "parent", &p);
+/* Makes a view of [offset, offset + size) of p, whose reference (the
+ * caller's) becomes the view's. */
+static cusafe_status view_new(cusafe_buffer *out, struct cs_buffer *p,
+                              size_t offset, size_t size) {
+  if (size == 0)
+    return cs_fail(CUSAFE_ERROR_INVALID_SIZE, "view of 0 bytes");
+  cusafe_status st = check_range("view", NULL, offset, size, p->size);
   if (st != CUSAFE_SUCCESS)
     return st;
-  if (size == 0) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_SIZE, "view of 0 bytes");
-    goto fail;
-  }
-  st = cs_check_range("view", NULL, offset, size, p->size);
-  if (st != CUSAFE_SUCCESS)
-    goto fail;
   struct cs_buffer *v = buffer_new();
-  if (!v) {
-    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-    goto fail;
-  }
+  if (!v)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   v->root = p->root;
-  v->parent = p; /* the reference acquired above becomes the view's */
+  v->parent = p;
   v->ctx = p->ctx;
   v->ptr = p->ptr + offset;
   v->size = size;
   v->kind = p->kind;
-  st = cs_handle_new_buffer(v);
+  st = buffer_enter(v);
   if (st != CUSAFE_SUCCESS) {
     buffer_free(v);
-    goto fail;
+    return st;
   }
   *out = v->hdr.handle;
   return CUSAFE_SUCCESS;
-fail:
-  cs_unref(&p->hdr);
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
+                                            cusafe_buffer parent,
+                                            size_t offset, size_t size) {
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
+  struct cs_buffer *p;
+  cusafe_status st = buffer_get(parent, "parent", &p);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = view_new(out, p, offset, size);
+  if (st != CUSAFE_SUCCESS)
+    cs_unref(&p->hdr);
   return st;
 }
 
@@ -308,10 +333,11 @@ static cusafe_status buffer_fini(struct cs_buffer *b) {
   cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);
   cusafe_status st2 = free_memory(b);
   cs_device_leave(saved);
-  return st != CUSAFE_SUCCESS ? st : st2;
+  return cs_first(st, st2);
 }
 
-cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
+cusafe_status cs_buffer_destroy(struct cs_object *obj) {
+  struct cs_buffer *b = (struct cs_buffer *)obj;
   if (b->parent) {
     struct cs_buffer *parent = b->parent;
     buffer_free(b);
@@ -319,147 +345,120 @@ cusafe_status cs_buffer_destroy(struct cs_buffer *b) {
   }
   struct cs_context *ctx = b->ctx;
   cusafe_status st = buffer_fini(b);
-  struct cs_queue *last =
-      atomic_load_explicit(b->last, memory_order_relaxed);
+  struct cs_queue *last = atomic_load_explicit(b->last, memory_order_relaxed);
   if (last && holds_owner(b, last))
     cs_unref(last->owner);
   buffer_free(b);
-  cusafe_status st2 = cs_unref(&ctx->hdr);
-  return st != CUSAFE_SUCCESS ? st : st2;
+  return cs_first(st, cs_unref(&ctx->hdr));
 }
 
-void cs_buffer_shutdown(struct cs_object *obj, void *views) {
+/* Stream-ordered like any release, in case the synchronisation of the
+ * devices that came first failed.  A view holds no memory of its own. */
+void cs_buffer_shutdown(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
-  if ((b->parent != NULL) != (views != NULL))
-    return;
-  /* Stream-ordered like any release, in case the synchronisation of the
-   * devices that came first failed. */
   if (!b->parent)
     buffer_fini(b);
   cs_handle_kill(obj);
 }
 
+void cs_buffer_describe(const struct cs_object *obj, char *what,
+                        size_t size) {
+  const struct cs_buffer *b = (const struct cs_buffer *)obj;
+  snprintf(what, size, "%s%zu bytes of %s memory on device %d",
+           b->parent ? "view of " : "", b->size, kind_names[b->kind],
+           b->ctx->device);
+}
+
 /* ---- queries ------------------------------------------------------------------ */
 
-CUSAFE_API cusafe_status cusafe_buffer_get_size(size_t *out,
-                                                cusafe_buffer buffer) {
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = b->size;
-  cs_unref(&b->hdr);
-  return CUSAFE_SUCCESS;
+CS_QUERY(cusafe_buffer_get_size, size_t, 0, cs_buffer, CS_BUFFER, "buffer",
+         *out = o->size)
+CS_QUERY(cusafe_buffer_get_memory, cusafe_memory, (cusafe_memory)-1,
+         cs_buffer, CS_BUFFER, "buffer", *out = o->kind)
+CS_QUERY(cusafe_buffer_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
+         cs_buffer, CS_BUFFER, "buffer", st = cs_context_hand_out(o->ctx, out))
+CS_QUERY(cusafe_buffer_interop_pointer, void *, NULL, cs_buffer, CS_BUFFER,
+         "buffer", *out = o->ptr)
+
+/* ---- work on one buffer ---------------------------------------------------------- */
+
+/* What is done to one buffer: a write from or a read into host memory, or
+ * a fill. */
+enum op_kind { OP_WRITE, OP_READ, OP_FILL };
+struct op {
+  enum op_kind kind;
+  void *host;          /* OP_WRITE, OP_READ */
+  unsigned char value; /* OP_FILL */
+  bool sync;           /* waited for (on the context's default stream) */
+};
+static const char *const op_names[] = {"write", "read", "fill"};
+
+/* Queues op on [offset, offset + size) of b on q (b's device current,
+ * root's lock held). */
+static cusafe_status op_queue(const struct cs_buffer *b, size_t offset,
+                              size_t size, struct op op, struct cs_queue *q) {
+  char *dev = b->ptr + offset;
+  cudaError_t err;
+  if (op.kind == OP_FILL)
+    err = cs_cu->memset_async(dev, op.value, size, q->stream);
+  else
+    err = cs_cu->memcpy_async(op.kind == OP_READ ? op.host : dev,
+                              op.kind == OP_READ ? dev : op.host, size,
+                              cudaMemcpyDefault, q->stream);
+  if (err == cudaSuccess)
+    return CUSAFE_SUCCESS;
+  return cs_fail_cuda(err, op.kind == OP_FILL ? "cudaMemsetAsync"
+                                              : "cudaMemcpyAsync");
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_get_memory(cusafe_memory *out,
-                                                  cusafe_buffer buffer) {
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = b->kind;
-  cs_unref(&b->hdr);
-  return CUSAFE_SUCCESS;
-}
-
-CUSAFE_API cusafe_status cusafe_buffer_get_context(cusafe_context *out,
-                                                   cusafe_buffer buffer) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = cs_user_ref(&b->ctx->hdr);
-  if (st == CUSAFE_SUCCESS)
-    *out = b->ctx->hdr.handle;
-  cs_unref(&b->hdr);
-  return st;
-}
-
-CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
-                                                       cusafe_buffer buffer) {
-  if (out)
-    *out = NULL;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = b->ptr;
-  cs_unref(&b->hdr);
-  return CUSAFE_SUCCESS;
-}
-
-/* ---- transfers ----------------------------------------------------------------- */
-
-/* Host <-> buffer on `stream`; with `sync`, on the default stream of the
- * buffer's context and waited for. */
-static cusafe_status transfer(cusafe_buffer buffer, size_t offset, void *host,
-                              size_t size, cusafe_stream stream, bool to_host,
-                              bool sync) {
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+/* Chains op after the work on b's memory and queues it on q (b's device
+ * current); with op.sync, waits for it. */
+static cusafe_status op_run(struct cs_buffer *b, size_t offset, size_t size,
+                            struct op op, struct cs_queue *q) {
   struct cs_buffer *root = b->root;
-  struct cs_context *ctx = root->ctx;
-  struct cs_queue *q = NULL;
-  struct cs_object *held = NULL;
-  if (!host && size) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, to_host ? "dst is NULL"
-                                                     : "src is NULL");
-    goto out;
-  }
-  st = cs_check_range(to_host ? "read" : "write", NULL, offset, size, b->size);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  st = cs_queue_get(stream, ctx, &q, &held);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  if (q->ctx != ctx) {
-    st = cs_mismatch("stream", q->ctx, "buffer", ctx);
-    goto out;
-  }
-  if (size == 0)
-    goto out;
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
   struct cs_object *drop;
   cs_spin_lock(&root->lock);
-  st = cs_buffer_chain(root, q, &drop);
-  if (st == CUSAFE_SUCCESS) {
-    char *dev = b->ptr + offset;
-    cudaError_t err = to_host ? cs_cu->memcpy_async(host, dev, size,
-                                                    cudaMemcpyDefault, q->stream)
-                              : cs_cu->memcpy_async(dev, host, size,
-                                                    cudaMemcpyDefault, q->stream);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaMemcpyAsync");
-  }
+  cusafe_status st = cs_buffer_chain(root, q, &drop);
+  if (st == CUSAFE_SUCCESS)
+    st = op_queue(b, offset, size, op, q);
   cs_spin_unlock(&root->lock);
   if (drop)
     cs_unref(drop);
-  if (st == CUSAFE_SUCCESS && sync) {
+  if (st == CUSAFE_SUCCESS && op.sync) {
     cudaError_t err = cs_cu->stream_synchronize(q->stream);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
   }
-  cs_device_leave(saved);
+  return st;
+}
+
+/* Checks and queues op on `buffer` on `stream` (CUSAFE_STREAM_DEFAULT: the
+ * default stream of the buffer's context). */
+static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset,
+                               size_t size, cusafe_stream stream,
+                               struct op op) {
+  struct cs_buffer *b;
+  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = b->root->ctx;
+  struct cs_queue *q = NULL;
+  struct cs_object *held = NULL;
+  if (op.kind != OP_FILL && !op.host && size) {
+    st = cs_null(op.kind == OP_READ ? "dst" : "src");
+    goto out;
+  }
+  st = check_range(op_names[op.kind], NULL, offset, size, b->size);
+  if (st == CUSAFE_SUCCESS)
+    st = cs_queue_get(stream, ctx, "buffer", &q, &held);
+  if (st != CUSAFE_SUCCESS || size == 0)
+    goto out;
+  int saved;
+  st = cs_device_enter(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = op_run(b, offset, size, op, q);
+    cs_device_leave(saved);
+  }
 out:
   if (held)
     cs_unref(held);
@@ -471,16 +470,16 @@ CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
                                              size_t offset, const void *src,
                                              size_t size) {
   CS_ENTER();
-  return transfer(buffer, offset, (void *)src, size, CUSAFE_STREAM_DEFAULT,
-                  false, true);
+  return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT,
+                   (struct op){OP_WRITE, (void *)src, 0, true});
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
                                             size_t offset, void *dst,
                                             size_t size) {
   CS_ENTER();
-  return transfer(buffer, offset, dst, size, CUSAFE_STREAM_DEFAULT, true,
-                  true);
+  return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT,
+                   (struct op){OP_READ, dst, 0, true});
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
@@ -489,7 +488,8 @@ CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
                                                    size_t size,
                                                    cusafe_stream stream) {
   CS_ENTER();
-  return transfer(buffer, offset, (void *)src, size, stream, false, false);
+  return buffer_op(buffer, offset, size, stream,
+                   (struct op){OP_WRITE, (void *)src, 0, false});
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
@@ -497,9 +497,20 @@ CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
                                                   size_t size,
                                                   cusafe_stream stream) {
   CS_ENTER();
-  return transfer(buffer, offset, dst, size, stream, true, false);
+  return buffer_op(buffer, offset, size, stream,
+                   (struct op){OP_READ, dst, 0, false});
 }
 
+CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
+                                            size_t offset, size_t size,
+                                            unsigned char value,
+                                            cusafe_stream stream) {
+  CS_ENTER();
+  return buffer_op(buffer, offset, size, stream,
+                   (struct op){OP_FILL, NULL, value, false});
+}
+
+/* ---- copies between buffers ------------------------------------------------------ */
 /* Locks the roots of two buffers in order (cs_root_before; once if the
  * same). */
 static void lock_pair(struct cs_buffer *a, struct cs_buffer *b) {
@@ -537,9 +548,9 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
     goto out_dst;
   struct cs_queue *q;
   struct cs_object *held = NULL;
-  st = cs_check_range("copy", "source", src_offset, size, src->size);
+  st = check_range("copy", "source", src_offset, size, src->size);
   if (st == CUSAFE_SUCCESS)
-    st = cs_check_range("copy", "destination", dst_offset, size, dst->size);
+    st = check_range("copy", "destination", dst_offset, size, dst->size);
   if (st != CUSAFE_SUCCESS)
     goto out_src;
   char *d = dst->ptr + dst_offset, *s = src->ptr + src_offset;
@@ -548,7 +559,7 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                  "source and destination ranges overlap");
     goto out_src;
   }
-  st = cs_queue_get(stream, dst->ctx, &q, &held);
+  st = cs_queue_get(stream, dst->ctx, NULL, &q, &held);
   if (st != CUSAFE_SUCCESS)
     goto out_src;
   if (q->ctx != dst->ctx && q->ctx != src->ctx) {
@@ -611,50 +622,3 @@ out_dst:
   return st;
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
-                                            size_t offset, size_t size,
-                                            unsigned char value,
-                                            cusafe_stream stream) {
-  CS_ENTER();
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_buffer *root = b->root;
-  struct cs_queue *q;
-  struct cs_object *held = NULL;
-  st = cs_check_range("fill", NULL, offset, size, b->size);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  st = cs_queue_get(stream, root->ctx, &q, &held);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  if (q->ctx != root->ctx) {
-    st = cs_mismatch("stream", q->ctx, "buffer", root->ctx);
-    goto out;
-  }
-  if (size == 0)
-    goto out;
-  int saved;
-  st = cs_device_enter(root->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  struct cs_object *drop;
-  cs_spin_lock(&root->lock);
-  st = cs_buffer_chain(root, q, &drop);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->memset_async(b->ptr + offset, value, size,
-                                          q->stream);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaMemsetAsync");
-  }
-  cs_spin_unlock(&root->lock);
-  if (drop)
-    cs_unref(drop);
-  cs_device_leave(saved);
-out:
-  if (held)
-    cs_unref(held);
-  cs_unref(&b->hdr);
-  return st;
-}

@@ -1,8 +1,12 @@
 /* context.c -- one context per device, over its retained primary context
- * (invariant 4: never cudaDeviceReset; other libraries share it). */
+ * (invariant 4: never cudaDeviceReset; other libraries share it; a
+ * context goes last, after every child, invariant 1). */
+#include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "context.h"
+#include "device.h"
+#include "init.h"
 
 #define MAX_DEVICES 256
 
@@ -21,25 +25,12 @@ static cusafe_status primary_failed(CUresult res, const char *function) {
   return cs_fail_cuda((cudaError_t)res, function);
 }
 
-/* Creates the context of `device` (registry_lock held, device current). */
-static cusafe_status context_new(struct cs_context **out, int device) {
-  struct cs_context *ctx = calloc(1, sizeof *ctx);
-  if (!ctx)
-    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  ctx->device = device;
-  pthread_mutex_init(&ctx->orphan_lock, NULL);
-  cusafe_status st;
-  CUresult res = cs_primary_ctx_retain(&ctx->primary, device);
-  if (res != CUDA_SUCCESS) {
-    st = primary_failed(res, "cuDevicePrimaryCtxRetain");
-    goto fail_free;
-  }
+/* Reads what launches and allocations are checked against. */
+static cusafe_status read_limits(struct cs_context *ctx) {
   struct cudaDeviceProp prop;
-  cudaError_t err = cs_cu->get_device_properties(&prop, device);
-  if (err != cudaSuccess) {
-    st = cs_fail_cuda(err, "cudaGetDeviceProperties");
-    goto fail_primary;
-  }
+  cudaError_t err = cs_cu->get_device_properties(&prop, ctx->device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaGetDeviceProperties");
   ctx->total_memory = prop.totalGlobalMem;
   ctx->managed = prop.managedMemory;
   ctx->cc_major = prop.major;
@@ -54,13 +45,31 @@ static cusafe_status context_new(struct cs_context **out, int device) {
                           : prop.sharedMemPerBlock;
   err = cs_cu->device_get_stream_priority_range(&ctx->priority_least,
                                                 &ctx->priority_greatest);
-  if (err != cudaSuccess) {
-    st = cs_fail_cuda(err, "cudaDeviceGetStreamPriorityRange");
-    goto fail_primary;
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaDeviceGetStreamPriorityRange");
+  return CUSAFE_SUCCESS;
+}
+
+/* Creates the context of `device` (registry_lock held, device current). */
+static cusafe_status context_new(struct cs_context **out, int device) {
+  struct cs_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  ctx->device = device;
+  pthread_mutex_init(&ctx->orphan_lock, NULL);
+  cusafe_status st;
+  CUresult res = cs_primary_ctx_retain(&ctx->primary, device);
+  if (res != CUDA_SUCCESS) {
+    st = primary_failed(res, "cuDevicePrimaryCtxRetain");
+    goto fail_free;
   }
+  st = read_limits(ctx);
+  if (st != CUSAFE_SUCCESS)
+    goto fail_primary;
   /* Non-blocking: the default stream of cusafe never waits for the legacy
    * stream 0 that other code in the process may be using. */
-  err = cs_cu->stream_create(&ctx->queue.stream, cudaStreamNonBlocking, 0);
+  cudaError_t err =
+      cs_cu->stream_create(&ctx->queue.stream, cudaStreamNonBlocking, 0);
   if (err != cudaSuccess) {
     st = cs_fail_cuda(err, "cudaStreamCreateWithPriority");
     goto fail_primary;
@@ -85,11 +94,7 @@ fail_free:
 
 CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
                                                int device) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   int count;
   cusafe_status st = cs_check_device(device, &count);
   if (st != CUSAFE_SUCCESS)
@@ -119,20 +124,39 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
   return st;
 }
 
+/* ---- libraries that outlive their module ---------------------------------- */
+
+void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library) {
+  pthread_mutex_lock(&ctx->orphan_lock);
+  cudaLibrary_t *grown =
+      realloc(ctx->orphans, (ctx->norphans + 1) * sizeof *grown);
+  if (grown) {
+    ctx->orphans = grown;
+    ctx->orphans[ctx->norphans++] = library;
+  }
+  pthread_mutex_unlock(&ctx->orphan_lock);
+}
+
+static void unload_orphans(struct cs_context *ctx) {
+  pthread_mutex_lock(&ctx->orphan_lock);
+  for (size_t i = 0; i < ctx->norphans; i++)
+    cs_cu->library_unload(ctx->orphans[i]);
+  free(ctx->orphans);
+  ctx->orphans = NULL;
+  ctx->norphans = 0;
+  pthread_mutex_unlock(&ctx->orphan_lock);
+}
+
+/* ---- teardown -------------------------------------------------------------- */
+
 /* Releases what the context holds once its device is idle: stream-ordered
  * frees of its memory may still be queued.  Each step is attempted even if
  * an earlier one failed, so that nothing outlives the primary context. */
 static cusafe_status context_fini(struct cs_context *ctx) {
   int saved;
-  cusafe_status st = cs_device_enter_teardown(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->device_synchronize();
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaDeviceSynchronize");
-  }
-  cs_context_unload_orphans(ctx);
-  cs_queue_fini(&ctx->queue);
-  cudaError_t err = cs_cu->stream_destroy(ctx->queue.stream);
+  cusafe_status st = cs_device_idle(ctx->device, &saved);
+  unload_orphans(ctx);
+  cudaError_t err = cs_queue_fini(&ctx->queue);
   if (err != cudaSuccess && st == CUSAFE_SUCCESS)
     st = cs_fail_cuda(err, "cudaStreamDestroy");
   CUresult res = cs_primary_ctx_release(ctx->device);
@@ -143,7 +167,8 @@ static cusafe_status context_fini(struct cs_context *ctx) {
 }
 
 /* The last reference went: every child is gone (they hold references). */
-cusafe_status cs_context_destroy(struct cs_context *ctx) {
+cusafe_status cs_context_destroy(struct cs_object *obj) {
+  struct cs_context *ctx = (struct cs_context *)obj;
   pthread_mutex_lock(&registry_lock);
   if (registry[ctx->device] == ctx)
     registry[ctx->device] = NULL;
@@ -156,8 +181,7 @@ cusafe_status cs_context_destroy(struct cs_context *ctx) {
   return st;
 }
 
-void cs_context_shutdown_sync(struct cs_object *obj, void *arg) {
-  (void)arg;
+void cs_context_settle(struct cs_object *obj) {
   struct cs_context *ctx = (struct cs_context *)obj;
   int saved;
   if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
@@ -167,35 +191,33 @@ void cs_context_shutdown_sync(struct cs_object *obj, void *arg) {
   cs_device_leave(saved);
 }
 
-void cs_context_shutdown(struct cs_object *obj, void *arg) {
-  (void)arg;
+void cs_context_shutdown(struct cs_object *obj) {
   context_fini((struct cs_context *)obj);
   cs_handle_kill(obj);
 }
 
-/* Acquires a context handle for a call. */
-static cusafe_status context_get(cusafe_context h, struct cs_context **out) {
-  return cs_acquire(h, CS_CONTEXT, "context", (struct cs_object **)out);
+void cs_context_describe(const struct cs_object *obj, char *what,
+                         size_t size) {
+  snprintf(what, size, "device %d", ((const struct cs_context *)obj)->device);
 }
 
-CUSAFE_API cusafe_status cusafe_context_get_device(int *out,
-                                                   cusafe_context h) {
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_context *ctx;
-  cusafe_status st = context_get(h, &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = ctx->device;
-  cs_unref(&ctx->hdr);
-  return CUSAFE_SUCCESS;
+cusafe_status cs_context_hand_out(struct cs_context *ctx,
+                                 cusafe_context *out) {
+  cusafe_status st = cs_user_ref(&ctx->hdr);
+  if (st == CUSAFE_SUCCESS)
+    *out = ctx->hdr.handle;
+  return st;
 }
+
+/* ---- queries ---------------------------------------------------------------- */
+
+CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
+         *out = o->device)
 
 CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   CS_ENTER();
   struct cs_context *ctx;
-  cusafe_status st = context_get(h, &ctx);
+  cusafe_status st = CS_ACQUIRE(h, CS_CONTEXT, "context", &ctx);
   if (st != CUSAFE_SUCCESS)
     return st;
   int saved;
@@ -210,15 +232,16 @@ CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   return st;
 }
 
-CUSAFE_API cusafe_status cusafe_context_stream_priority_range(
-    int *least, int *greatest, cusafe_context h) {
+CUSAFE_API cusafe_status
+cusafe_context_stream_priority_range(int *least, int *greatest,
+                                     cusafe_context h) {
   CS_ENTER();
   if (!least)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "least is NULL");
+    return cs_null("least");
   if (!greatest)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "greatest is NULL");
+    return cs_null("greatest");
   struct cs_context *ctx;
-  cusafe_status st = context_get(h, &ctx);
+  cusafe_status st = CS_ACQUIRE(h, CS_CONTEXT, "context", &ctx);
   if (st != CUSAFE_SUCCESS)
     return st;
   *least = ctx->priority_least;

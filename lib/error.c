@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "error.h"
 
 /* Per-thread state, written with vsnprintf into a fixed buffer so that an
  * out-of-memory failure can be reported without allocating. */
@@ -46,13 +46,40 @@ CUSAFE_API const char *cusafe_version_string(void) {
       CUSAFE_VERSION_PATCH);
 }
 
+static cusafe_status record(cusafe_status status, cudaError_t err,
+                            const char *fmt, va_list ap) {
+  vsnprintf(tls_message, sizeof tls_message, fmt, ap);
+  tls_cuda_error = (int)err;
+  return status;
+}
+
 cusafe_status cs_fail(cusafe_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(tls_message, sizeof tls_message, fmt, ap);
+  record(status, cudaSuccess, fmt, ap);
   va_end(ap);
-  tls_cuda_error = 0;
   return status;
+}
+
+cusafe_status cs_null(const char *name) {
+  return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "%s is NULL", name);
+}
+
+cusafe_status cs_fail_as(cusafe_status status, cudaError_t err,
+                         const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record(status, err, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+cusafe_status cs_status_pending(cudaError_t err, const char *function) {
+  if (err == cudaSuccess)
+    return CUSAFE_SUCCESS;
+  if (err == cudaErrorNotReady)
+    return cs_fail_as(CUSAFE_ERROR_NOT_READY, err, "work is still pending");
+  return cs_fail_cuda(err, function);
 }
 
 void cs_note_cuda_error(cudaError_t err) { tls_cuda_error = (int)err; }

@@ -14,12 +14,15 @@
  *
  * Slots live in chunks that are never moved or freed, so the lock-free
  * lookup may read any slot below the high-water mark.  The table's lock
- * guards only the free list and the growth, never a CUDA call. */
+ * guards only the free list and the growth, never a CUDA call.
+ *
+ * lib/README.md, "Handles", tells the whole protocol: what a lookup reads,
+ * and why a launch may use a handle without a reference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "handle.h"
 
 #define CHUNK_BITS 12
 #define CHUNK_SLOTS (1u << CHUNK_BITS)
@@ -49,7 +52,7 @@ struct cs_slot {
   _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
   union {
     uint32_t next_free;            /* a free slot's, under table_lock */
-    struct cs_buffer_slot buffer;  /* a buffer's (cs_handle_new_buffer) */
+    struct cs_buffer_slot buffer;  /* a buffer's (cs_handle_claim_buffer) */
   } u;
 };
 _Static_assert(sizeof(struct cs_slot) == 64, "a slot is one cache line");
@@ -65,10 +68,6 @@ static uint32_t free_head = NO_SLOT;
  * the allocation of a chunk), it costs one atomic operation where a mutex
  * costs two. */
 static cs_spinlock table_lock = CS_SPINLOCK_INIT;
-
-static const char *const type_articles[] = {
-    "an invalid handle", "a context", "a stream", "an event",
-    "a buffer",          "a module",  "a kernel"};
 
 static inline struct cs_slot *slot_at(uint32_t index) {
   if (CS_LIKELY(index < CHUNK_SLOTS))
@@ -154,35 +153,73 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
   return st;
 }
 
-cusafe_status cs_handle_new_buffer(struct cs_buffer *b) {
+cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
+                                     struct cs_buffer_slot **out) {
   struct cs_slot *slot;
-  cusafe_status st = claim(&b->hdr, CS_BUFFER, &slot);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_buffer_slot *bs = &slot->u.buffer;
-  bs->ptr = b->ptr;
-  bs->ctx = b->ctx;
-  bs->root = b->root;
-  if (b->root == b) { /* the chain's latest queue moves into the slot */
-    atomic_init(&bs->own_last, atomic_load_explicit(b->last,
-                                                    memory_order_relaxed));
-    b->last = &bs->own_last;
-  } else {
-    atomic_init(&bs->own_last, NULL);
-    b->last = b->root->last;
-  }
-  bs->last = b->last;
-  publish(slot);
-  return CUSAFE_SUCCESS;
+  cusafe_status st = claim(obj, CS_BUFFER, &slot);
+  if (st == CUSAFE_SUCCESS)
+    *out = &slot->u.buffer;
+  return st;
 }
 
-/* ---- checked lookups ---------------------------------------------------- */
+void cs_handle_publish(struct cs_object *obj) { publish(obj->slot); }
+
+/* ---- the object types ------------------------------------------------------ */
+
+#define CS_TYPE_ROW(TYPE, name, article, peeked)                             \
+  [CS_##TYPE] = {#name, article, cs_##name##_destroy, peeked},
+static const struct {
+  const char *name, *article;
+  cusafe_status (*destroy)(struct cs_object *obj);
+  bool peeked;
+} types[CS_TYPES + 1] = {CS_TYPE_MAP(CS_TYPE_ROW)};
+#undef CS_TYPE_ROW
+
+const char *cs_type_name(enum cs_type type) { return types[type].name; }
+
+/* ---- the check of a handle ---------------------------------------------------- */
+
+/* A handle is checked one way, in two forms.  The fast form, inline, is
+ * three tests that answer the common case in a few instructions:
+ * handle_slot() (a tag of the right type, a slot ever handed out),
+ * handle_live() (the slot's word holds the handle's generation and
+ * references of the caller) and handle_typed() (the slot's occupant has the
+ * handle's type).  The cold form, handle_error(), runs where any of them
+ * fails and says in words what is wrong. */
 
 /* A parameter's name for messages: "buffer", or "argument 3". */
 struct param {
   const char *name;
   long index; /* -1: not an element of a list */
 };
+
+static inline __attribute__((always_inline)) struct cs_slot *
+handle_slot(cusafe_handle h, enum cs_type type) {
+  unsigned tag = (unsigned)(h >> 56);
+  uint32_t index = (uint32_t)h;
+  if (CS_UNLIKELY((type ? tag != (TAG_BASE | (unsigned)type)
+                        : (tag & 0xF0u) != TAG_BASE) ||
+                  index >= atomic_load_explicit(&cs_hot.handles,
+                                                memory_order_acquire)))
+    return NULL;
+  return slot_at(index);
+}
+
+static inline __attribute__((always_inline)) bool
+handle_live(cusafe_handle h, uint64_t word) {
+  /* h's generation, moved to the word's and xor'ed out, leaves the
+   * caller's references, 1 to USER_MAX if the generation is h's. */
+  uint64_t users =
+      (word ^ ((h << (GEN_SHIFT - 32)) & ~((1ull << GEN_SHIFT) - 1))) >>
+      USER_SHIFT;
+  return users - 1 < USER_MAX;
+}
+
+static inline __attribute__((always_inline)) bool
+handle_typed(cusafe_handle h, const struct cs_slot *slot) {
+  return atomic_load_explicit(&slot->type, memory_order_relaxed) ==
+         ((h >> 56) & 0x0Fu);
+}
 
 static const char *param_text(struct param p, char buf[64]) {
   if (p.index < 0)
@@ -191,93 +228,71 @@ static const char *param_text(struct param p, char buf[64]) {
   return buf;
 }
 
+/* Why h, parameter p, is no live handle of `want` (0: any type): judged by
+ * *word, the word of its slot on which the fast form failed, or, where
+ * handle_slot() failed, by the word read here. */
 __attribute__((cold, noinline)) static cusafe_status
-forged(struct param p, cusafe_handle h) {
+handle_error(cusafe_handle h, enum cs_type want, struct param p,
+             const uint64_t *word) {
   char buf[64];
+  const char *name = param_text(p, buf);
+  unsigned long long hv = (unsigned long long)h;
+  if (h == CUSAFE_NULL_HANDLE)
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle", name);
+  unsigned htype = (unsigned)(h >> 56) & 0x0Fu;
+  uint64_t gen = (h >> 32) & GEN_MASK;
+  struct cs_slot *slot = handle_slot(h, 0);
+  if (htype < 1 || htype > CS_TYPES || gen == 0 || !slot)
+    goto forged;
+  /* Sequentially consistent: after the pin of a peek (calls.h). */
+  uint64_t w = word ? *word : atomic_load(&slot->word);
+  uint64_t slot_gen = GEN_OF(w);
+  if (slot_gen != gen && gen > slot_gen)
+    goto forged; /* a generation not reached was never handed out */
+  if (slot_gen != gen || USERS_OF(w) == 0)
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                   "%s 0x%016llx is stale: its object was released", name, hv);
+  if (want && htype != (unsigned)want && handle_typed(h, slot))
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s 0x%016llx is %s, not %s",
+                   name, hv, types[htype].article, types[want].article);
+  /* The right slot and generation, a wrong tag. */
+forged:
   return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
-                 "%s 0x%016llx is not a cusafe handle", param_text(p, buf),
+                 "%s 0x%016llx is not a cusafe handle", name, hv);
+}
+
+__attribute__((cold, noinline)) static cusafe_status
+too_many(const char *name, cusafe_handle h) {
+  return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                 "%s 0x%016llx has too many references", name,
                  (unsigned long long)h);
 }
 
-__attribute__((cold, noinline)) static cusafe_status
-stale(struct param p, cusafe_handle h) {
-  char buf[64];
-  return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
-                 "%s 0x%016llx is stale: its object was released",
-                 param_text(p, buf), (unsigned long long)h);
-}
-
-/* The slot of `h`; fails for a handle that was never handed out. */
-static inline __attribute__((always_inline)) cusafe_status
-locate(cusafe_handle h, struct param name, struct cs_slot **slot) {
-  if (h == CUSAFE_NULL_HANDLE) {
-    char buf[64];
-    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s is the NULL handle",
-                   param_text(name, buf));
-  }
-  unsigned tag = (unsigned)(h >> 56);
-  unsigned htype = tag & 0x0Fu;
-  uint32_t index = (uint32_t)h;
-  if ((tag & 0xF0u) != TAG_BASE || htype < CS_CONTEXT ||
-      htype > CS_TYPE_LAST || ((h >> 32) & GEN_MASK) == 0 ||
-      index >= atomic_load_explicit(&cs_hot.handles, memory_order_acquire))
-    return forged(name, h);
-  *slot = slot_at(index);
-  return CUSAFE_SUCCESS;
-}
-
-/* Checks that the slot's `word` holds `h` live (the caller holds a
- * reference) and of type `want` (0: any). */
-static inline __attribute__((always_inline)) cusafe_status
-check(cusafe_handle h, enum cs_type want, struct param name,
-      const struct cs_slot *slot, uint64_t word) {
-  unsigned htype = (unsigned)(h >> 56) & 0x0Fu;
-  uint64_t gen = (h >> 32) & GEN_MASK;
-  uint64_t slot_gen = GEN_OF(word);
-  if (slot_gen != gen) /* a generation not reached was never handed out */
-    return gen > slot_gen ? forged(name, h) : stale(name, h);
-  if (USERS_OF(word) == 0)
-    return stale(name, h);
-  if (atomic_load_explicit(&slot->type, memory_order_relaxed) != htype)
-    return forged(name, h); /* the right slot and generation, a wrong tag */
-  if (want && htype != (unsigned)want) {
-    char buf[64];
-    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE, "%s 0x%016llx is %s, not %s",
-                   param_text(name, buf), (unsigned long long)h,
-                   type_articles[htype], type_articles[want]);
-  }
-  return CUSAFE_SUCCESS;
-}
+/* update()'s answer, with `not_last`, when the change would drop the last
+ * reference. */
+#define LAST_REFERENCE ((cusafe_status)-1)
 
 /* Checks `h` and adds `users` caller's references and `all` references to
  * it in one step.  A release passes -1 and -1.  *out is the object and *old
  * the word before the change.  Sequentially consistent, so that a release
  * of the last reference is ordered against pins (cs_pin). */
-/* update()'s answer, with `not_last`, when the change would drop the last
- * reference. */
-#define LAST_REFERENCE ((cusafe_status)-1)
-
 static inline __attribute__((always_inline)) cusafe_status
 update(cusafe_handle h, enum cs_type want, struct param name, int users,
        int all, bool not_last, struct cs_object **out, uint64_t *old) {
-  struct cs_slot *slot;
-  cusafe_status st = locate(h, name, &slot);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  struct cs_slot *slot = handle_slot(h, want);
+  if (CS_UNLIKELY(!slot))
+    return handle_error(h, want, name, NULL);
   uint64_t delta = (uint64_t)((int64_t)users * (int64_t)USER_ONE + all);
   uint64_t word = atomic_load_explicit(&slot->word, memory_order_acquire);
   do {
-    st = check(h, want, name, slot, word);
-    if (st != CUSAFE_SUCCESS)
-      return st;
+    if (CS_UNLIKELY(!handle_live(h, word) || !handle_typed(h, slot)))
+      return handle_error(h, want, name, &word);
     if (not_last && ALL_OF(word) == 1)
       return LAST_REFERENCE;
     if ((users > 0 && USERS_OF(word) + (uint64_t)users > USER_MAX) ||
         (all > 0 && ALL_OF(word) + (uint64_t)all > ALL_MAX)) {
       char buf[64];
-      return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
-                     "%s 0x%016llx has too many references",
-                     param_text(name, buf), (unsigned long long)h);
+      return too_many(param_text(name, buf), h);
     }
   } while (!atomic_compare_exchange_weak_explicit(
       &slot->word, &word, word + delta, memory_order_seq_cst,
@@ -288,67 +303,41 @@ update(cusafe_handle h, enum cs_type want, struct param name, int users,
   return CUSAFE_SUCCESS;
 }
 
-/* The slot of `h`, a handle of type `type` (0: any) below the high-water
- * mark, or NULL: the first checks of a retain's or release's fast path
- * (count_fast), whose failures the full path explains.  Peeks, whose type
- * is never 0, check more at once (live_slot). */
-static inline __attribute__((always_inline)) struct cs_slot *
-slot_of(cusafe_handle h, enum cs_type type) {
-  unsigned tag = (unsigned)(h >> 56);
-  uint32_t index = (uint32_t)h;
-  if (CS_UNLIKELY((tag & 0xF0u) != TAG_BASE ||
-                  (type && (tag & 0x0Fu) != (unsigned)type) ||
-                  index >= atomic_load_explicit(&cs_hot.handles,
-                                                memory_order_acquire)))
-    return NULL;
-  return slot_at(index);
+cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
+                         struct cs_object **out) {
+  return update(h, type, (struct param){name, -1}, 0, 1, false, out, NULL);
 }
 
+/* A peek's whole check, in its fast form: the slot of h if h is a live
+ * handle of `type` (never 0).  The word is read sequentially consistent:
+ * after the pin (calls.h). */
+static inline __attribute__((always_inline)) struct cs_slot *
+peek_slot(cusafe_handle h, enum cs_type type) {
+  struct cs_slot *slot = handle_slot(h, type);
+  if (CS_LIKELY(slot) && CS_LIKELY(handle_live(h, atomic_load(&slot->word))) &&
+      CS_LIKELY(handle_typed(h, slot)))
+    return slot;
+  return NULL;
+}
+
+/* A peek that failed its fast check: explained -- unless the handle was
+ * revived meanwhile (cs_try_user_ref), when its object is the answer. */
 __attribute__((cold, noinline)) static cusafe_status
 peek_slow(cusafe_handle h, enum cs_type type, const char *name, long index,
           struct cs_object **out) {
-  struct param p = {name, index};
-  struct cs_slot *slot;
-  cusafe_status st = locate(h, p, &slot);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  /* Sequentially consistent: after the pin (see cs_pin). */
-  st = check(h, type, p, slot, atomic_load(&slot->word));
-  if (st == CUSAFE_SUCCESS)
+  struct cs_slot *slot = handle_slot(h, type);
+  uint64_t word = slot ? atomic_load(&slot->word) : 0;
+  if (slot && handle_live(h, word) && handle_typed(h, slot)) {
     *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
-  return st;
-}
-
-/* The slot of `h` if it is a live handle of `type` (not 0), else NULL:
- * the whole check of a peek, in few instructions, whose failures
- * peek_slow() explains.  Sequentially consistent: after the pin (see
- * cs_pin). */
-static inline __attribute__((always_inline)) struct cs_slot *
-live_slot(cusafe_handle h, enum cs_type type) {
-  uint32_t index = (uint32_t)h;
-  if (CS_UNLIKELY((unsigned)(h >> 56) != (TAG_BASE | (unsigned)type) ||
-                  index >= atomic_load_explicit(&cs_hot.handles,
-                                                memory_order_acquire)))
-    return NULL;
-  struct cs_slot *slot = slot_at(index);
-  if (CS_UNLIKELY(!slot))
-    return NULL;
-  uint64_t word = atomic_load(&slot->word);
-  /* h's generation, moved to the word's and xor'ed out, leaves the
-   * caller's references, 1 to USER_MAX if the generation is h's. */
-  uint64_t users =
-      (word ^ ((h << (GEN_SHIFT - 32)) & ~((1ull << GEN_SHIFT) - 1))) >>
-      USER_SHIFT;
-  if (CS_UNLIKELY(users - 1 >= USER_MAX ||
-                  atomic_load_explicit(&slot->type, memory_order_relaxed) !=
-                      (uint8_t)type))
-    return NULL;
-  return slot;
+    return CUSAFE_SUCCESS;
+  }
+  return handle_error(h, type, (struct param){name, index},
+                      slot ? &word : NULL);
 }
 
 cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
                       long index, struct cs_object **out) {
-  struct cs_slot *slot = live_slot(h, type);
+  struct cs_slot *slot = peek_slot(h, type);
   if (CS_LIKELY(slot)) {
     *out = atomic_load_explicit(&slot->obj, memory_order_relaxed);
     return CUSAFE_SUCCESS;
@@ -358,21 +347,16 @@ cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
 
 cusafe_status cs_peek_buffer(cusafe_handle h, long index,
                              const struct cs_buffer_slot **out) {
-  struct cs_slot *slot = live_slot(h, CS_BUFFER);
+  struct cs_slot *slot = peek_slot(h, CS_BUFFER);
   if (CS_LIKELY(slot)) {
     *out = &slot->u.buffer;
     return CUSAFE_SUCCESS;
   }
   struct cs_object *obj;
   cusafe_status st = peek_slow(h, CS_BUFFER, "argument", index, &obj);
-  if (st == CUSAFE_SUCCESS) /* revived meanwhile (cs_try_user_ref) */
+  if (st == CUSAFE_SUCCESS)
     *out = &obj->slot->u.buffer;
   return st;
-}
-
-cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
-                         struct cs_object **out) {
-  return update(h, type, (struct param){name, -1}, 0, 1, false, out, NULL);
 }
 
 /* ---- references ----------------------------------------------------------- */
@@ -383,51 +367,49 @@ void cs_ref(struct cs_object *obj) {
   atomic_fetch_add_explicit(&obj->slot->word, 1, memory_order_relaxed);
 }
 
-bool cs_try_ref(struct cs_object *obj) {
+/* Adds `change` to obj's word unless the object is being destroyed (no
+ * references left) or, with check_users, the caller's count is full. */
+static inline __attribute__((always_inline)) bool
+try_add(struct cs_object *obj, uint64_t change, bool check_users) {
   struct cs_slot *slot = obj->slot;
   uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
   do {
-    if (ALL_OF(word) == 0)
+    if (ALL_OF(word) == 0 || (check_users && USERS_OF(word) == USER_MAX))
       return false;
   } while (!atomic_compare_exchange_weak_explicit(
-      &slot->word, &word, word + 1, memory_order_acquire,
+      &slot->word, &word, word + change, memory_order_acquire,
       memory_order_relaxed));
   return true;
 }
+
+bool cs_try_ref(struct cs_object *obj) { return try_add(obj, 1, false); }
 
 /* Adds a caller's reference to a live object -- which makes its handle
  * valid again if the caller had released it -- unless the object is being
  * destroyed or the caller's count is full. */
 bool cs_try_user_ref(struct cs_object *obj) {
-  struct cs_slot *slot = obj->slot;
-  uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
-  do {
-    if (ALL_OF(word) == 0 || USERS_OF(word) == USER_MAX)
-      return false;
-  } while (!atomic_compare_exchange_weak_explicit(
-      &slot->word, &word, word + USER_ONE + 1, memory_order_acquire,
-      memory_order_relaxed));
-  return true;
+  return try_add(obj, USER_ONE + 1, true);
 }
 
 cusafe_status cs_user_ref(struct cs_object *obj) {
   /* The caller holds a reference, so the object lives: only the count of
    * the caller's references can be full. */
-  static const char *const names[] = {"", "context", "stream", "event",
-                                      "buffer", "module", "kernel"};
   if (cs_try_user_ref(obj))
     return CUSAFE_SUCCESS;
-  return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
-                 "%s 0x%016llx has too many references", names[obj->type],
-                 (unsigned long long)obj->handle);
+  return too_many(types[obj->type].name, obj->handle);
 }
 
-static void retire(struct cs_slot *slot, uint64_t gen) {
-  gen = (gen + 1) & GEN_MASK;
-  if (gen == 0)
-    gen = 1;
+/* The word of a slot whose object is gone: the next generation (never 0),
+ * no references. */
+static uint64_t next_generation(uint64_t word) {
+  uint64_t gen = (GEN_OF(word) + 1) & GEN_MASK;
+  return (gen ? gen : 1) << GEN_SHIFT;
+}
+
+static void retire(struct cs_slot *slot, uint64_t word) {
   atomic_store_explicit(&slot->obj, NULL, memory_order_relaxed);
-  atomic_store_explicit(&slot->word, gen << GEN_SHIFT, memory_order_release);
+  atomic_store_explicit(&slot->word, next_generation(word),
+                        memory_order_release);
   cs_spin_lock(&table_lock);
   slot->u.next_free = free_head;
   free_head = slot->index;
@@ -438,12 +420,11 @@ static void retire(struct cs_slot *slot, uint64_t gen) {
  * fail until the slot is reused. */
 static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
   struct cs_slot *slot = obj->slot;
-  if (obj->type == CS_KERNEL || obj->type == CS_STREAM ||
-      obj->type == CS_BUFFER)
+  if (types[obj->type].peeked)
     cs_pins_wait(); /* launches may use it without a reference */
   free(atomic_exchange(&obj->label, NULL));
-  cusafe_status st = cs_destroy(obj);
-  retire(slot, GEN_OF(word));
+  cusafe_status st = types[obj->type].destroy(obj);
+  retire(slot, word);
   return st;
 }
 
@@ -454,48 +435,34 @@ cusafe_status cs_unref(struct cs_object *obj) {
   return destroy_last(obj, word);
 }
 
-void cs_handle_kill(struct cs_object *obj) {
-  struct cs_slot *slot = obj->slot;
-  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
-                                             memory_order_relaxed));
-  gen = (gen + 1) & GEN_MASK;
-  /* The object stays reachable through slot->obj: see cusafe_shutdown(). */
-  atomic_store_explicit(&slot->word, (gen ? gen : 1) << GEN_SHIFT,
-                        memory_order_release);
-}
-
 uint32_t cs_user_refs(const struct cs_object *obj) {
   return (uint32_t)USERS_OF(
       atomic_load_explicit(&obj->slot->word, memory_order_acquire));
 }
 
-void cs_handle_foreach(enum cs_type type,
-                       void (*fn)(struct cs_object *obj, void *arg),
-                       void *arg) {
+/* ---- the shutdown ---------------------------------------------------------- */
+
+void cs_handle_kill(struct cs_object *obj) {
+  struct cs_slot *slot = obj->slot;
+  /* The object stays reachable through slot->obj: see shutdown.c. */
+  atomic_store_explicit(
+      &slot->word,
+      next_generation(atomic_load_explicit(&slot->word, memory_order_relaxed)),
+      memory_order_release);
+}
+
+void cs_handle_foreach(enum cs_type type, void (*fn)(struct cs_object *obj)) {
   uint32_t n = atomic_load_explicit(&cs_hot.handles, memory_order_acquire);
   for (uint32_t i = 0; i < n; i++) {
     struct cs_slot *slot = slot_at(i);
     if (ALL_OF(atomic_load_explicit(&slot->word, memory_order_acquire)) == 0)
       continue;
-    struct cs_object *obj = atomic_load_explicit(&slot->obj,
-                                                 memory_order_relaxed);
+    struct cs_object *obj =
+        atomic_load_explicit(&slot->obj, memory_order_relaxed);
     if (obj && obj->type == type)
-      fn(obj, arg);
+      fn(obj);
   }
 }
-
-cusafe_status cs_destroy(struct cs_object *obj) {
-  switch (obj->type) {
-  case CS_CONTEXT: return cs_context_destroy((struct cs_context *)obj);
-  case CS_STREAM: return cs_stream_destroy((struct cs_stream *)obj);
-  case CS_EVENT: return cs_event_destroy((struct cs_event *)obj);
-  case CS_BUFFER: return cs_buffer_destroy((struct cs_buffer *)obj);
-  case CS_MODULE: return cs_module_destroy((struct cs_module *)obj);
-  case CS_KERNEL: return cs_kernel_destroy((struct cs_kernel *)obj);
-  }
-  return CUSAFE_SUCCESS;
-}
-
 /* ---- the caller's references ------------------------------------------------ */
 
 /* Retains and releases mark no call in progress (CS_ENTER): the shutdown
@@ -518,8 +485,8 @@ retain_slow(cusafe_handle h, enum cs_type type, const char *name) {
 __attribute__((noinline)) static cusafe_status
 release_last(cusafe_handle h, enum cs_type type, const char *name) {
   CS_ENTER_RELEASE();
-  struct cs_object *obj;
-  uint64_t old;
+  struct cs_object *obj = NULL;
+  uint64_t old = 0;
   cusafe_status st =
       update(h, type, (struct param){name, -1}, -1, -1, false, &obj, &old);
   if (st != CUSAFE_SUCCESS || ALL_OF(old) != 1)
@@ -565,24 +532,22 @@ static inline __attribute__((always_inline)) bool
 count_fast(cusafe_handle h, enum cs_type type, int delta) {
   if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))
     return false;
-  struct cs_slot *slot = slot_of(h, type);
+  struct cs_slot *slot = handle_slot(h, type);
   if (CS_UNLIKELY(!slot))
     return false;
   struct rc_memo *memo = &rc_memo;
-  bool typed = memo->handle == h; /* the memo's word passed the type check */
+  bool typed = memo->handle == h; /* the memo's word passed handle_typed */
   uint64_t word = typed ? memo->word
                         : atomic_load_explicit(&slot->word,
                                                memory_order_relaxed);
   uint64_t change = delta > 0 ? USER_ONE + 1 : -(USER_ONE + 1);
   for (;;) {
-    uint64_t users = USERS_OF(word), all = ALL_OF(word);
-    if (CS_UNLIKELY(GEN_OF(word) != ((h >> 32) & GEN_MASK) || users == 0 ||
-                    (delta > 0 ? users == USER_MAX || all == ALL_MAX
-                               : all == 1)))
+    if (CS_UNLIKELY(!handle_live(h, word) ||
+                    (delta > 0 ? USERS_OF(word) == USER_MAX ||
+                                     ALL_OF(word) == ALL_MAX
+                               : ALL_OF(word) == 1)))
       break;
-    if (CS_UNLIKELY(!typed &&
-                    atomic_load_explicit(&slot->type, memory_order_relaxed) !=
-                        ((h >> 56) & 0x0Fu)))
+    if (CS_UNLIKELY(!typed && !handle_typed(h, slot)))
       break;
     if (CS_LIKELY(atomic_compare_exchange_strong_explicit(
             &slot->word, &word, word + change, memory_order_seq_cst,
@@ -633,21 +598,8 @@ CUSAFE_API cusafe_status cusafe_release(cusafe_handle handle) {
   return release_handle(handle, 0, "handle");
 }
 
-CUSAFE_API cusafe_status cusafe_handle_get_type(cusafe_handle_type *out,
-                                                cusafe_handle handle) {
-  if (out)
-    *out = CUSAFE_TYPE_INVALID;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_object *obj;
-  cusafe_status st = cs_acquire(handle, 0, "handle", &obj);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = (cusafe_handle_type)obj->type;
-  cs_unref(obj);
-  return CUSAFE_SUCCESS;
-}
+CS_QUERY(cusafe_handle_get_type, cusafe_handle_type, CUSAFE_TYPE_INVALID,
+         cs_object, 0, "handle", *out = (cusafe_handle_type)o->type)
 
 CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
                                                  const char *label) {

@@ -1,56 +1,221 @@
-/* kernel.c -- checked kernel launches and launch configurations.
- *
- * Arguments are checked against the parameter layout read at lookup
- * (cudaFuncGetParamInfo), the configuration against the kernel's and the
- * device's limits, so that a wrong launch is an error with a sentence, not
- * a corrupt kernel.  Buffers are chained onto the launch's stream like any
- * other operation on them (buffer.c), which keeps them alive until the
- * kernel has completed. */
+/* kernel.c -- kernels: lookup in a module, the parameter layout read once
+ * (cudaFuncGetParamInfo), the kernel's and the device's limits, and the
+ * queries of a kernel.  A kernel holds a reference on its module
+ * (invariant 1); launches are in launch.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-/* Arguments held on the stack; more go to the heap. */
-#define STACK_ARGS 32
+#include "context.h"
+#include "device.h"
+#include "kernel.h"
+#include "module.h"
 
 static const char dims[3] = {'x', 'y', 'z'};
 
-static inline size_t arg_size(const cusafe_arg *a) {
-  return a->kind == CUSAFE_ARG_BYTES ? a->size : cs_kind_size(a->kind);
+/* ---- lookup ------------------------------------------------------------------ */
+
+/* The most bytes one parameter may take: kept in 16 bits, far above the
+ * 32 764 bytes that CUDA allows all the parameters of a kernel together.
+ * No parameter takes 0 bytes (a C++ object takes one at least), which a
+ * launch relies on to tell the kinds of arguments apart. */
+#define PARAM_MAX UINT16_MAX
+
+/* The fixed-size kinds of argument that a parameter of `size` bytes
+ * accepts, as a mask: bit k for kind k. */
+static uint16_t kinds_of(size_t size) {
+  uint16_t mask = 0;
+  for (unsigned kind = 0; kind < 16; kind++)
+    if (cs_kind_size(kind) == size)
+      mask |= (uint16_t)(1u << kind);
+  return mask;
 }
 
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-/* Stores a scalar argument's value, in its own width, in *slot. */
-static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
-  union {
-    int8_t i8;
-    uint8_t u8;
-    int16_t i16;
-    uint16_t u16;
-    int32_t i32;
-    uint32_t u32;
-    float f32;
-    uint64_t all;
-  } v = {.all = 0};
-  switch (a->kind) {
-  case CUSAFE_ARG_I8: v.i8 = (int8_t)a->value.i; break;
-  case CUSAFE_ARG_U8: v.u8 = (uint8_t)a->value.u; break;
-  case CUSAFE_ARG_I16: v.i16 = (int16_t)a->value.i; break;
-  case CUSAFE_ARG_U16: v.u16 = (uint16_t)a->value.u; break;
-  case CUSAFE_ARG_I32: v.i32 = (int32_t)a->value.i; break;
-  case CUSAFE_ARG_U32: v.u32 = (uint32_t)a->value.u; break;
-  case CUSAFE_ARG_F32: v.f32 = a->value.f32; break;
-  default: memcpy(&v.all, &a->value, 8); break; /* 64-bit kinds */
+/* Reads the kernel's parameter sizes, and the kinds each accepts:
+ * cudaFuncGetParamInfo answers cudaErrorInvalidValue past the last
+ * parameter. */
+static cusafe_status read_params(struct cs_kernel *k, const char *module) {
+  size_t cap = 8, n = 0;
+  uint16_t *sizes = malloc(cap * sizeof *sizes);
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (!sizes)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  for (;; n++) {
+    size_t offset, size;
+    cudaError_t err = cs_cu->func_get_param_info((const void *)k->fn, n,
+                                                 &offset, &size);
+    if (err == cudaErrorInvalidValue) {
+      cs_cu->get_last_error(); /* the end of the list is no error to others */
+      break;
+    }
+    if (err != cudaSuccess) {
+      st = cs_fail_cuda(err, "cudaFuncGetParamInfo");
+      break;
+    }
+    if (size == 0 || size > PARAM_MAX) { /* launches rely on 1..PARAM_MAX */
+      st = cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                   "parameter %zu of kernel %s in module %s is %zu bytes; "
+                   "cusafe supports 1 to %u",
+                   n, k->name, module, size, (unsigned)PARAM_MAX);
+      break;
+    }
+    if (n == cap) {
+      uint16_t *grown = realloc(sizes, 2 * cap * sizeof *grown);
+      if (!grown) {
+        st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+        break;
+      }
+      sizes = grown;
+      cap *= 2;
+    }
+    sizes[n] = (uint16_t)size;
   }
-  *slot = v.all;
-  return slot;
+  uint16_t *kinds = k->param_kinds.inline_;
+  if (st == CUSAFE_SUCCESS && n > CS_INLINE_PARAMS &&
+      !(kinds = malloc(n * sizeof *kinds)))
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  if (st != CUSAFE_SUCCESS) {
+    free(sizes);
+    return st;
+  }
+  for (size_t i = 0; i < n; i++)
+    kinds[i] = kinds_of(sizes[i]);
+  if (n > CS_INLINE_PARAMS)
+    k->param_kinds.heap = kinds;
+  k->param_size = sizes;
+  k->nparams = (uint32_t)n;
+  return CUSAFE_SUCCESS;
 }
-#endif
 
-/* Why c does not fit k (the messages of config_fits()). */
-__attribute__((cold, noinline)) static cusafe_status
-check_config(const struct cs_kernel *k, const cusafe_launch_config *c) {
+/* Frees k, whose handle is retired or was never made. */
+static void kernel_free(struct cs_kernel *k) {
+  pthread_mutex_destroy(&k->limit_lock);
+  if (k->nparams > CS_INLINE_PARAMS)
+    free(k->param_kinds.heap);
+  free(k->param_size);
+  free(k->name);
+  free(k);
+}
+
+/* Reads the kernel's limits, and the device's from its context. */
+static cusafe_status read_limits(struct cs_kernel *k, struct cs_module *m) {
+  struct cudaFuncAttributes attr;
+  cudaError_t err = cs_cu->func_get_attributes(&attr, (const void *)k->fn);
+  if (err != cudaSuccess)
+    return cs_module_load_failed(err, "cudaFuncGetAttributes", m->name);
+  k->max_threads = attr.maxThreadsPerBlock;
+  k->static_shared = attr.sharedSizeBytes;
+  struct cs_context *ctx = m->ctx;
+  k->ctx = ctx;
+  k->default_stream = ctx->queue.stream;
+  for (int d = 0; d < 3; d++) {
+    k->max_block[d] = ctx->max_block[d];
+    k->max_grid[d] = ctx->max_grid[d];
+  }
+  /* Both fit 32 bits: a device has kilobytes of shared memory. */
+  k->shared_limit = ctx->shared_optin > k->static_shared
+                        ? (uint32_t)(ctx->shared_optin - k->static_shared)
+                        : 0;
+  atomic_store(&k->dynamic_limit, (uint32_t)attr.maxDynamicSharedSizeBytes);
+  return CUSAFE_SUCCESS;
+}
+
+/* Looks the kernel up in m and reads its layout and limits. */
+static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
+                                const char *name) {
+  /* 64-byte aligned: a launch reads the first two lines only. */
+  size_t bytes = (sizeof(struct cs_kernel) + 63) & ~(size_t)63;
+  struct cs_kernel *k = aligned_alloc(64, bytes);
+  if (k)
+    memset(k, 0, bytes);
+  if (!k || !(k->name = strdup(name))) {
+    free(k);
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  }
+  pthread_mutex_init(&k->limit_lock, NULL);
+  int saved;
+  cusafe_status st = cs_device_enter(m->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    goto fail;
+  cudaError_t err = cs_cu->library_get_kernel(&k->fn, m->library, name);
+  if (err == cudaErrorSymbolNotFound || err == cudaErrorInvalidDeviceFunction) {
+    cs_cu->get_last_error();
+    st = cs_fail_as(CUSAFE_ERROR_NOT_FOUND, err,
+                    "kernel \"%s\" not found in module %s", name, m->name);
+  } else if (err != cudaSuccess) {
+    st = cs_module_load_failed(err, "cudaLibraryGetKernel", m->name);
+  }
+  if (st == CUSAFE_SUCCESS)
+    st = read_params(k, m->name);
+  if (st == CUSAFE_SUCCESS)
+    st = read_limits(k, m);
+  cs_device_leave(saved);
+  if (st != CUSAFE_SUCCESS)
+    goto fail;
+  k->module = m;
+  st = cs_handle_new(&k->hdr, CS_KERNEL);
+  if (st != CUSAFE_SUCCESS)
+    goto fail;
+  *out = k->hdr.handle;
+  return CUSAFE_SUCCESS;
+fail:
+  kernel_free(k);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
+                                                  cusafe_module module,
+                                                  const char *name) {
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
+  struct cs_module *m;
+  cusafe_status st = CS_ACQUIRE(module, CS_MODULE, "module", &m);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (!name)
+    st = cs_null("name");
+  else
+    st = kernel_new(out, m, name); /* our reference becomes the kernel's */
+  if (st != CUSAFE_SUCCESS)
+    cs_unref(&m->hdr);
+  return st;
+}
+
+cusafe_status cs_kernel_destroy(struct cs_object *obj) {
+  struct cs_kernel *k = (struct cs_kernel *)obj;
+  struct cs_module *m = k->module;
+  kernel_free(k);
+  return cs_unref(&m->hdr);
+}
+
+/* A kernel holds nothing of CUDA's: its module unloads the code. */
+void cs_kernel_shutdown(struct cs_object *obj) { cs_handle_kill(obj); }
+
+void cs_kernel_describe(const struct cs_object *obj, char *what,
+                        size_t size) {
+  const struct cs_kernel *k = (const struct cs_kernel *)obj;
+  snprintf(what, size, "%s on device %d", k->name, k->ctx->device);
+}
+
+CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
+                                                  size_t *sizes,
+                                                  size_t capacity,
+                                                  cusafe_kernel kernel) {
+  CS_ENTER_OUT(count, 0);
+  struct cs_kernel *k;
+  cusafe_status st = CS_ACQUIRE(kernel, CS_KERNEL, "kernel", &k);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  *count = k->nparams;
+  if (sizes)
+    for (size_t i = 0; i < k->nparams && i < capacity; i++)
+      sizes[i] = k->param_size[i];
+  cs_unref(&k->hdr);
+  return CUSAFE_SUCCESS;
+}
+
+/* ---- limits -------------------------------------------------------------------- */
+
+cusafe_status cs_kernel_check_config(const struct cs_kernel *k, const cusafe_launch_config *c) {
   for (int d = 0; d < 3; d++) {
     if (c->grid[d] == 0)
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
@@ -85,27 +250,7 @@ check_config(const struct cs_kernel *k, const cusafe_launch_config *c) {
   return CUSAFE_SUCCESS;
 }
 
-/* Whether c fits k's and its device's limits: no dimension 0 or above
- * its limit (d - 1 wraps for 0), no more threads per block than the kernel
- * allows, no more shared memory than the device has.  Branch-free, over
- * the kernel's second cache line; check_config() says what is wrong. */
-static inline bool config_fits(const struct cs_kernel *k,
-                               const cusafe_launch_config *c) {
-  bool bad = false;
-  for (int d = 0; d < 3; d++)
-    bad |= (c->grid[d] - 1u >= (uint32_t)k->max_grid[d]) |
-           (c->block[d] - 1u >= (uint32_t)k->max_block[d]);
-  uint64_t threads =
-      (uint64_t)c->block[0] * c->block[1] * (uint64_t)c->block[2];
-  bad |= (threads > (uint64_t)k->max_threads) |
-         (c->shared_memory > k->shared_limit);
-  return !bad;
-}
-
-/* Raises the kernel's dynamic shared memory limit to `bytes` (at most
- * shared_limit). */
-__attribute__((noinline)) static cusafe_status
-raise_shared(struct cs_kernel *k, size_t bytes) {
+cusafe_status cs_kernel_raise_shared(struct cs_kernel *k, size_t bytes) {
   cusafe_status st = CUSAFE_SUCCESS;
   pthread_mutex_lock(&k->limit_lock);
   if (bytes > atomic_load(&k->dynamic_limit)) {
@@ -121,281 +266,7 @@ raise_shared(struct cs_kernel *k, size_t bytes) {
   return st;
 }
 
-/* Allows the kernel `bytes` of dynamic shared memory (checked against
- * shared_limit), raising its limit if needed. */
-static inline cusafe_status allow_shared(struct cs_kernel *k, size_t bytes) {
-  if (CS_LIKELY(bytes <= atomic_load_explicit(&k->dynamic_limit,
-                                              memory_order_relaxed)))
-    return CUSAFE_SUCCESS;
-  return raise_shared(k, bytes);
-}
-
-/* The buffers of one launch: their roots, locked in order, and
- * where each root's latest queue is (lasts[i] is roots[i]'s until
- * roots_unique() sorts the roots). */
-struct launch_buffers {
-  struct cs_buffer **roots;
-  _Atomic(struct cs_queue *) **lasts;
-  struct cs_object **drops; /* references to drop after the launch */
-  size_t nroots, ndrops;
-};
-
-/* Sorts and deduplicates the roots so that two launches sharing buffers
- * always lock them in the same order (cs_root_before).  A launch has few
- * buffers: an insertion sort beats qsort's calls through a comparator. */
-static void roots_unique(struct launch_buffers *lb) {
-  if (lb->nroots < 2)
-    return;
-  for (size_t i = 1; i < lb->nroots; i++) {
-    struct cs_buffer *r = lb->roots[i];
-    size_t j = i;
-    for (; j > 0 && cs_root_before(r, lb->roots[j - 1]); j--)
-      lb->roots[j] = lb->roots[j - 1];
-    lb->roots[j] = r;
-  }
-  size_t n = 1;
-  for (size_t i = 1; i < lb->nroots; i++)
-    if (lb->roots[i] != lb->roots[n - 1])
-      lb->roots[n++] = lb->roots[i];
-  lb->nroots = n;
-}
-
-/* Why argument i, whose kind parameter i does not accept as it is, is
- * wrong; or, for a bytes argument of the right size, its address in *arg. */
-__attribute__((cold, noinline)) static cusafe_status
-arg_unusual(const struct cs_kernel *k, const cusafe_arg *a, size_t i,
-            void **arg) {
-  size_t size = arg_size(a), param_size = k->param_size[i];
-  if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
-    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                   "argument %zu has unknown kind %u", i, a->kind);
-  if (size != param_size)
-    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                   "argument %zu of kernel %s is %zu bytes, parameter %zu "
-                   "is %zu bytes",
-                   i, k->name, size, i, param_size);
-  if (!a->value.bytes)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes", i);
-  *arg = (void *)a->value.bytes;
-  return CUSAFE_SUCCESS;
-}
-
-/* Resolves every argument to the pointer cudaLaunchKernel wants (the
- * thread pinned: buffers are peeked at). */
-static cusafe_status resolve_args(const struct cs_kernel *k,
-                                  const struct cs_context *ctx,
-                                  const cusafe_arg *args, size_t nargs,
-                                  void **argv, uint64_t *values,
-                                  struct launch_buffers *lb) {
-  const uint16_t *kinds = cs_kernel_kinds(k);
-  for (size_t i = 0; i < nargs; i++) {
-    const cusafe_arg *a = &args[i];
-    unsigned kind = a->kind;
-    /* One bit test: a fixed-size kind of the parameter's size. */
-    if (CS_UNLIKELY(kind >= 16 || !((kinds[i] >> kind) & 1))) {
-      cusafe_status st = arg_unusual(k, a, i, &argv[i]);
-      if (st != CUSAFE_SUCCESS)
-        return st;
-    } else if (kind == CUSAFE_ARG_BUFFER) {
-      const struct cs_buffer_slot *b;
-      cusafe_status st = cs_peek_buffer(a->value.buffer, (long)i, &b);
-      if (st != CUSAFE_SUCCESS)
-        return st;
-      if (CS_UNLIKELY(b->ctx != ctx))
-        return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
-                       "argument %zu belongs to device %d but kernel belongs "
-                       "to device %d",
-                       i, b->ctx->device, ctx->device);
-      lb->roots[lb->nroots] = b->root;
-      lb->lasts[lb->nroots++] = b->last;
-      memcpy(&values[i], &b->ptr, sizeof b->ptr);
-      argv[i] = &values[i];
-    } else {
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-      /* The value's own width sits at the start of the union already. */
-      argv[i] = (void *)&a->value;
-#else
-      argv[i] = scalar_value(a, &values[i]);
-#endif
-    }
-  }
-  return CUSAFE_SUCCESS;
-}
-
-/* Whether every buffer's latest operation is on q already, as in a loop
- * of launches on one stream: then the launch takes no lock. */
-static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
-  for (size_t i = 0; i < lb->nroots; i++)
-    if (atomic_load_explicit(lb->lasts[i], memory_order_acquire) != q)
-      return false;
-  return true;
-}
-
-/* Queues the kernel: the one cudaLaunchKernel call of every path. */
-static inline cusafe_status queue_kernel(const struct cs_kernel *k,
-                                         const cusafe_launch_config *c,
-                                         void **argv, cudaStream_t stream) {
-  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
-  dim3 block = {c->block[0], c->block[1], c->block[2]};
-  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                         argv, c->shared_memory, stream);
-  return err == cudaSuccess ? CUSAFE_SUCCESS
-                            : cs_fail_cuda(err, "cudaLaunchKernel");
-}
-
-/* A launch whose buffers' latest work is on other streams: the buffers
- * locked, their work chained to q, then the kernel queued.  Out of line,
- * so that the common path stays short. */
-__attribute__((noinline)) static cusafe_status
-launch_locked(struct cs_kernel *k, struct cs_queue *q, cudaStream_t stream,
-              const cusafe_launch_config *c, void **argv,
-              struct launch_buffers *lb) {
-  cusafe_status st = CUSAFE_SUCCESS;
-  roots_unique(lb);
-  for (size_t i = 0; i < lb->nroots; i++)
-    cs_spin_lock(&lb->roots[i]->lock);
-  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++) {
-    struct cs_object *drop;
-    st = cs_buffer_chain(lb->roots[i], q, &drop);
-    if (drop)
-      lb->drops[lb->ndrops++] = drop;
-  }
-  if (st == CUSAFE_SUCCESS)
-    st = queue_kernel(k, c, argv, stream);
-  for (size_t i = lb->nroots; i-- > 0;)
-    cs_spin_unlock(&lb->roots[i]->lock);
-  return st;
-}
-
-static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
-                            cudaStream_t stream,
-                            const cusafe_launch_config *c, void **argv,
-                            struct launch_buffers *lb) {
-  struct cs_context *ctx = k->ctx;
-  cusafe_status st = allow_shared(k, c->shared_memory);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (CS_UNLIKELY(!all_on(lb, q))) {
-    st = launch_locked(k, q, stream, c, argv, lb);
-  } else {
-    st = queue_kernel(k, c, argv, stream);
-    if (st == CUSAFE_SUCCESS && lb->nroots) {
-      /* Another thread may have moved a buffer to another stream since:
-       * it marks the move (CS_QUEUE_MOVING) before recording the
-       * hand-off, so a buffer still on q here was handed off after the
-       * kernel; one that moved is settled. */
-      atomic_thread_fence(memory_order_seq_cst);
-      for (size_t i = 0; i < lb->nroots; i++)
-        if (CS_UNLIKELY(atomic_load_explicit(lb->lasts[i],
-                                             memory_order_relaxed) != q))
-          cs_buffer_settle(lb->roots[i], q);
-    }
-  }
-  cs_device_leave(saved);
-  return st;
-}
-
-/* Room for the arguments of one launch: on the stack, or for many
- * arguments on the heap. */
-struct launch_space {
-  void **argv; /* what every launch reads first, then the arrays */
-  uint64_t *values;
-  struct launch_buffers lb;
-  void *argv_stack[STACK_ARGS];
-  uint64_t values_stack[STACK_ARGS];
-  struct cs_buffer *roots_stack[STACK_ARGS];
-  _Atomic(struct cs_queue *) *lasts_stack[STACK_ARGS];
-  struct cs_object *drops_stack[STACK_ARGS];
-};
-
-static bool space_make(struct launch_space *sp, size_t nargs) {
-  if (nargs <= STACK_ARGS)
-    return true;
-  sp->argv = malloc(nargs * sizeof *sp->argv);
-  sp->values = malloc(nargs * sizeof *sp->values);
-  sp->lb.roots = malloc(nargs * sizeof *sp->lb.roots);
-  sp->lb.lasts = malloc(nargs * sizeof *sp->lb.lasts);
-  sp->lb.drops = malloc(nargs * sizeof *sp->lb.drops);
-  return sp->argv && sp->values && sp->lb.roots && sp->lb.lasts &&
-         sp->lb.drops;
-}
-
-static void space_free(struct launch_space *sp) {
-  if (sp->argv == sp->argv_stack)
-    return;
-  free(sp->argv);
-  free(sp->values);
-  free(sp->lb.roots);
-  free(sp->lb.lasts);
-  free(sp->lb.drops);
-}
-
-/* The launch proper, on a pinned thread: the kernel, the stream and the
- * buffers are peeked at, not referenced (see cs_pin in internal.h). */
-static cusafe_status launch_pinned(cusafe_kernel kernel,
-                                   const cusafe_launch_config *config,
-                                   const cusafe_arg *args, size_t nargs,
-                                   struct launch_space *sp) {
-  struct cs_kernel *k;
-  cusafe_status st = cs_peek(kernel, CS_KERNEL, "kernel", -1,
-                             (struct cs_object **)&k);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_context *ctx = k->ctx;
-  if (!config)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
-  if (!args && nargs)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "args is NULL");
-  if (nargs != k->nparams)
-    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
-                   "kernel %s takes %zu arguments, %zu given", k->name,
-                   (size_t)k->nparams, nargs);
-  if (CS_UNLIKELY(!config_fits(k, config)))
-    return check_config(k, config);
-  /* The context's own stream needs no look-up, nor any line of the
-   * context: the kernel keeps a copy of its cudaStream_t. */
-  struct cs_queue *q = &ctx->queue;
-  cudaStream_t stream = k->default_stream;
-  if (config->stream != CUSAFE_STREAM_DEFAULT) {
-    struct cs_object *s;
-    st = cs_peek(config->stream, CS_STREAM, "stream", -1, &s);
-    if (st != CUSAFE_SUCCESS)
-      return st;
-    q = &((struct cs_stream *)s)->queue;
-    if (q->ctx != ctx)
-      return cs_mismatch("stream", q->ctx, "kernel", ctx);
-    stream = q->stream;
-  }
-  if (!space_make(sp, nargs))
-    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  st = resolve_args(k, ctx, args, nargs, sp->argv, sp->values, &sp->lb);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  return launch(k, q, stream, config, sp->argv, &sp->lb);
-}
-
-CUSAFE_API CS_HOT cusafe_status cusafe_kernel_launch(
-    cusafe_kernel kernel, const cusafe_launch_config *config,
-    const cusafe_arg *args, size_t nargs) {
-  CS_ENTER();
-  struct launch_space sp;
-  sp.argv = sp.argv_stack;
-  sp.values = sp.values_stack;
-  sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
-                                  sp.drops_stack, 0, 0};
-  cs_pin(cs_call_);
-  cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
-  cs_unpin(cs_call_);
-  /* What the buffers' chains let go of, dropped unpinned. */
-  for (size_t i = 0; i < sp.lb.ndrops; i++)
-    cs_unref(sp.lb.drops[i]);
-  space_free(&sp);
-  return st;
-}
+/* ---- queries ------------------------------------------------------------------- */
 
 CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
                                                       uint32_t *grid,
@@ -404,19 +275,18 @@ CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
                                                       size_t n) {
   CS_ENTER();
   if (!block)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "block is NULL");
+    return cs_null("block");
   if (!grid)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "grid is NULL");
+    return cs_null("grid");
   struct cs_kernel *k;
-  cusafe_status st = cs_acquire(kernel, CS_KERNEL, "kernel",
-                                (struct cs_object **)&k);
+  cusafe_status st = CS_ACQUIRE(kernel, CS_KERNEL, "kernel", &k);
   if (st != CUSAFE_SUCCESS)
     return st;
   struct cs_context *ctx = k->ctx;
   cusafe_launch_config probe = {{1, 1, 1}, {1, 1, 1}, shared_memory, 0};
-  st = check_config(k, &probe);
+  st = cs_kernel_check_config(k, &probe);
   if (st == CUSAFE_SUCCESS)
-    st = allow_shared(k, shared_memory);
+    st = cs_kernel_allow_shared(k, shared_memory);
   int saved;
   if (st == CUSAFE_SUCCESS)
     st = cs_device_enter(ctx->device, &saved);

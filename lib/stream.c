@@ -1,21 +1,32 @@
-/* stream.c -- streams, and the queues through which buffers order work. */
+/* stream.c -- streams, and the queues through which buffers order work
+ * (invariant 2: a stream-ordered free runs after everything queued before
+ * it; a stream holds a reference on its context, invariant 1). */
+#include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "context.h"
+#include "device.h"
+#include "stream.h"
 
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
-                           struct cs_queue **out, struct cs_object **held) {
+                           const char *dflt_name, struct cs_queue **out,
+                           struct cs_object **held) {
   *held = NULL;
   if (stream == CUSAFE_STREAM_DEFAULT) {
     *out = &dflt->queue;
     return CUSAFE_SUCCESS;
   }
-  struct cs_object *obj;
-  cusafe_status st = cs_acquire(stream, CS_STREAM, "stream", &obj);
+  struct cs_stream *s;
+  cusafe_status st = CS_ACQUIRE(stream, CS_STREAM, "stream", &s);
   if (st != CUSAFE_SUCCESS)
     return st;
-  *held = obj;
-  *out = &((struct cs_stream *)obj)->queue;
+  if (dflt_name && s->queue.ctx != dflt) {
+    st = cs_mismatch("stream", s->queue.ctx, dflt_name, dflt);
+    cs_unref(&s->hdr);
+    return st;
+  }
+  *held = &s->hdr;
+  *out = &s->queue;
   return CUSAFE_SUCCESS;
 }
 
@@ -65,107 +76,110 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   return st;
 }
 
-void cs_queue_fini(struct cs_queue *q) {
+cudaError_t cs_queue_fini(struct cs_queue *q) {
   cudaEvent_t ev = atomic_load(&q->handoff);
   if (ev)
     cs_cu->event_destroy(ev);
+  return cs_cu->stream_destroy(q->stream);
+}
+
+/* ---- streams ----------------------------------------------------------------- */
+
+/* Creates the CUDA stream of s (ctx's device current). */
+static cusafe_status stream_make(struct cs_stream *s, struct cs_context *ctx,
+                                 unsigned int flags, int priority) {
+  cudaError_t err = cs_cu->stream_create(
+      &s->queue.stream,
+      (flags & CUSAFE_STREAM_NON_BLOCKING) ? cudaStreamNonBlocking
+                                           : cudaStreamDefault,
+      priority);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamCreateWithPriority");
+  s->queue.ctx = ctx;
+  s->queue.owner = &s->hdr;
+  cusafe_status st = cs_handle_new(&s->hdr, CS_STREAM);
+  if (st != CUSAFE_SUCCESS)
+    cs_cu->stream_destroy(s->queue.stream);
+  return st;
+}
+
+/* Checks flags and priority, then makes the stream (its context's
+ * reference becomes the stream's). */
+static cusafe_status stream_new(cusafe_stream *out, struct cs_context *ctx,
+                                unsigned int flags, int priority) {
+  if (flags & ~CUSAFE_STREAM_NON_BLOCKING)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown stream flags 0x%x",
+                   flags & ~CUSAFE_STREAM_NON_BLOCKING);
+  /* CUDA clamps a priority out of range silently; say so instead. */
+  if (priority < ctx->priority_greatest || priority > ctx->priority_least)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "priority %d is outside the device's range [%d, %d]",
+                   priority, ctx->priority_greatest, ctx->priority_least);
+  struct cs_stream *s = calloc(1, sizeof *s);
+  if (!s)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  int saved;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = stream_make(s, ctx, flags, priority);
+    cs_device_leave(saved);
+  }
+  if (st != CUSAFE_SUCCESS) {
+    free(s);
+    return st;
+  }
+  *out = s->hdr.handle;
+  return CUSAFE_SUCCESS;
 }
 
 CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                               cusafe_context ctx_handle,
                                               unsigned int flags,
                                               int priority) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   struct cs_context *ctx;
-  cusafe_status st = cs_acquire(ctx_handle, CS_CONTEXT, "context",
-                                (struct cs_object **)&ctx);
+  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
   if (st != CUSAFE_SUCCESS)
     return st;
-  if (flags & ~CUSAFE_STREAM_NON_BLOCKING) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown stream flags 0x%x",
-                 flags & ~CUSAFE_STREAM_NON_BLOCKING);
-    goto out_ctx;
-  }
-  /* CUDA clamps a priority out of range silently; say so instead. */
-  if (priority < ctx->priority_greatest || priority > ctx->priority_least) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
-                 "priority %d is outside the device's range [%d, %d]",
-                 priority, ctx->priority_greatest, ctx->priority_least);
-    goto out_ctx;
-  }
-  struct cs_stream *s = calloc(1, sizeof *s);
-  if (!s) {
-    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-    goto out_ctx;
-  }
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
+  st = stream_new(out, ctx, flags, priority);
   if (st != CUSAFE_SUCCESS)
-    goto out_free;
-  cudaError_t err = cs_cu->stream_create(
-      &s->queue.stream,
-      (flags & CUSAFE_STREAM_NON_BLOCKING) ? cudaStreamNonBlocking
-                                           : cudaStreamDefault,
-      priority);
-  if (err != cudaSuccess) {
-    st = cs_fail_cuda(err, "cudaStreamCreateWithPriority");
-    cs_device_leave(saved);
-    goto out_free;
-  }
-  s->queue.ctx = ctx; /* the reference acquired above becomes the stream's */
-  s->queue.owner = &s->hdr;
-  st = cs_handle_new(&s->hdr, CS_STREAM);
-  if (st != CUSAFE_SUCCESS) {
-    cs_cu->stream_destroy(s->queue.stream);
-    cs_device_leave(saved);
-    goto out_free;
-  }
-  cs_device_leave(saved);
-  *out = s->hdr.handle;
-  return CUSAFE_SUCCESS;
-
-out_free:
-  free(s);
-out_ctx:
-  cs_unref(&ctx->hdr);
+    cs_unref(&ctx->hdr);
   return st;
 }
 
-/* Queued work still runs: CUDA defers the destruction until it is done. */
 /* Destroys the CUDA stream -- also when its device cannot be made current,
- * since a stream left behind would outlive its context. */
+ * since a stream left behind would outlive its context.  Queued work still
+ * runs: CUDA defers the destruction until it is done. */
 static cusafe_status stream_fini(struct cs_stream *s) {
   int saved;
   cusafe_status st = cs_device_enter(s->queue.ctx->device, &saved);
-  cs_queue_fini(&s->queue);
-  cudaError_t err = cs_cu->stream_destroy(s->queue.stream);
+  cudaError_t err = cs_queue_fini(&s->queue);
   if (err != cudaSuccess && st == CUSAFE_SUCCESS)
     st = cs_fail_cuda(err, "cudaStreamDestroy");
   cs_device_leave(saved);
   return st;
 }
 
-cusafe_status cs_stream_destroy(struct cs_stream *s) {
+cusafe_status cs_stream_destroy(struct cs_object *obj) {
+  struct cs_stream *s = (struct cs_stream *)obj;
   struct cs_context *ctx = s->queue.ctx;
   cusafe_status st = stream_fini(s);
   free(s);
-  cusafe_status st2 = cs_unref(&ctx->hdr);
-  return st != CUSAFE_SUCCESS ? st : st2;
+  return cs_first(st, cs_unref(&ctx->hdr));
 }
 
-void cs_stream_shutdown(struct cs_object *obj, void *arg) {
-  (void)arg;
+void cs_stream_shutdown(struct cs_object *obj) {
   stream_fini((struct cs_stream *)obj);
   cs_handle_kill(obj);
 }
 
-static cusafe_status stream_get(cusafe_stream h, struct cs_stream **out) {
-  return cs_acquire(h, CS_STREAM, "stream", (struct cs_object **)out);
+void cs_stream_describe(const struct cs_object *obj, char *what,
+                        size_t size) {
+  snprintf(what, size, "device %d",
+           ((const struct cs_stream *)obj)->queue.ctx->device);
 }
+
+/* ---- work ---------------------------------------------------------------------- */
 
 /* Runs a CUDA call on a stream with its device current; `name` names the
  * CUDA function for the message. */
@@ -173,19 +187,13 @@ static cusafe_status stream_call(cusafe_stream h,
                                  cudaError_t (*fn)(cudaStream_t),
                                  const char *name) {
   struct cs_stream *s;
-  cusafe_status st = stream_get(h, &s);
+  cusafe_status st = CS_ACQUIRE(h, CS_STREAM, "stream", &s);
   if (st != CUSAFE_SUCCESS)
     return st;
   int saved;
   st = cs_device_enter(s->queue.ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = fn(s->queue.stream);
-    if (err == cudaErrorNotReady) {
-      st = cs_fail(CUSAFE_ERROR_NOT_READY, "work is still pending");
-      cs_note_cuda_error(err);
-    } else if (err != cudaSuccess) {
-      st = cs_fail_cuda(err, name);
-    }
+    st = cs_status_pending(fn(s->queue.stream), name);
     cs_device_leave(saved);
   }
   cs_unref(&s->hdr);
@@ -203,65 +211,10 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   return stream_call(stream, cs_cu->stream_query, "cudaStreamQuery");
 }
 
-CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
-                                                  cusafe_event event) {
-  CS_ENTER();
-  struct cs_stream *s;
-  cusafe_status st = stream_get(stream, &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_event *ev;
-  st = cs_acquire(event, CS_EVENT, "event", (struct cs_object **)&ev);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  if (ev->ctx != s->queue.ctx) {
-    st = cs_mismatch("event", ev->ctx, "stream", s->queue.ctx);
-  } else {
-    int saved;
-    st = cs_device_enter(s->queue.ctx->device, &saved);
-    if (st == CUSAFE_SUCCESS) {
-      cudaError_t err = cs_cu->stream_wait_event(s->queue.stream, ev->event, 0);
-      if (err != cudaSuccess)
-        st = cs_fail_cuda(err, "cudaStreamWaitEvent");
-      cs_device_leave(saved);
-    }
-  }
-  cs_unref(&ev->hdr);
-out:
-  cs_unref(&s->hdr);
-  return st;
-}
+/* ---- queries ---------------------------------------------------------------------- */
 
-CUSAFE_API cusafe_status cusafe_stream_get_context(cusafe_context *out,
-                                                   cusafe_stream stream) {
-  if (out)
-    *out = CUSAFE_NULL_HANDLE;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_stream *s;
-  cusafe_status st = stream_get(stream, &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = cs_user_ref(&s->queue.ctx->hdr);
-  if (st == CUSAFE_SUCCESS)
-    *out = s->queue.ctx->hdr.handle;
-  cs_unref(&s->hdr);
-  return st;
-}
-
-CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
-                                                      cusafe_stream stream) {
-  if (out)
-    *out = NULL;
-  CS_ENTER();
-  if (!out)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
-  struct cs_stream *s;
-  cusafe_status st = stream_get(stream, &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *out = (void *)s->queue.stream;
-  cs_unref(&s->hdr);
-  return CUSAFE_SUCCESS;
-}
+CS_QUERY(cusafe_stream_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
+         cs_stream, CS_STREAM, "stream",
+         st = cs_context_hand_out(o->queue.ctx, out))
+CS_QUERY(cusafe_stream_interop_handle, void *, NULL, cs_stream, CS_STREAM,
+         "stream", *out = (void *)o->queue.stream)

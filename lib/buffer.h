@@ -1,0 +1,53 @@
+/* buffer.h -- memory: buffers, views and the chains of work on them
+ * (buffer.c; invariant 2: work in flight keeps its inputs alive).
+ * Internal; never installed. */
+#ifndef CUSAFE_BUFFER_H
+#define CUSAFE_BUFFER_H
+
+#include "stream.h"
+
+struct cs_buffer {
+  struct cs_object hdr;
+  struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
+  struct cs_context *ctx;   /* referenced by the root only */
+  char *ptr;                /* first byte of this buffer or view */
+  /* Root only: work on the memory is chained across streams; `*last` is
+   * the queue of the latest operation (its owner referenced).  It changes
+   * under `lock` only, and is CS_QUEUE_MOVING while a change is recorded;
+   * launches read it without the lock (launch.c).  It lives in the root's
+   * handle slot (struct cs_buffer_slot, handle.h), or in `early_last`
+   * until then. */
+  _Atomic(struct cs_queue *) *last;
+  cs_spinlock lock;
+  cusafe_memory kind;
+  struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
+  size_t size;
+  _Atomic(struct cs_queue *) early_last;
+};
+
+/* The order in which buffers' roots are locked, the same for every
+ * caller: by their handles' slots, which, unlike the objects' addresses,
+ * a program's runs assign alike, so that a launch or copy that locks
+ * several roots makes its CUDA calls in the same order every time. */
+static inline bool cs_root_before(const struct cs_buffer *a,
+                                  const struct cs_buffer *b) {
+  return (uintptr_t)a->hdr.slot < (uintptr_t)b->hdr.slot;
+}
+
+/* The value of a root's `last` while it changes. */
+extern struct cs_queue cs_queue_moving;
+#define CS_QUEUE_MOVING (&cs_queue_moving)
+
+/* Chains root's next operation on queue q after its previous one (root's
+ * lock held).  The reference that root held on the queue of its previous
+ * operation, if any, is handed to the caller in *drop, to be dropped
+ * (cs_unref) once the lock is released.  Fails if q is a stream whose last
+ * reference went meanwhile (peeked by a pinned launch). */
+cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
+                              struct cs_object **drop);
+/* Settles a launch queued on q without root's lock, which found that
+ * root's operations moved to another queue meanwhile: orders that queue
+ * after q. */
+void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q);
+
+#endif /* CUSAFE_BUFFER_H */

@@ -1,0 +1,47 @@
+/* context.h -- contexts: one per device, over its retained primary context
+ * (context.c; invariant 4).  Internal; never installed. */
+#ifndef CUSAFE_CONTEXT_H
+#define CUSAFE_CONTEXT_H
+
+#include <pthread.h>
+
+#include "stream.h"
+
+struct cs_context {
+  struct cs_object hdr;
+  int device;
+  CUcontext primary;
+  struct cs_queue queue; /* the default stream */
+  size_t total_memory;
+  int managed;
+  int priority_least, priority_greatest;
+  /* Limits that launches are checked against. */
+  int cc_major, cc_minor;
+  int warp_size;
+  int max_block[3], max_grid[3];
+  size_t shared_optin; /* dynamic + static shared memory per block */
+  /* Libraries whose unload failed, retried before the primary context is
+   * released (under orphan_lock). */
+  pthread_mutex_t orphan_lock;
+  cudaLibrary_t *orphans;
+  size_t norphans;
+};
+
+/* "stream belongs to device 1 but buffer belongs to device 0" */
+cusafe_status cs_mismatch(const char *a, const struct cs_context *actx,
+                          const char *b, const struct cs_context *bctx)
+    __attribute__((cold));
+
+/* Hands the caller a new reference on ctx (cs_user_ref): *out is its
+ * handle. */
+cusafe_status cs_context_hand_out(struct cs_context *ctx, cusafe_context *out);
+
+/* Keeps a library of ctx that cannot be unloaded yet (launches may still
+ * be queued, or its unload failed): it is unloaded before the context's
+ * primary context is released, so that no code outlives its context. */
+void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library);
+
+/* The first step of the ordered shutdown: synchronises ctx's device. */
+void cs_context_settle(struct cs_object *obj);
+
+#endif /* CUSAFE_CONTEXT_H */

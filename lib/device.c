@@ -1,0 +1,84 @@
+/* device.c -- devices: the current device of a call, the device count and
+ * properties. */
+#include <stdio.h>
+#include <string.h>
+
+#include "device.h"
+#include "init.h"
+
+cusafe_status cs_device_switch(int device, int *saved) {
+  int current;
+  *saved = -1;
+  cudaError_t err = cs_cu->get_device(&current);
+  if (CS_UNLIKELY(err != cudaSuccess))
+    return cs_fail_cuda(err, "cudaGetDevice");
+  if (CS_LIKELY(current == device))
+    return CUSAFE_SUCCESS;
+  err = cs_cu->set_device(device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaSetDevice");
+  *saved = current; /* the caller's device comes back afterwards */
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_device_enter_teardown(int device, int *saved) {
+  cusafe_status st = cs_device_enter(device, saved);
+  return st == CUSAFE_SUCCESS ? st : cs_device_enter(device, saved);
+}
+
+cusafe_status cs_device_idle(int device, int *saved) {
+  cusafe_status st = cs_device_enter_teardown(device, saved);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->device_synchronize();
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaDeviceSynchronize");
+  }
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_device_count(int *out) {
+  CS_ENTER_OUT(out, 0);
+  return cs_init(out);
+}
+
+CUSAFE_API cusafe_status
+cusafe_device_get_properties(cusafe_device_properties *out, int device) {
+  CS_ENTER();
+  if (!out)
+    return cs_null("out");
+  int count;
+  cusafe_status st = cs_check_device(device, &count);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cudaDeviceProp prop;
+  cudaError_t err = cs_cu->get_device_properties(&prop, device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaGetDeviceProperties");
+  int pools = 0;
+  err = cs_cu->device_get_attribute(&pools, cudaDevAttrMemoryPoolsSupported,
+                                    device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaDeviceGetAttribute");
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof prop.name,
+           prop.name);
+  out->total_memory = prop.totalGlobalMem;
+  out->compute_capability_major = prop.major;
+  out->compute_capability_minor = prop.minor;
+  out->multiprocessor_count = prop.multiProcessorCount;
+  out->max_threads_per_block = prop.maxThreadsPerBlock;
+  for (int i = 0; i < 3; i++) {
+    out->max_block_dim[i] = prop.maxThreadsDim[i];
+    out->max_grid_dim[i] = prop.maxGridSize[i];
+  }
+  out->shared_memory_per_block = prop.sharedMemPerBlock;
+  out->shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+  out->warp_size = prop.warpSize;
+  out->managed_memory = prop.managedMemory;
+  out->concurrent_managed_access = prop.concurrentManagedAccess;
+  out->memory_pools = pools;
+  out->pci_bus_id = prop.pciBusID;
+  out->pci_device_id = prop.pciDeviceID;
+  out->pci_domain_id = prop.pciDomainID;
+  return CUSAFE_SUCCESS;
+}

@@ -1,0 +1,32 @@
+/* device.h -- the current device: every CUDA call of an object is made with
+ * its context's device current (device.c).  Internal; never installed. */
+#ifndef CUSAFE_DEVICE_H
+#define CUSAFE_DEVICE_H
+
+#include "calls.h"
+
+/* Makes `device` current for the calling thread; *saved receives the device
+ * to restore with cs_device_leave() (-1: nothing to restore). */
+cusafe_status cs_device_switch(int device, int *saved);
+/* cs_device_switch(), free where the process sees one device: it is then
+ * always current. */
+static inline cusafe_status cs_device_enter(int device, int *saved) {
+  if (CS_LIKELY(
+          atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed))) {
+    *saved = -1;
+    return CUSAFE_SUCCESS;
+  }
+  return cs_device_switch(device, saved);
+}
+static inline void cs_device_leave(int saved) {
+  if (CS_UNLIKELY(saved >= 0))
+    cs_cu->set_device(saved);
+}
+/* cs_device_enter() for a teardown that must synchronise the right device
+ * before it frees: a failure is tried once more. */
+cusafe_status cs_device_enter_teardown(int device, int *saved);
+/* cs_device_enter_teardown(), then waits until the device is idle: the
+ * start of a teardown that frees what queued work may still use. */
+cusafe_status cs_device_idle(int device, int *saved);
+
+#endif /* CUSAFE_DEVICE_H */

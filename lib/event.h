@@ -1,0 +1,14 @@
+/* event.h -- events (event.c).  Internal; never installed. */
+#ifndef CUSAFE_EVENT_H
+#define CUSAFE_EVENT_H
+
+#include "handle.h"
+
+struct cs_event {
+  struct cs_object hdr;
+  struct cs_context *ctx; /* referenced */
+  cudaEvent_t event;
+  unsigned int flags;
+};
+
+#endif /* CUSAFE_EVENT_H */

@@ -1,0 +1,159 @@
+/* handle.h -- objects, their types and the handle table (handle.c;
+ * invariant 1: reference counts; invariant 3: handles are checked, always).
+ * Internal; never installed. */
+#ifndef CUSAFE_HANDLE_H
+#define CUSAFE_HANDLE_H
+
+#include "calls.h"
+
+/* ---- the object types ----------------------------------------------------- */
+
+/* Every type of object, one row each, in the order in which the ordered
+ * shutdown destroys them (shutdown.c): the users of memory and code first,
+ * contexts last (invariant 5).
+ *
+ *   X(TYPE, name, article, peeked)
+ *   TYPE     CS_<TYPE>, equal to the public CUSAFE_TYPE_<TYPE>;
+ *   name     the type's word in messages and leak reports, and the middle
+ *            of the three functions each type defines in its own file:
+ *              cusafe_status cs_<name>_destroy(struct cs_object *)
+ *                the last reference went: free it, drop what it holds;
+ *              void cs_<name>_shutdown(struct cs_object *)
+ *                the ordered shutdown: free its CUDA resources whatever
+ *                its references, then cs_handle_kill() it;
+ *              void cs_<name>_describe(const struct cs_object *, char *, size_t)
+ *                the leak report's words for it ("4096 bytes of ...");
+ *   article  "a buffer", as in "0x... is a stream, not a buffer";
+ *   peeked   launches use it without a reference (calls.h, pins): its
+ *            destruction waits for the pins of launches in progress.
+ *
+ * A new type is a CUSAFE_TYPE_ in cusafe.h, a row here, and its three
+ * functions. */
+#define CS_TYPE_MAP(X)                                                       \
+  X(BUFFER, buffer, "a buffer", true)                                        \
+  X(EVENT, event, "an event", false)                                         \
+  X(STREAM, stream, "a stream", true)                                        \
+  X(KERNEL, kernel, "a kernel", true)                                        \
+  X(MODULE, module, "a module", false)                                       \
+  X(CONTEXT, context, "a context", false)
+
+#define CS_TYPE_ENUM(TYPE, name, article, peeked)                            \
+  CS_##TYPE = CUSAFE_TYPE_##TYPE,
+enum cs_type { CS_TYPE_MAP(CS_TYPE_ENUM) };
+#undef CS_TYPE_ENUM
+#define CS_TYPE_ONE(TYPE, name, article, peeked) +1
+/* The types are numbered 1 to CS_TYPES. */
+enum { CS_TYPES = 0 CS_TYPE_MAP(CS_TYPE_ONE) };
+#undef CS_TYPE_ONE
+
+/* The header of every object.  The reference count lives in the object's
+ * table slot, next to the generation, so that a lookup can take a reference
+ * only while the generation still matches. */
+struct cs_object {
+  struct cs_slot *slot;
+  cusafe_handle handle;
+  enum cs_type type;
+  _Atomic(char *) label; /* the caller's words, for the leak report */
+};
+
+#define CS_TYPE_FUNCTIONS(TYPE, name, article, peeked)                       \
+  cusafe_status cs_##name##_destroy(struct cs_object *obj);                  \
+  void cs_##name##_shutdown(struct cs_object *obj);                          \
+  void cs_##name##_describe(const struct cs_object *obj, char *what,         \
+                            size_t size);
+CS_TYPE_MAP(CS_TYPE_FUNCTIONS)
+#undef CS_TYPE_FUNCTIONS
+
+/* The type's word: "buffer".  `type` is one of 1 to CS_TYPES. */
+const char *cs_type_name(enum cs_type type);
+
+/* ---- entering objects -------------------------------------------------------- */
+
+/* Enters obj into the table with one reference and sets obj->handle.
+ * Returns CUSAFE_ERROR_OUT_OF_MEMORY if the table cannot grow. */
+cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
+
+/* What a launch reads of a buffer, kept in the buffer's handle slot next to
+ * the generation that the launch checks, so that a buffer argument costs
+ * one cache line (buffer.h): set before the handle is published and
+ * constant while it is live, except a root's `own_last`. */
+struct cs_queue;
+struct cs_buffer_slot {
+  char *ptr;
+  struct cs_context *ctx;
+  struct cs_buffer *root;
+  _Atomic(struct cs_queue *) *last;    /* the root's `last` */
+  _Atomic(struct cs_queue *) own_last; /* where a root's `last` points */
+};
+/* cs_handle_new() in two steps, for a buffer: claims a slot for obj (its
+ * handle set, not yet live) and returns the slot's buffer part to fill;
+ * cs_handle_publish() then makes the handle live. */
+cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
+                                     struct cs_buffer_slot **out);
+void cs_handle_publish(struct cs_object *obj);
+
+/* ---- checked lookups ---------------------------------------------------------- */
+
+/* Looks up `handle`, checks that it is live and of `type` (0: any type),
+ * and takes a reference that the caller drops with cs_unref().  `name` is
+ * the parameter's name for the message. */
+cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
+                         const char *name, struct cs_object **out);
+/* cs_acquire() into a pointer to the object's own structure. */
+#define CS_ACQUIRE(handle, type, name, out)                                  \
+  cs_acquire((handle), (type), (name), (struct cs_object **)(out))
+/* Checks `handle` as cs_acquire() does, for a `type` other than 0, but
+ * takes no reference: for a pinned thread only (cs_pin), until cs_unpin().
+ * `index` >= 0 names the index-th element of a list. */
+cusafe_status cs_peek(cusafe_handle handle, enum cs_type type,
+                      const char *name, long index,
+                      struct cs_object **out) CS_HOT;
+/* cs_peek() of a buffer that is the index-th argument of a launch: *out
+ * is what the launch reads of it, in the buffer's handle slot. */
+cusafe_status cs_peek_buffer(cusafe_handle handle, long index,
+                             const struct cs_buffer_slot **out) CS_HOT;
+
+/* Defines the public query `fn`: it opens the call (*out = `empty` unless
+ * it succeeds), acquires the handle `h` as a `struct T *o` of type TYPE
+ * (named NAME in messages), runs the statements `...` (which read o and
+ * set *out, and may set the status `st`), and drops the reference. */
+#define CS_QUERY(fn, out_type, empty, T, TYPE, NAME, ...)                    \
+  CUSAFE_API cusafe_status fn(out_type *out, cusafe_handle h) {              \
+    CS_ENTER_OUT(out, empty);                                                \
+    struct T *o;                                                             \
+    cusafe_status st = CS_ACQUIRE(h, TYPE, NAME, &o);                        \
+    if (st == CUSAFE_SUCCESS) {                                              \
+      __VA_ARGS__;                                                           \
+      cs_unref((struct cs_object *)o);                                       \
+    }                                                                        \
+    return st;                                                               \
+  }
+
+/* ---- references ----------------------------------------------------------------- */
+
+/* Adds a reference to a live object the caller already holds. */
+void cs_ref(struct cs_object *obj);
+/* Adds a reference to an object the caller only peeked at, unless its last
+ * reference has gone already. */
+bool cs_try_ref(struct cs_object *obj);
+/* Adds a reference handed to the caller unless the object is already being
+ * destroyed. */
+bool cs_try_user_ref(struct cs_object *obj);
+/* Adds a reference handed to the caller (the handle becomes, or stays,
+ * valid); used where a call returns an existing object. */
+cusafe_status cs_user_ref(struct cs_object *obj);
+/* Drops a reference; the last one destroys the object (cs_<name>_destroy)
+ * and retires its slot.  Returns the status of the destruction. */
+cusafe_status cs_unref(struct cs_object *obj);
+/* The references the caller holds on obj. */
+uint32_t cs_user_refs(const struct cs_object *obj);
+
+/* ---- the shutdown ------------------------------------------------------------------ */
+
+/* Calls fn on every live object of `type`, in slot order.  Used only by the
+ * shutdown, which has stopped every other caller first. */
+void cs_handle_foreach(enum cs_type type, void (*fn)(struct cs_object *obj));
+/* Retires a slot without running the destructor (shutdown). */
+void cs_handle_kill(struct cs_object *obj);
+
+#endif /* CUSAFE_HANDLE_H */

@@ -1,0 +1,126 @@
+/* init.c -- initialisation on first use, the driver's entry points, and
+ * the exit handler (invariant 4: the primary context, through the driver
+ * reached at run time, so that the library loads without one; invariant 5:
+ * the exit handler registered right after the first CUDA call). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "calls.h"
+#include "init.h"
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int initialised;
+static int handlers_registered;
+static int device_count;
+
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*release_fn)(CUdevice);
+typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
+static retain_fn primary_retain;
+static release_fn primary_release;
+static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
+
+static void at_exit(void) { cusafe_shutdown(); }
+
+static cusafe_status driver_missing(cudaError_t err) {
+  const char *words = cs_cu->get_error_string(err);
+  return cs_fail_as(CUSAFE_ERROR_NO_DRIVER, err, "no CUDA driver found: %s",
+                    words ? words : "unknown error");
+}
+
+/* Finds a driver function: CUSAFE_SUCCESS, or with `required` an error
+ * that says which is missing (without, *fn is NULL then). */
+static cusafe_status driver_entry(const char *symbol, void **fn,
+                                  bool required) {
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
+  cudaError_t err = cs_cu->get_driver_entry_point(symbol, fn, 12000,
+                                                  cudaEnableDefault, &found);
+  if (err == cudaSuccess && found == cudaDriverEntryPointSuccess && *fn)
+    return CUSAFE_SUCCESS;
+  *fn = NULL;
+  if (!required)
+    return CUSAFE_SUCCESS;
+  if (err != cudaSuccess)
+    return driver_missing(err);
+  return cs_fail(CUSAFE_ERROR_NO_DRIVER,
+                 "no CUDA driver found: the driver lacks %s", symbol);
+}
+
+/* The first successful CUDA call was made: registers the handlers and
+ * finds the driver's functions (init_lock held). */
+static cusafe_status init_driver(int n) {
+  /* The runtime registered its teardown with atexit at that first call;
+   * ours, registered after it, runs before it (DESIGN.md, "Exit"). */
+  if (!handlers_registered) {
+    atexit(at_exit);
+    cs_calls_init();
+    handlers_registered = 1;
+  }
+  cusafe_status st = driver_entry("cuDevicePrimaryCtxRetain",
+                                  (void **)&primary_retain, true);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuDevicePrimaryCtxRelease", (void **)&primary_release,
+                      true);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuLibraryGetModule", (void **)&library_get_module,
+                      false);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  device_count = n;
+  atomic_store(&cs_hot.single_device, n == 1);
+  atomic_store_explicit(&initialised, 1, memory_order_release);
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_init(int *count) {
+  if (CS_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire))) {
+    *count = device_count;
+    return CUSAFE_SUCCESS;
+  }
+  cusafe_status st = CUSAFE_SUCCESS;
+  pthread_mutex_lock(&init_lock);
+  if (!atomic_load_explicit(&initialised, memory_order_relaxed)) {
+    int n = 0;
+    cudaError_t err = cs_cu->get_device_count(&n);
+    if (err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary)
+      st = driver_missing(err);
+    else if (err == cudaErrorNoDevice)
+      st = cs_fail_as(CUSAFE_ERROR_NO_DEVICE, err, "no CUDA device found");
+    else if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaGetDeviceCount");
+    else if (n == 0)
+      st = cs_fail(CUSAFE_ERROR_NO_DEVICE, "no CUDA device found");
+    else
+      st = init_driver(n);
+  }
+  pthread_mutex_unlock(&init_lock);
+  *count = st == CUSAFE_SUCCESS ? device_count : 0;
+  return st;
+}
+
+bool cs_initialised(void) { return atomic_load(&initialised); }
+
+cusafe_status cs_check_device(int device, int *count) {
+  cusafe_status st = cs_init(count);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (device < 0 || device >= *count)
+    return cs_fail(CUSAFE_ERROR_INVALID_DEVICE,
+                   "device %d is out of range: %d device(s) found", device,
+                   *count);
+  return CUSAFE_SUCCESS;
+}
+
+CUresult cs_primary_ctx_retain(CUcontext *ctx, int device) {
+  return primary_retain(ctx, (CUdevice)device);
+}
+
+CUresult cs_primary_ctx_release(int device) {
+  return primary_release((CUdevice)device);
+}
+
+CUresult cs_library_load_now(cudaLibrary_t library) {
+  CUmodule module;
+  return library_get_module ? library_get_module(&module, (CUlibrary)library)
+                            : CUDA_SUCCESS;
+}

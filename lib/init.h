@@ -1,0 +1,25 @@
+/* init.h -- initialisation and the driver's entry points (init.c;
+ * invariant 4: the device's primary context, reached through the driver at
+ * run time; invariant 5: the exit handler registered after CUDA's own).
+ * Internal; never installed. */
+#ifndef CUSAFE_INIT_H
+#define CUSAFE_INIT_H
+
+#include "error.h"
+
+/* Initialises CUDA on first use (and registers the exit handler right after
+ * the first successful CUDA call); stores the device count. */
+cusafe_status cs_init(int *device_count);
+/* Whether cs_init() has succeeded once. */
+bool cs_initialised(void);
+/* Initialises, then checks that `device` exists. */
+cusafe_status cs_check_device(int device, int *count);
+
+/* The primary context, through the driver's entry points. */
+CUresult cs_primary_ctx_retain(CUcontext *ctx, int device);
+CUresult cs_primary_ctx_release(int device);
+/* Loads a library into the calling thread's current context now: CUDA
+ * loads lazily, and accepts a corrupt image until its first use. */
+CUresult cs_library_load_now(cudaLibrary_t library);
+
+#endif /* CUSAFE_INIT_H */

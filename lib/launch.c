@@ -1,0 +1,321 @@
+/* launch.c -- the launch path: cusafe_kernel_launch, the hot path of the
+ * library.
+ *
+ * Arguments are checked against the parameter layout read at lookup
+ * (kernel.c), the configuration against the kernel's and the device's
+ * limits, so that a wrong launch is an error with a sentence, not a
+ * corrupt kernel.  Buffers are chained onto the launch's stream like any
+ * other operation on them (buffer.c), which keeps them alive until the
+ * kernel has completed (invariant 2).  The kernel, the stream and the
+ * buffers are used without references, on a pinned thread: lib/README.md,
+ * "Launches", says why that is safe. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "buffer.h"
+#include "context.h"
+#include "device.h"
+#include "kernel.h"
+
+/* Arguments held on the stack; more go to the heap. */
+#define STACK_ARGS 32
+
+static inline size_t arg_size(const cusafe_arg *a) {
+  return a->kind == CUSAFE_ARG_BYTES ? a->size : cs_kind_size(a->kind);
+}
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+/* Stores a scalar argument's value, in its own width, in *slot. */
+static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
+  union {
+    int8_t i8;
+    uint8_t u8;
+    int16_t i16;
+    uint16_t u16;
+    int32_t i32;
+    uint32_t u32;
+    float f32;
+    uint64_t all;
+  } v = {.all = 0};
+  switch (a->kind) {
+  case CUSAFE_ARG_I8: v.i8 = (int8_t)a->value.i; break;
+  case CUSAFE_ARG_U8: v.u8 = (uint8_t)a->value.u; break;
+  case CUSAFE_ARG_I16: v.i16 = (int16_t)a->value.i; break;
+  case CUSAFE_ARG_U16: v.u16 = (uint16_t)a->value.u; break;
+  case CUSAFE_ARG_I32: v.i32 = (int32_t)a->value.i; break;
+  case CUSAFE_ARG_U32: v.u32 = (uint32_t)a->value.u; break;
+  case CUSAFE_ARG_F32: v.f32 = a->value.f32; break;
+  default: memcpy(&v.all, &a->value, 8); break; /* 64-bit kinds */
+  }
+  *slot = v.all;
+  return slot;
+}
+#endif
+
+/* The buffers of one launch: their roots, locked in order, and
+ * where each root's latest queue is (lasts[i] is roots[i]'s until
+ * roots_unique() sorts the roots). */
+struct launch_buffers {
+  struct cs_buffer **roots;
+  _Atomic(struct cs_queue *) **lasts;
+  struct cs_object **drops; /* references to drop after the launch */
+  size_t nroots, ndrops;
+};
+
+/* Sorts and deduplicates the roots so that two launches sharing buffers
+ * always lock them in the same order (cs_root_before).  A launch has few
+ * buffers: an insertion sort beats qsort's calls through a comparator. */
+static void roots_unique(struct launch_buffers *lb) {
+  if (lb->nroots < 2)
+    return;
+  for (size_t i = 1; i < lb->nroots; i++) {
+    struct cs_buffer *r = lb->roots[i];
+    size_t j = i;
+    for (; j > 0 && cs_root_before(r, lb->roots[j - 1]); j--)
+      lb->roots[j] = lb->roots[j - 1];
+    lb->roots[j] = r;
+  }
+  size_t n = 1;
+  for (size_t i = 1; i < lb->nroots; i++)
+    if (lb->roots[i] != lb->roots[n - 1])
+      lb->roots[n++] = lb->roots[i];
+  lb->nroots = n;
+}
+
+/* Why argument i, whose kind parameter i does not accept as it is, is
+ * wrong; or, for a bytes argument of the right size, its address in *arg. */
+__attribute__((cold, noinline)) static cusafe_status
+arg_unusual(const struct cs_kernel *k, const cusafe_arg *a, size_t i,
+            void **arg) {
+  size_t size = arg_size(a), param_size = k->param_size[i];
+  if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "argument %zu has unknown kind %u", i, a->kind);
+  if (size != param_size)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "argument %zu of kernel %s is %zu bytes, parameter %zu "
+                   "is %zu bytes",
+                   i, k->name, size, i, param_size);
+  if (!a->value.bytes)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes", i);
+  *arg = (void *)a->value.bytes;
+  return CUSAFE_SUCCESS;
+}
+
+/* Resolves every argument to the pointer cudaLaunchKernel wants (the
+ * thread pinned: buffers are peeked at). */
+static cusafe_status resolve_args(const struct cs_kernel *k,
+                                  const struct cs_context *ctx,
+                                  const cusafe_arg *args, size_t nargs,
+                                  void **argv, uint64_t *values,
+                                  struct launch_buffers *lb) {
+  const uint16_t *kinds = cs_kernel_kinds(k);
+  for (size_t i = 0; i < nargs; i++) {
+    const cusafe_arg *a = &args[i];
+    unsigned kind = a->kind;
+    /* One bit test: a fixed-size kind of the parameter's size. */
+    if (CS_UNLIKELY(kind >= 16 || !((kinds[i] >> kind) & 1))) {
+      cusafe_status st = arg_unusual(k, a, i, &argv[i]);
+      if (st != CUSAFE_SUCCESS)
+        return st;
+    } else if (kind == CUSAFE_ARG_BUFFER) {
+      const struct cs_buffer_slot *b;
+      cusafe_status st = cs_peek_buffer(a->value.buffer, (long)i, &b);
+      if (st != CUSAFE_SUCCESS)
+        return st;
+      if (CS_UNLIKELY(b->ctx != ctx))
+        return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
+                       "argument %zu belongs to device %d but kernel belongs "
+                       "to device %d",
+                       i, b->ctx->device, ctx->device);
+      lb->roots[lb->nroots] = b->root;
+      lb->lasts[lb->nroots++] = b->last;
+      memcpy(&values[i], &b->ptr, sizeof b->ptr);
+      argv[i] = &values[i];
+    } else {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      /* The value's own width sits at the start of the union already. */
+      argv[i] = (void *)&a->value;
+#else
+      argv[i] = scalar_value(a, &values[i]);
+#endif
+    }
+  }
+  return CUSAFE_SUCCESS;
+}
+
+/* Whether every buffer's latest operation is on q already, as in a loop
+ * of launches on one stream: then the launch takes no lock. */
+static bool all_on(const struct launch_buffers *lb, const struct cs_queue *q) {
+  for (size_t i = 0; i < lb->nroots; i++)
+    if (atomic_load_explicit(lb->lasts[i], memory_order_acquire) != q)
+      return false;
+  return true;
+}
+
+/* Queues the kernel: the one cudaLaunchKernel call of every path. */
+static inline cusafe_status queue_kernel(const struct cs_kernel *k,
+                                         const cusafe_launch_config *c,
+                                         void **argv, cudaStream_t stream) {
+  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
+  dim3 block = {c->block[0], c->block[1], c->block[2]};
+  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
+                                         argv, c->shared_memory, stream);
+  return err == cudaSuccess ? CUSAFE_SUCCESS
+                            : cs_fail_cuda(err, "cudaLaunchKernel");
+}
+
+/* A launch whose buffers' latest work is on other streams: the buffers
+ * locked, their work chained to q, then the kernel queued.  Out of line,
+ * so that the common path stays short. */
+__attribute__((noinline)) static cusafe_status
+launch_locked(struct cs_kernel *k, struct cs_queue *q, cudaStream_t stream,
+              const cusafe_launch_config *c, void **argv,
+              struct launch_buffers *lb) {
+  cusafe_status st = CUSAFE_SUCCESS;
+  roots_unique(lb);
+  for (size_t i = 0; i < lb->nroots; i++)
+    cs_spin_lock(&lb->roots[i]->lock);
+  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++) {
+    struct cs_object *drop;
+    st = cs_buffer_chain(lb->roots[i], q, &drop);
+    if (drop)
+      lb->drops[lb->ndrops++] = drop;
+  }
+  if (st == CUSAFE_SUCCESS)
+    st = queue_kernel(k, c, argv, stream);
+  for (size_t i = lb->nroots; i-- > 0;)
+    cs_spin_unlock(&lb->roots[i]->lock);
+  return st;
+}
+
+static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
+                            cudaStream_t stream,
+                            const cusafe_launch_config *c, void **argv,
+                            struct launch_buffers *lb) {
+  struct cs_context *ctx = k->ctx;
+  cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  int saved;
+  st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (CS_UNLIKELY(!all_on(lb, q))) {
+    st = launch_locked(k, q, stream, c, argv, lb);
+  } else {
+    st = queue_kernel(k, c, argv, stream);
+    if (st == CUSAFE_SUCCESS && lb->nroots) {
+      /* Another thread may have moved a buffer to another stream since:
+       * it marks the move (CS_QUEUE_MOVING) before recording the
+       * hand-off, so a buffer still on q here was handed off after the
+       * kernel; one that moved is settled. */
+      atomic_thread_fence(memory_order_seq_cst);
+      for (size_t i = 0; i < lb->nroots; i++)
+        if (CS_UNLIKELY(atomic_load_explicit(lb->lasts[i],
+                                             memory_order_relaxed) != q))
+          cs_buffer_settle(lb->roots[i], q);
+    }
+  }
+  cs_device_leave(saved);
+  return st;
+}
+
+/* Room for the arguments of one launch: on the stack, or for many
+ * arguments on the heap. */
+struct launch_space {
+  void **argv; /* what every launch reads first, then the arrays */
+  uint64_t *values;
+  struct launch_buffers lb;
+  void *argv_stack[STACK_ARGS];
+  uint64_t values_stack[STACK_ARGS];
+  struct cs_buffer *roots_stack[STACK_ARGS];
+  _Atomic(struct cs_queue *) *lasts_stack[STACK_ARGS];
+  struct cs_object *drops_stack[STACK_ARGS];
+};
+
+static bool space_make(struct launch_space *sp, size_t nargs) {
+  if (nargs <= STACK_ARGS)
+    return true;
+  sp->argv = malloc(nargs * sizeof *sp->argv);
+  sp->values = malloc(nargs * sizeof *sp->values);
+  sp->lb.roots = malloc(nargs * sizeof *sp->lb.roots);
+  sp->lb.lasts = malloc(nargs * sizeof *sp->lb.lasts);
+  sp->lb.drops = malloc(nargs * sizeof *sp->lb.drops);
+  return sp->argv && sp->values && sp->lb.roots && sp->lb.lasts &&
+         sp->lb.drops;
+}
+
+static void space_free(struct launch_space *sp) {
+  if (sp->argv == sp->argv_stack)
+    return;
+  free(sp->argv);
+  free(sp->values);
+  free(sp->lb.roots);
+  free(sp->lb.lasts);
+  free(sp->lb.drops);
+}
+
+/* The launch proper, on a pinned thread: the kernel, the stream and the
+ * buffers are peeked at, not referenced (calls.h, pins). */
+static cusafe_status launch_pinned(cusafe_kernel kernel,
+                                   const cusafe_launch_config *config,
+                                   const cusafe_arg *args, size_t nargs,
+                                   struct launch_space *sp) {
+  struct cs_kernel *k;
+  cusafe_status st = cs_peek(kernel, CS_KERNEL, "kernel", -1,
+                             (struct cs_object **)&k);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_context *ctx = k->ctx;
+  if (!config)
+    return cs_null("config");
+  if (!args && nargs)
+    return cs_null("args");
+  if (nargs != k->nparams)
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "kernel %s takes %zu arguments, %zu given", k->name,
+                   (size_t)k->nparams, nargs);
+  if (CS_UNLIKELY(!cs_kernel_fits(k, config)))
+    return cs_kernel_check_config(k, config);
+  /* The context's own stream needs no look-up, nor any line of the
+   * context: the kernel keeps a copy of its cudaStream_t. */
+  struct cs_queue *q = &ctx->queue;
+  cudaStream_t stream = k->default_stream;
+  if (config->stream != CUSAFE_STREAM_DEFAULT) {
+    struct cs_object *s;
+    st = cs_peek(config->stream, CS_STREAM, "stream", -1, &s);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+    q = &((struct cs_stream *)s)->queue;
+    if (q->ctx != ctx)
+      return cs_mismatch("stream", q->ctx, "kernel", ctx);
+    stream = q->stream;
+  }
+  if (!space_make(sp, nargs))
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  st = resolve_args(k, ctx, args, nargs, sp->argv, sp->values, &sp->lb);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  return launch(k, q, stream, config, sp->argv, &sp->lb);
+}
+
+CUSAFE_API CS_HOT cusafe_status cusafe_kernel_launch(
+    cusafe_kernel kernel, const cusafe_launch_config *config,
+    const cusafe_arg *args, size_t nargs) {
+  CS_ENTER();
+  struct launch_space sp;
+  sp.argv = sp.argv_stack;
+  sp.values = sp.values_stack;
+  sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
+                                  sp.drops_stack, 0, 0};
+  cs_pin(cs_call_);
+  cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
+  cs_unpin(cs_call_);
+  /* What the buffers' chains let go of, dropped unpinned. */
+  for (size_t i = 0; i < sp.lb.ndrops; i++)
+    cs_unref(sp.lb.drops[i]);
+  space_free(&sp);
+  return st;
+}
+

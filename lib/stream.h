@@ -1,0 +1,41 @@
+/* stream.h -- streams, and the queues through which buffers order their
+ * work (stream.c; invariant 2: work in flight keeps its inputs alive).
+ * Internal; never installed. */
+#ifndef CUSAFE_STREAM_H
+#define CUSAFE_STREAM_H
+
+#include "handle.h"
+
+struct cs_context;
+
+/* A CUDA stream as buffers see it: a user stream or a context's default
+ * stream.  `owner` is the object that keeps it alive (the stream object or
+ * the context). */
+struct cs_queue {
+  cudaStream_t stream;
+  struct cs_context *ctx;
+  struct cs_object *owner;
+  /* Recorded to hand work over to another stream; created on first need. */
+  _Atomic(cudaEvent_t) handoff;
+};
+
+struct cs_stream {
+  struct cs_object hdr;
+  struct cs_queue queue; /* queue.ctx holds a reference */
+};
+
+/* Resolves a stream argument: CUSAFE_STREAM_DEFAULT gives the default queue
+ * of `dflt` (no reference taken), else the stream is acquired into *held
+ * (drop with cs_unref when not NULL).  A stream of another context than
+ * dflt's is CUSAFE_ERROR_CONTEXT_MISMATCH ("stream belongs to device 1 but
+ * <dflt_name> belongs to device 0") -- unless dflt_name is NULL: the caller checks. */
+cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
+                           const char *dflt_name, struct cs_queue **out,
+                           struct cs_object **held);
+/* Makes later work on `to` wait for the work queued so far on `from`. */
+cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
+/* Destroys a queue's hand-off event, if it was made, and its CUDA stream;
+ * returns the stream's cudaStreamDestroy answer. */
+cudaError_t cs_queue_fini(struct cs_queue *q);
+
+#endif /* CUSAFE_STREAM_H */
