@@ -183,6 +183,7 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
     return st;
   }
   b->root = b;
+  b->hdr.parent = &ctx->hdr;
   b->ctx = ctx;
   b->ptr = ptr;
   b->size = size;
@@ -196,10 +197,12 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   st = buffer_enter(b);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
-    cs_ref(&ctx->hdr); /* destroy drops the buffer's reference on ctx */
+    /* Destroy drops the buffer's reference on q's owner, which stays the
+     * caller's; the one on ctx goes back to the caller. */
     if (owner_given && kind == CUSAFE_MEMORY_DEVICE && holds_owner(b, q))
-      cs_ref(q->owner); /* ... and on q's owner, which stays the caller's */
-    cs_buffer_destroy(&b->hdr);
+      cs_ref(q->owner);
+    cs_buffer_fini(&b->hdr);
+    cs_buffer_free(&b->hdr);
     return st;
   }
   *out = b->hdr.handle;
@@ -253,7 +256,7 @@ static cusafe_status view_new(cusafe_buffer *out, struct cs_buffer *p,
   if (!v)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   v->root = p->root;
-  v->parent = p;
+  v->hdr.parent = &p->hdr;
   v->ctx = p->ctx;
   v->ptr = p->ptr + offset;
   v->size = size;
@@ -327,8 +330,13 @@ static cusafe_status free_memory(struct cs_buffer *b) {
 }
 
 /* Frees root memory, also when its device cannot be made current: memory
- * left behind would outlive its context. */
-static cusafe_status buffer_fini(struct cs_buffer *b) {
+ * left behind would outlive its context.  Stream-ordered like any release
+ * (also in the ordered shutdown, in case the synchronisation of the
+ * devices that came first failed).  A view holds no memory of its own. */
+cusafe_status cs_buffer_fini(struct cs_object *obj) {
+  struct cs_buffer *b = (struct cs_buffer *)obj;
+  if (b->root != b)
+    return CUSAFE_SUCCESS;
   int saved;
   cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);
   cusafe_status st2 = free_memory(b);
@@ -336,36 +344,22 @@ static cusafe_status buffer_fini(struct cs_buffer *b) {
   return cs_first(st, st2);
 }
 
-cusafe_status cs_buffer_destroy(struct cs_object *obj) {
+/* A root lets go of the stream of its latest operation. */
+void cs_buffer_free(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
-  if (b->parent) {
-    struct cs_buffer *parent = b->parent;
-    buffer_free(b);
-    return cs_unref(&parent->hdr);
-  }
-  struct cs_context *ctx = b->ctx;
-  cusafe_status st = buffer_fini(b);
-  struct cs_queue *last = atomic_load_explicit(b->last, memory_order_relaxed);
+  struct cs_queue *last =
+      b->root == b ? atomic_load_explicit(b->last, memory_order_relaxed)
+                   : NULL;
   if (last && holds_owner(b, last))
     cs_unref(last->owner);
   buffer_free(b);
-  return cs_first(st, cs_unref(&ctx->hdr));
-}
-
-/* Stream-ordered like any release, in case the synchronisation of the
- * devices that came first failed.  A view holds no memory of its own. */
-void cs_buffer_shutdown(struct cs_object *obj) {
-  struct cs_buffer *b = (struct cs_buffer *)obj;
-  if (!b->parent)
-    buffer_fini(b);
-  cs_handle_kill(obj);
 }
 
 void cs_buffer_describe(const struct cs_object *obj, char *what,
                         size_t size) {
   const struct cs_buffer *b = (const struct cs_buffer *)obj;
   snprintf(what, size, "%s%zu bytes of %s memory on device %d",
-           b->parent ? "view of " : "", b->size, kind_names[b->kind],
+           b->root != b ? "view of " : "", b->size, kind_names[b->kind],
            b->ctx->device);
 }
 

@@ -6,10 +6,12 @@
 
 #include "stream.h"
 
+/* A root buffer is an allocation, whose parent is its context; a view is a
+ * range of a buffer (a root or a view), its parent. */
 struct cs_buffer {
   struct cs_object hdr;
   struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
-  struct cs_context *ctx;   /* referenced by the root only */
+  struct cs_context *ctx;   /* the root's parent (hdr.parent) */
   char *ptr;                /* first byte of this buffer or view */
   /* Root only: work on the memory is chained across streams; `*last` is
    * the queue of the latest operation (its owner referenced).  It changes
@@ -20,7 +22,6 @@ struct cs_buffer {
   _Atomic(struct cs_queue *) *last;
   cs_spinlock lock;
   cusafe_memory kind;
-  struct cs_buffer *parent; /* a view's parent, referenced; NULL for a root */
   size_t size;
   _Atomic(struct cs_queue *) early_last;
 };
@@ -31,7 +32,7 @@ struct cs_buffer {
  * several roots makes its CUDA calls in the same order every time. */
 static inline bool cs_root_before(const struct cs_buffer *a,
                                   const struct cs_buffer *b) {
-  return (uintptr_t)a->hdr.slot < (uintptr_t)b->hdr.slot;
+  return (uint32_t)a->hdr.handle < (uint32_t)b->hdr.handle;
 }
 
 /* The value of a root's `last` while it changes. */

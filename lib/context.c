@@ -124,6 +124,46 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
   return st;
 }
 
+/* ---- children ---------------------------------------------------------------- */
+
+/* Makes the child in obj (ctx acquired, arguments checked). */
+static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
+                               const struct cs_child *how, const void *args) {
+  struct cs_object *obj = calloc(1, how->size);
+  if (!obj)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  int saved;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = how->make(obj, ctx, args);
+    obj->parent = &ctx->hdr; /* the caller's reference */
+    if (st == CUSAFE_SUCCESS && (st = cs_handle_new(obj, how->type)) !=
+                                    CUSAFE_SUCCESS)
+      how->unmake(obj);
+    cs_device_leave(saved);
+  }
+  if (st != CUSAFE_SUCCESS) {
+    free(obj);
+    return st;
+  }
+  *out = obj->handle;
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx_handle,
+                               const struct cs_child *how, const void *args) {
+  struct cs_context *ctx;
+  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = how->check(ctx, args);
+  if (st == CUSAFE_SUCCESS)
+    st = child_new(out, ctx, how, args);
+  if (st != CUSAFE_SUCCESS)
+    cs_unref(&ctx->hdr);
+  return st;
+}
+
 /* ---- libraries that outlive their module ---------------------------------- */
 
 void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library) {
@@ -152,7 +192,8 @@ static void unload_orphans(struct cs_context *ctx) {
 /* Releases what the context holds once its device is idle: stream-ordered
  * frees of its memory may still be queued.  Each step is attempted even if
  * an earlier one failed, so that nothing outlives the primary context. */
-static cusafe_status context_fini(struct cs_context *ctx) {
+cusafe_status cs_context_fini(struct cs_object *obj) {
+  struct cs_context *ctx = (struct cs_context *)obj;
   int saved;
   cusafe_status st = cs_device_idle(ctx->device, &saved);
   unload_orphans(ctx);
@@ -167,18 +208,15 @@ static cusafe_status context_fini(struct cs_context *ctx) {
 }
 
 /* The last reference went: every child is gone (they hold references). */
-cusafe_status cs_context_destroy(struct cs_object *obj) {
+void cs_context_free(struct cs_object *obj) {
   struct cs_context *ctx = (struct cs_context *)obj;
   pthread_mutex_lock(&registry_lock);
   if (registry[ctx->device] == ctx)
     registry[ctx->device] = NULL;
   pthread_mutex_unlock(&registry_lock);
-
-  cusafe_status st = context_fini(ctx);
   pthread_mutex_destroy(&ctx->orphan_lock);
   free(ctx->orphans);
   free(ctx);
-  return st;
 }
 
 void cs_context_settle(struct cs_object *obj) {
@@ -189,11 +227,6 @@ void cs_context_settle(struct cs_object *obj) {
   /* A sticky error makes this fail; shutdown goes on regardless. */
   cs_cu->device_synchronize();
   cs_device_leave(saved);
-}
-
-void cs_context_shutdown(struct cs_object *obj) {
-  context_fini((struct cs_context *)obj);
-  cs_handle_kill(obj);
 }
 
 void cs_context_describe(const struct cs_object *obj, char *what,

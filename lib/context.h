@@ -36,6 +36,25 @@ cusafe_status cs_mismatch(const char *a, const struct cs_context *actx,
  * handle. */
 cusafe_status cs_context_hand_out(struct cs_context *ctx, cusafe_context *out);
 
+/* How cs_context_child() makes one kind of child of a context. */
+struct cs_child {
+  enum cs_type type;
+  size_t size; /* of its structure, allocated zeroed */
+  /* Checks the caller's arguments against the context, before anything
+   * is made. */
+  cusafe_status (*check)(const struct cs_context *ctx, const void *args);
+  /* Creates the child's CUDA object, with the context's device current. */
+  cusafe_status (*make)(struct cs_object *obj, struct cs_context *ctx,
+                        const void *args);
+  /* Destroys what make() created (the handle could not be entered). */
+  void (*unmake)(struct cs_object *obj);
+};
+/* The one path that creates a child of the context `ctx`: acquires it,
+ * checks, allocates, makes, and enters the child, whose parent the context
+ * becomes; *out is the new handle, holding one reference. */
+cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx,
+                               const struct cs_child *how, const void *args);
+
 /* Keeps a library of ctx that cannot be unloaded yet (launches may still
  * be queued, or its unload failed): it is unloaded before the context's
  * primary context is released, so that no code outlives its context. */

@@ -26,6 +26,17 @@ cusafe_status cs_device_enter_teardown(int device, int *saved) {
   return st == CUSAFE_SUCCESS ? st : cs_device_enter(device, saved);
 }
 
+cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
+                                 void *what, const char *function) {
+  int saved;
+  cusafe_status st = cs_device_enter(device, &saved);
+  cudaError_t err = destroy(what);
+  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    st = cs_fail_cuda(err, function);
+  cs_device_leave(saved);
+  return st;
+}
+
 cusafe_status cs_device_idle(int device, int *saved) {
   cusafe_status st = cs_device_enter_teardown(device, saved);
   if (st == CUSAFE_SUCCESS) {

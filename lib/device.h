@@ -25,6 +25,11 @@ static inline void cs_device_leave(int saved) {
 /* cs_device_enter() for a teardown that must synchronise the right device
  * before it frees: a failure is tried once more. */
 cusafe_status cs_device_enter_teardown(int device, int *saved);
+/* Destroys a CUDA object of `device`: destroy(what), with the device
+ * current -- also when it cannot be made current, since the object would
+ * outlive its context.  A failure of destroy names `function`. */
+cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
+                                 void *what, const char *function);
 /* cs_device_enter_teardown(), then waits until the device is idle: the
  * start of a teardown that frees what queued work may still use. */
 cusafe_status cs_device_idle(int device, int *saved);

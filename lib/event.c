@@ -9,9 +9,20 @@
 
 #define EVENT_FLAGS (CUSAFE_EVENT_DISABLE_TIMING | CUSAFE_EVENT_BLOCKING_SYNC)
 
-/* Creates the CUDA event of ev (ctx's device current). */
-static cusafe_status event_make(struct cs_event *ev, struct cs_context *ctx,
-                                unsigned int flags) {
+static cusafe_status event_check(const struct cs_context *ctx,
+                                 const void *args) {
+  (void)ctx;
+  unsigned int flags = *(const unsigned int *)args;
+  if (flags & ~EVENT_FLAGS)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown event flags 0x%x",
+                   flags & ~EVENT_FLAGS);
+  return CUSAFE_SUCCESS;
+}
+
+static cusafe_status event_make(struct cs_object *obj, struct cs_context *ctx,
+                                const void *args) {
+  struct cs_event *ev = (struct cs_event *)obj;
+  unsigned int flags = *(const unsigned int *)args;
   unsigned int cuda_flags = cudaEventDefault;
   if (flags & CUSAFE_EVENT_DISABLE_TIMING)
     cuda_flags |= cudaEventDisableTiming;
@@ -22,73 +33,34 @@ static cusafe_status event_make(struct cs_event *ev, struct cs_context *ctx,
     return cs_fail_cuda(err, "cudaEventCreateWithFlags");
   ev->ctx = ctx;
   ev->flags = flags;
-  cusafe_status st = cs_handle_new(&ev->hdr, CS_EVENT);
-  if (st != CUSAFE_SUCCESS)
-    cs_cu->event_destroy(ev->event);
-  return st;
-}
-
-/* Checks the flags, then makes the event (its context's reference becomes
- * the event's). */
-static cusafe_status event_new(cusafe_event *out, struct cs_context *ctx,
-                               unsigned int flags) {
-  if (flags & ~EVENT_FLAGS)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown event flags 0x%x",
-                   flags & ~EVENT_FLAGS);
-  struct cs_event *ev = calloc(1, sizeof *ev);
-  if (!ev)
-    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = event_make(ev, ctx, flags);
-    cs_device_leave(saved);
-  }
-  if (st != CUSAFE_SUCCESS) {
-    free(ev);
-    return st;
-  }
-  *out = ev->hdr.handle;
   return CUSAFE_SUCCESS;
 }
 
+static void event_unmake(struct cs_object *obj) {
+  cs_cu->event_destroy(((struct cs_event *)obj)->event);
+}
+
 CUSAFE_API cusafe_status cusafe_event_create(cusafe_event *out,
-                                             cusafe_context ctx_handle,
+                                             cusafe_context ctx,
                                              unsigned int flags) {
+  static const struct cs_child how = {CS_EVENT, sizeof(struct cs_event),
+                                      event_check, event_make, event_unmake};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = event_new(out, ctx, flags);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&ctx->hdr);
-  return st;
+  return cs_context_child(out, ctx, &how, &flags);
 }
 
 /* Destroys the CUDA event, also when its device cannot be made current. */
-static cusafe_status event_fini(struct cs_event *ev) {
-  int saved;
-  cusafe_status st = cs_device_enter(ev->ctx->device, &saved);
-  cudaError_t err = cs_cu->event_destroy(ev->event);
-  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
-    st = cs_fail_cuda(err, "cudaEventDestroy");
-  cs_device_leave(saved);
-  return st;
+static cudaError_t event_destroy(void *event) {
+  return cs_cu->event_destroy(event);
 }
 
-cusafe_status cs_event_destroy(struct cs_object *obj) {
+cusafe_status cs_event_fini(struct cs_object *obj) {
   struct cs_event *ev = (struct cs_event *)obj;
-  struct cs_context *ctx = ev->ctx;
-  cusafe_status st = event_fini(ev);
-  free(ev);
-  return cs_first(st, cs_unref(&ctx->hdr));
+  return cs_device_teardown(ev->ctx->device, event_destroy, ev->event,
+                            "cudaEventDestroy");
 }
 
-void cs_event_shutdown(struct cs_object *obj) {
-  event_fini((struct cs_event *)obj);
-  cs_handle_kill(obj);
-}
+void cs_event_free(struct cs_object *obj) { free(obj); }
 
 void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
   snprintf(what, size, "device %d",

@@ -69,6 +69,12 @@ static uint32_t free_head = NO_SLOT;
  * costs two. */
 static cs_spinlock table_lock = CS_SPINLOCK_INIT;
 
+static inline struct cs_slot *slot_at(uint32_t index);
+/* The slot of an object entered into the table. */
+static inline struct cs_slot *slot_of(const struct cs_object *obj) {
+  return slot_at((uint32_t)obj->handle);
+}
+
 static inline struct cs_slot *slot_at(uint32_t index) {
   if (CS_LIKELY(index < CHUNK_SLOTS))
     return &first_chunk[index];
@@ -126,7 +132,6 @@ claim(struct cs_object *obj, enum cs_type type, struct cs_slot **out) {
     return st;
   uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
                                              memory_order_relaxed));
-  obj->slot = slot;
   obj->type = type;
   obj->handle = ((uint64_t)(TAG_BASE | type) << 56) | (gen << 32) |
                 slot->index;
@@ -162,15 +167,16 @@ cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
   return st;
 }
 
-void cs_handle_publish(struct cs_object *obj) { publish(obj->slot); }
+void cs_handle_publish(struct cs_object *obj) { publish(slot_of(obj)); }
 
 /* ---- the object types ------------------------------------------------------ */
 
 #define CS_TYPE_ROW(TYPE, name, article, peeked)                             \
-  [CS_##TYPE] = {#name, article, cs_##name##_destroy, peeked},
+  [CS_##TYPE] = {#name, article, cs_##name##_fini, cs_##name##_free, peeked},
 static const struct {
   const char *name, *article;
-  cusafe_status (*destroy)(struct cs_object *obj);
+  cusafe_status (*fini)(struct cs_object *obj);
+  void (*free)(struct cs_object *obj);
   bool peeked;
 } types[CS_TYPES + 1] = {CS_TYPE_MAP(CS_TYPE_ROW)};
 #undef CS_TYPE_ROW
@@ -355,7 +361,7 @@ cusafe_status cs_peek_buffer(cusafe_handle h, long index,
   struct cs_object *obj;
   cusafe_status st = peek_slow(h, CS_BUFFER, "argument", index, &obj);
   if (st == CUSAFE_SUCCESS)
-    *out = &obj->slot->u.buffer;
+    *out = &slot_of(obj)->u.buffer;
   return st;
 }
 
@@ -364,14 +370,14 @@ cusafe_status cs_peek_buffer(cusafe_handle h, long index,
 /* Internal references are bounded by the table's size (16M handles), below
  * ALL_MAX: they need no check. */
 void cs_ref(struct cs_object *obj) {
-  atomic_fetch_add_explicit(&obj->slot->word, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&slot_of(obj)->word, 1, memory_order_relaxed);
 }
 
 /* Adds `change` to obj's word unless the object is being destroyed (no
  * references left) or, with check_users, the caller's count is full. */
 static inline __attribute__((always_inline)) bool
 try_add(struct cs_object *obj, uint64_t change, bool check_users) {
-  struct cs_slot *slot = obj->slot;
+  struct cs_slot *slot = slot_of(obj);
   uint64_t word = atomic_load_explicit(&slot->word, memory_order_relaxed);
   do {
     if (ALL_OF(word) == 0 || (check_users && USERS_OF(word) == USER_MAX))
@@ -417,19 +423,21 @@ static void retire(struct cs_slot *slot, uint64_t word) {
 }
 
 /* The last reference went (`word` held it): lookups see no references and
- * fail until the slot is reused. */
+ * fail until the slot is reused.  The parent goes after its child. */
 static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
-  struct cs_slot *slot = obj->slot;
+  struct cs_slot *slot = slot_of(obj);
+  struct cs_object *parent = obj->parent;
   if (types[obj->type].peeked)
     cs_pins_wait(); /* launches may use it without a reference */
   free(atomic_exchange(&obj->label, NULL));
-  cusafe_status st = types[obj->type].destroy(obj);
+  cusafe_status st = types[obj->type].fini(obj);
+  types[obj->type].free(obj);
   retire(slot, word);
-  return st;
+  return parent ? cs_first(st, cs_unref(parent)) : st;
 }
 
 cusafe_status cs_unref(struct cs_object *obj) {
-  uint64_t word = atomic_fetch_sub(&obj->slot->word, 1); /* see update() */
+  uint64_t word = atomic_fetch_sub(&slot_of(obj)->word, 1); /* see update() */
   if (ALL_OF(word) != 1)
     return CUSAFE_SUCCESS;
   return destroy_last(obj, word);
@@ -437,13 +445,13 @@ cusafe_status cs_unref(struct cs_object *obj) {
 
 uint32_t cs_user_refs(const struct cs_object *obj) {
   return (uint32_t)USERS_OF(
-      atomic_load_explicit(&obj->slot->word, memory_order_acquire));
+      atomic_load_explicit(&slot_of(obj)->word, memory_order_acquire));
 }
 
 /* ---- the shutdown ---------------------------------------------------------- */
 
 void cs_handle_kill(struct cs_object *obj) {
-  struct cs_slot *slot = obj->slot;
+  struct cs_slot *slot = slot_of(obj);
   /* The object stays reachable through slot->obj: see shutdown.c. */
   atomic_store_explicit(
       &slot->word,

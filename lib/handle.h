@@ -16,11 +16,15 @@
  *   TYPE     CS_<TYPE>, equal to the public CUSAFE_TYPE_<TYPE>;
  *   name     the type's word in messages and leak reports, and the middle
  *            of the three functions each type defines in its own file:
- *              cusafe_status cs_<name>_destroy(struct cs_object *)
- *                the last reference went: free it, drop what it holds;
- *              void cs_<name>_shutdown(struct cs_object *)
- *                the ordered shutdown: free its CUDA resources whatever
- *                its references, then cs_handle_kill() it;
+ *              cusafe_status cs_<name>_fini(struct cs_object *)
+ *                frees its CUDA resources: the first step of its
+ *                destruction when the last reference went, and all that
+ *                the ordered shutdown does to it (whose handle is then
+ *                retired, its host memory left reachable);
+ *              void cs_<name>_free(struct cs_object *)
+ *                the rest of its destruction, after fini: drops what it
+ *                holds but its parent (whose reference cs_unref() drops
+ *                after it) and frees its memory;
  *              void cs_<name>_describe(const struct cs_object *, char *, size_t)
  *                the leak report's words for it ("4096 bytes of ...");
  *   article  "a buffer", as in "0x... is a stream, not a buffer";
@@ -50,15 +54,20 @@ enum { CS_TYPES = 0 CS_TYPE_MAP(CS_TYPE_ONE) };
  * table slot, next to the generation, so that a lookup can take a reference
  * only while the generation still matches. */
 struct cs_object {
-  struct cs_slot *slot;
-  cusafe_handle handle;
+  cusafe_handle handle; /* its slot is the handle's */
+  /* The object this one depends on, referenced: every child holds one
+   * reference on its parent (invariant 1), dropped after the child's own
+   * destruction (cs_unref).  A stream's, event's, module's and root
+   * buffer's context, a view's buffer, a kernel's module; NULL for a
+   * context. */
+  struct cs_object *parent;
   enum cs_type type;
   _Atomic(char *) label; /* the caller's words, for the leak report */
 };
 
 #define CS_TYPE_FUNCTIONS(TYPE, name, article, peeked)                       \
-  cusafe_status cs_##name##_destroy(struct cs_object *obj);                  \
-  void cs_##name##_shutdown(struct cs_object *obj);                          \
+  cusafe_status cs_##name##_fini(struct cs_object *obj);                     \
+  void cs_##name##_free(struct cs_object *obj);                              \
   void cs_##name##_describe(const struct cs_object *obj, char *what,         \
                             size_t size);
 CS_TYPE_MAP(CS_TYPE_FUNCTIONS)
@@ -69,8 +78,9 @@ const char *cs_type_name(enum cs_type type);
 
 /* ---- entering objects -------------------------------------------------------- */
 
-/* Enters obj into the table with one reference and sets obj->handle.
- * Returns CUSAFE_ERROR_OUT_OF_MEMORY if the table cannot grow. */
+/* Enters obj, its parent set, into the table with one reference and sets
+ * obj->handle and obj->type.  Returns CUSAFE_ERROR_OUT_OF_MEMORY if the
+ * table cannot grow. */
 cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
 
 /* What a launch reads of a buffer, kept in the buffer's handle slot next to
@@ -142,8 +152,9 @@ bool cs_try_user_ref(struct cs_object *obj);
 /* Adds a reference handed to the caller (the handle becomes, or stays,
  * valid); used where a call returns an existing object. */
 cusafe_status cs_user_ref(struct cs_object *obj);
-/* Drops a reference; the last one destroys the object (cs_<name>_destroy)
- * and retires its slot.  Returns the status of the destruction. */
+/* Drops a reference; the last one destroys the object (cs_<name>_fini,
+ * cs_<name>_free), retires its slot and drops its reference on its parent.  Returns the
+ * status of the destruction. */
 cusafe_status cs_unref(struct cs_object *obj);
 /* The references the caller holds on obj. */
 uint32_t cs_user_refs(const struct cs_object *obj);
@@ -153,7 +164,7 @@ uint32_t cs_user_refs(const struct cs_object *obj);
 /* Calls fn on every live object of `type`, in slot order.  Used only by the
  * shutdown, which has stopped every other caller first. */
 void cs_handle_foreach(enum cs_type type, void (*fn)(struct cs_object *obj));
-/* Retires a slot without running the destructor (shutdown). */
+/* Retires obj's handle without running the destructor (shutdown). */
 void cs_handle_kill(struct cs_object *obj);
 
 #endif /* CUSAFE_HANDLE_H */

@@ -153,6 +153,7 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
   if (st != CUSAFE_SUCCESS)
     goto fail;
   k->module = m;
+  k->hdr.parent = &m->hdr;
   st = cs_handle_new(&k->hdr, CS_KERNEL);
   if (st != CUSAFE_SUCCESS)
     goto fail;
@@ -180,15 +181,15 @@ CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
   return st;
 }
 
-cusafe_status cs_kernel_destroy(struct cs_object *obj) {
-  struct cs_kernel *k = (struct cs_kernel *)obj;
-  struct cs_module *m = k->module;
-  kernel_free(k);
-  return cs_unref(&m->hdr);
+/* A kernel holds nothing of CUDA's: its module unloads the code. */
+cusafe_status cs_kernel_fini(struct cs_object *obj) {
+  (void)obj;
+  return CUSAFE_SUCCESS;
 }
 
-/* A kernel holds nothing of CUDA's: its module unloads the code. */
-void cs_kernel_shutdown(struct cs_object *obj) { cs_handle_kill(obj); }
+void cs_kernel_free(struct cs_object *obj) {
+  kernel_free((struct cs_kernel *)obj);
+}
 
 void cs_kernel_describe(const struct cs_object *obj, char *what,
                         size_t size) {

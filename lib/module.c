@@ -104,6 +104,7 @@ static cusafe_status module_new(cusafe_module *out, struct cs_context *ctx,
     cs_device_leave(saved);
     goto fail;
   }
+  m->hdr.parent = &ctx->hdr;
   m->ctx = ctx;
   m->name = copy;
   st = cs_handle_new(&m->hdr, CS_MODULE);
@@ -327,7 +328,8 @@ CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
  * queued on any stream, and unloading does not wait for them.  Where the
  * device cannot be synchronised, the library waits in its context's list
  * of orphans, unloaded after the context's own synchronisation. */
-static cusafe_status module_fini(struct cs_module *m) {
+cusafe_status cs_module_fini(struct cs_object *obj) {
+  struct cs_module *m = (struct cs_module *)obj;
   int saved;
   cusafe_status st = cs_device_idle(m->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
@@ -341,18 +343,9 @@ static cusafe_status module_fini(struct cs_module *m) {
   return st;
 }
 
-cusafe_status cs_module_destroy(struct cs_object *obj) {
-  struct cs_module *m = (struct cs_module *)obj;
-  struct cs_context *ctx = m->ctx;
-  cusafe_status st = module_fini(m);
-  free(m->name);
-  free(m);
-  return cs_first(st, cs_unref(&ctx->hdr));
-}
-
-void cs_module_shutdown(struct cs_object *obj) {
-  module_fini((struct cs_module *)obj);
-  cs_handle_kill(obj);
+void cs_module_free(struct cs_object *obj) {
+  free(((struct cs_module *)obj)->name);
+  free(obj);
 }
 
 void cs_module_describe(const struct cs_object *obj, char *what,

@@ -16,6 +16,16 @@ static void (*const describe[CS_TYPES + 1])(const struct cs_object *obj,
     CS_TYPE_MAP(CS_TYPE_DESCRIBE)};
 #undef CS_TYPE_DESCRIBE
 
+/* shut_<name>(obj): frees obj's CUDA resources and retires its handle;
+ * the object stays reachable through its slot. */
+#define CS_TYPE_SHUT(TYPE, name, article, peeked)                            \
+  static void shut_##name(struct cs_object *obj) {                           \
+    cs_##name##_fini(obj);                                                   \
+    cs_handle_kill(obj);                                                     \
+  }
+CS_TYPE_MAP(CS_TYPE_SHUT)
+#undef CS_TYPE_SHUT
+
 /* One line per handle the program still holds. */
 static void report_leak(struct cs_object *obj) {
   if (cs_user_refs(obj) == 0)
@@ -47,7 +57,7 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
       cs_handle_foreach((enum cs_type)t, report_leak);
   cs_handle_foreach(CS_CONTEXT, cs_context_settle);
 #define CS_TYPE_SHUTDOWN(TYPE, name, article, peeked)                        \
-  cs_handle_foreach(CS_##TYPE, cs_##name##_shutdown);
+  cs_handle_foreach(CS_##TYPE, shut_##name);
   CS_TYPE_MAP(CS_TYPE_SHUTDOWN)
 #undef CS_TYPE_SHUTDOWN
   return CUSAFE_SUCCESS;

@@ -85,93 +85,71 @@ cudaError_t cs_queue_fini(struct cs_queue *q) {
 
 /* ---- streams ----------------------------------------------------------------- */
 
-/* Creates the CUDA stream of s (ctx's device current). */
-static cusafe_status stream_make(struct cs_stream *s, struct cs_context *ctx,
-                                 unsigned int flags, int priority) {
-  cudaError_t err = cs_cu->stream_create(
-      &s->queue.stream,
-      (flags & CUSAFE_STREAM_NON_BLOCKING) ? cudaStreamNonBlocking
-                                           : cudaStreamDefault,
-      priority);
-  if (err != cudaSuccess)
-    return cs_fail_cuda(err, "cudaStreamCreateWithPriority");
-  s->queue.ctx = ctx;
-  s->queue.owner = &s->hdr;
-  cusafe_status st = cs_handle_new(&s->hdr, CS_STREAM);
-  if (st != CUSAFE_SUCCESS)
-    cs_cu->stream_destroy(s->queue.stream);
-  return st;
-}
+/* What cusafe_stream_create() asks for. */
+struct stream_args {
+  unsigned int flags;
+  int priority;
+};
 
-/* Checks flags and priority, then makes the stream (its context's
- * reference becomes the stream's). */
-static cusafe_status stream_new(cusafe_stream *out, struct cs_context *ctx,
-                                unsigned int flags, int priority) {
-  if (flags & ~CUSAFE_STREAM_NON_BLOCKING)
+static cusafe_status stream_check(const struct cs_context *ctx,
+                                  const void *args) {
+  const struct stream_args *a = args;
+  if (a->flags & ~CUSAFE_STREAM_NON_BLOCKING)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown stream flags 0x%x",
-                   flags & ~CUSAFE_STREAM_NON_BLOCKING);
+                   a->flags & ~CUSAFE_STREAM_NON_BLOCKING);
   /* CUDA clamps a priority out of range silently; say so instead. */
-  if (priority < ctx->priority_greatest || priority > ctx->priority_least)
+  if (a->priority < ctx->priority_greatest ||
+      a->priority > ctx->priority_least)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                    "priority %d is outside the device's range [%d, %d]",
-                   priority, ctx->priority_greatest, ctx->priority_least);
-  struct cs_stream *s = calloc(1, sizeof *s);
-  if (!s)
-    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = stream_make(s, ctx, flags, priority);
-    cs_device_leave(saved);
-  }
-  if (st != CUSAFE_SUCCESS) {
-    free(s);
-    return st;
-  }
-  *out = s->hdr.handle;
+                   a->priority, ctx->priority_greatest, ctx->priority_least);
   return CUSAFE_SUCCESS;
 }
 
+static cusafe_status stream_make(struct cs_object *obj,
+                                 struct cs_context *ctx, const void *args) {
+  const struct stream_args *a = args;
+  struct cs_stream *s = (struct cs_stream *)obj;
+  cudaError_t err = cs_cu->stream_create(
+      &s->queue.stream,
+      (a->flags & CUSAFE_STREAM_NON_BLOCKING) ? cudaStreamNonBlocking
+                                              : cudaStreamDefault,
+      a->priority);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamCreateWithPriority");
+  s->queue.ctx = ctx;
+  s->queue.owner = obj;
+  return CUSAFE_SUCCESS;
+}
+
+static void stream_unmake(struct cs_object *obj) {
+  cs_cu->stream_destroy(((struct cs_stream *)obj)->queue.stream);
+}
+
 CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
-                                              cusafe_context ctx_handle,
+                                              cusafe_context ctx,
                                               unsigned int flags,
                                               int priority) {
+  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream),
+                                      stream_check, stream_make,
+                                      stream_unmake};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = stream_new(out, ctx, flags, priority);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&ctx->hdr);
-  return st;
+  return cs_context_child(out, ctx, &how,
+                          &(struct stream_args){flags, priority});
 }
 
 /* Destroys the CUDA stream -- also when its device cannot be made current,
  * since a stream left behind would outlive its context.  Queued work still
  * runs: CUDA defers the destruction until it is done. */
-static cusafe_status stream_fini(struct cs_stream *s) {
-  int saved;
-  cusafe_status st = cs_device_enter(s->queue.ctx->device, &saved);
-  cudaError_t err = cs_queue_fini(&s->queue);
-  if (err != cudaSuccess && st == CUSAFE_SUCCESS)
-    st = cs_fail_cuda(err, "cudaStreamDestroy");
-  cs_device_leave(saved);
-  return st;
-}
+static cudaError_t queue_fini(void *q) { return cs_queue_fini(q); }
 
-cusafe_status cs_stream_destroy(struct cs_object *obj) {
+cusafe_status cs_stream_fini(struct cs_object *obj) {
   struct cs_stream *s = (struct cs_stream *)obj;
-  struct cs_context *ctx = s->queue.ctx;
-  cusafe_status st = stream_fini(s);
-  free(s);
-  return cs_first(st, cs_unref(&ctx->hdr));
+  return cs_device_teardown(s->queue.ctx->device, queue_fini, &s->queue,
+                            "cudaStreamDestroy");
 }
 
-void cs_stream_shutdown(struct cs_object *obj) {
-  stream_fini((struct cs_stream *)obj);
-  cs_handle_kill(obj);
-}
+void cs_stream_free(struct cs_object *obj) { free(obj); }
 
 void cs_stream_describe(const struct cs_object *obj, char *what,
                         size_t size) {
