@@ -20,11 +20,6 @@ static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
 
 static const char *const kind_names[] = {"device", "pinned host", "managed"};
 
-static cusafe_status buffer_get(cusafe_buffer h, const char *name,
-                                struct cs_buffer **out) {
-  return CS_ACQUIRE(h, CS_BUFFER, name, out);
-}
-
 /* Checks that [offset, offset + size) lies within `limit` bytes. */
 static cusafe_status check_range(const char *what, const char *which,
                                  size_t offset, size_t size, size_t limit) {
@@ -214,13 +209,10 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                              cusafe_memory kind,
                                              size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = buffer_alloc(out, ctx, kind, size, &ctx->queue, false);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&ctx->hdr);
+  CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
+  cusafe_status st = buffer_alloc(out, ctx, kind, size, &ctx->queue, false);
+  if (st == CUSAFE_SUCCESS)
+    ctx = NULL; /* the buffer's reference now */
   return st;
 }
 
@@ -228,18 +220,15 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    cusafe_stream stream,
                                                    size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_stream *s;
-  cusafe_status st = CS_ACQUIRE(stream, CS_STREAM, "stream", &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
   struct cs_context *ctx = s->queue.ctx;
   cs_ref(&ctx->hdr);
-  /* The reference on the stream taken for the call becomes the buffer's. */
-  st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
-  if (st != CUSAFE_SUCCESS) {
+  cusafe_status st =
+      buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
+  if (st == CUSAFE_SUCCESS)
+    s = NULL; /* the buffer's, on the stream of its latest operation */
+  else
     cs_unref(&ctx->hdr);
-    cs_unref(&s->hdr);
-  }
   return st;
 }
 
@@ -274,13 +263,10 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
                                             cusafe_buffer parent,
                                             size_t offset, size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_buffer *p;
-  cusafe_status st = buffer_get(parent, "parent", &p);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = view_new(out, p, offset, size);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&p->hdr);
+  CS_HOLD_OR_RETURN(cs_buffer, p, parent, CS_BUFFER, "parent");
+  cusafe_status st = view_new(out, p, offset, size);
+  if (st == CUSAFE_SUCCESS)
+    p = NULL; /* the view's reference now */
   return st;
 }
 
@@ -426,52 +412,45 @@ static cusafe_status op_run(struct cs_buffer *b, size_t offset, size_t size,
   return st;
 }
 
-/* Checks and queues op on `buffer` on `stream` (CUSAFE_STREAM_DEFAULT: the
- * default stream of the buffer's context). */
+/* The call of an operation on one buffer: checks and queues op on
+ * `buffer` on `stream` (CUSAFE_STREAM_DEFAULT: the default stream of the
+ * buffer's context). */
 static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset,
                                size_t size, cusafe_stream stream,
                                struct op op) {
-  struct cs_buffer *b;
-  cusafe_status st = buffer_get(buffer, "buffer", &b);
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_buffer, b, buffer, CS_BUFFER, "buffer");
+  struct cs_context *ctx = b->root->ctx;
+  if (op.kind != OP_FILL && !op.host && size)
+    return cs_null(op.kind == OP_READ ? "dst" : "src");
+  cusafe_status st =
+      check_range(op_names[op.kind], NULL, offset, size, b->size);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_context *ctx = b->root->ctx;
-  struct cs_queue *q = NULL;
-  struct cs_object *held = NULL;
-  if (op.kind != OP_FILL && !op.host && size) {
-    st = cs_null(op.kind == OP_READ ? "dst" : "src");
-    goto out;
-  }
-  st = check_range(op_names[op.kind], NULL, offset, size, b->size);
-  if (st == CUSAFE_SUCCESS)
-    st = cs_queue_get(stream, ctx, "buffer", &q, &held);
+  struct cs_queue *q;
+  struct cs_object *held CS_HELD = NULL;
+  st = cs_queue_get(stream, ctx, "buffer", &q, &held);
   if (st != CUSAFE_SUCCESS || size == 0)
-    goto out;
+    return st;
   int saved;
   st = cs_device_enter(ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
     st = op_run(b, offset, size, op, q);
     cs_device_leave(saved);
   }
-out:
-  if (held)
-    cs_unref(held);
-  cs_unref(&b->hdr);
   return st;
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
                                              size_t offset, const void *src,
                                              size_t size) {
-  CS_ENTER();
-  return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT,
-                   (struct op){OP_WRITE, (void *)src, 0, true});
+  struct op op = {OP_WRITE, (void *)src, 0, true};
+  return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT, op);
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
                                             size_t offset, void *dst,
                                             size_t size) {
-  CS_ENTER();
   return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT,
                    (struct op){OP_READ, dst, 0, true});
 }
@@ -481,16 +460,14 @@ CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
                                                    const void *src,
                                                    size_t size,
                                                    cusafe_stream stream) {
-  CS_ENTER();
-  return buffer_op(buffer, offset, size, stream,
-                   (struct op){OP_WRITE, (void *)src, 0, false});
+  struct op op = {OP_WRITE, (void *)src, 0, false};
+  return buffer_op(buffer, offset, size, stream, op);
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
                                                   size_t offset, void *dst,
                                                   size_t size,
                                                   cusafe_stream stream) {
-  CS_ENTER();
   return buffer_op(buffer, offset, size, stream,
                    (struct op){OP_READ, dst, 0, false});
 }
@@ -499,7 +476,6 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
                                             size_t offset, size_t size,
                                             unsigned char value,
                                             cusafe_stream stream) {
-  CS_ENTER();
   return buffer_op(buffer, offset, size, stream,
                    (struct op){OP_FILL, NULL, value, false});
 }
@@ -527,41 +503,60 @@ static void unlock_pair(struct cs_buffer *a, struct cs_buffer *b) {
     cs_spin_unlock(&b->lock);
 }
 
+/* Chains a copy of `size` bytes from s in src to d in dst after the work
+ * on both, and queues it on `run` (run's device current). */
+static cusafe_status copy_run(struct cs_buffer *dst, char *d,
+                              struct cs_buffer *src, const char *s,
+                              size_t size, struct cs_queue *run, bool peer) {
+  struct cs_buffer *dr = dst->root, *sr = src->root;
+  struct cs_object *drop_s = NULL, *drop_d = NULL;
+  lock_pair(dr, sr);
+  cusafe_status st = cs_buffer_chain(sr, run, &drop_s);
+  if (st == CUSAFE_SUCCESS)
+    st = cs_buffer_chain(dr, run, &drop_d);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err =
+        peer ? cs_cu->memcpy_peer_async(d, dst->ctx->device, s,
+                                        src->ctx->device, size, run->stream)
+             : cs_cu->memcpy_async(d, s, size, cudaMemcpyDefault,
+                                   run->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, peer ? "cudaMemcpyPeerAsync" : "cudaMemcpyAsync");
+  }
+  unlock_pair(dr, sr);
+  if (drop_s)
+    cs_unref(drop_s);
+  if (drop_d)
+    cs_unref(drop_d);
+  return st;
+}
+
 CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                                             size_t dst_offset,
                                             cusafe_buffer src_handle,
                                             size_t src_offset, size_t size,
                                             cusafe_stream stream) {
   CS_ENTER();
-  struct cs_buffer *dst, *src;
-  cusafe_status st = buffer_get(dst_handle, "dst", &dst);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = buffer_get(src_handle, "src", &src);
-  if (st != CUSAFE_SUCCESS)
-    goto out_dst;
-  struct cs_queue *q;
-  struct cs_object *held = NULL;
-  st = check_range("copy", "source", src_offset, size, src->size);
+  CS_HOLD_OR_RETURN(cs_buffer, dst, dst_handle, CS_BUFFER, "dst");
+  CS_HOLD_OR_RETURN(cs_buffer, src, src_handle, CS_BUFFER, "src");
+  cusafe_status st = check_range("copy", "source", src_offset, size, src->size);
   if (st == CUSAFE_SUCCESS)
     st = check_range("copy", "destination", dst_offset, size, dst->size);
   if (st != CUSAFE_SUCCESS)
-    goto out_src;
+    return st;
   char *d = dst->ptr + dst_offset, *s = src->ptr + src_offset;
-  if (dst->root == src->root && size && d < s + size && s < d + size) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
-                 "source and destination ranges overlap");
-    goto out_src;
-  }
+  if (dst->root == src->root && size && d < s + size && s < d + size)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "source and destination ranges overlap");
+  struct cs_queue *q;
+  struct cs_object *held CS_HELD = NULL;
   st = cs_queue_get(stream, dst->ctx, NULL, &q, &held);
   if (st != CUSAFE_SUCCESS)
-    goto out_src;
-  if (q->ctx != dst->ctx && q->ctx != src->ctx) {
-    st = cs_mismatch("stream", q->ctx, "dst", dst->ctx);
-    goto out_src;
-  }
+    return st;
+  if (q->ctx != dst->ctx && q->ctx != src->ctx)
+    return cs_mismatch("stream", q->ctx, "dst", dst->ctx);
   if (size == 0)
-    goto out_src;
+    return CUSAFE_SUCCESS;
   /* Device memory of two devices takes a peer copy on `q`.  Device memory
    * and host-accessible memory are copied by the device memory's own
    * device: on another device's stream CUDA rejects the copy. */
@@ -574,45 +569,14 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
   int saved;
   st = cs_device_enter(run->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
-    goto out_src;
-  struct cs_buffer *dr = dst->root, *sr = src->root;
+    return st;
   if (run != q)
     st = cs_queue_handoff(q, run);
-  struct cs_object *drop_s = NULL, *drop_d = NULL;
-  lock_pair(dr, sr);
   if (st == CUSAFE_SUCCESS)
-    st = cs_buffer_chain(sr, run, &drop_s);
-  if (st == CUSAFE_SUCCESS)
-    st = cs_buffer_chain(dr, run, &drop_d);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err;
-    const char *fn;
-    if (peer) {
-      err = cs_cu->memcpy_peer_async(d, dst->ctx->device, s, src->ctx->device,
-                                     size, run->stream);
-      fn = "cudaMemcpyPeerAsync";
-    } else {
-      err = cs_cu->memcpy_async(d, s, size, cudaMemcpyDefault, run->stream);
-      fn = "cudaMemcpyAsync";
-    }
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, fn);
-  }
-  unlock_pair(dr, sr);
-  if (drop_s)
-    cs_unref(drop_s);
-  if (drop_d)
-    cs_unref(drop_d);
+    st = copy_run(dst, d, src, s, size, run, peer);
   /* Later work on the caller's stream comes after the copy. */
   if (st == CUSAFE_SUCCESS && run != q)
     st = cs_queue_handoff(run, q);
   cs_device_leave(saved);
-out_src:
-  if (held)
-    cs_unref(held);
-  cs_unref(&src->hdr);
-out_dst:
-  cs_unref(&dst->hdr);
   return st;
 }
-

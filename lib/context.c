@@ -152,15 +152,12 @@ static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
 
 cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx_handle,
                                const struct cs_child *how, const void *args) {
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(ctx_handle, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = how->check(ctx, args);
+  CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
+  cusafe_status st = how->check(ctx, args);
   if (st == CUSAFE_SUCCESS)
     st = child_new(out, ctx, how, args);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&ctx->hdr);
+  if (st == CUSAFE_SUCCESS)
+    ctx = NULL; /* the child's reference now */
   return st;
 }
 
@@ -249,19 +246,15 @@ CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
 
 CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   CS_ENTER();
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(h, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
   int saved;
-  st = cs_device_enter(ctx->device, &saved);
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->device_synchronize();
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaDeviceSynchronize");
     cs_device_leave(saved);
   }
-  cs_unref(&ctx->hdr);
   return st;
 }
 
@@ -269,16 +262,10 @@ CUSAFE_API cusafe_status
 cusafe_context_stream_priority_range(int *least, int *greatest,
                                      cusafe_context h) {
   CS_ENTER();
-  if (!least)
-    return cs_null("least");
-  if (!greatest)
-    return cs_null("greatest");
-  struct cs_context *ctx;
-  cusafe_status st = CS_ACQUIRE(h, CS_CONTEXT, "context", &ctx);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  if (!least || !greatest)
+    return cs_null(least ? "greatest" : "least");
+  CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
   *least = ctx->priority_least;
   *greatest = ctx->priority_greatest;
-  cs_unref(&ctx->hdr);
   return CUSAFE_SUCCESS;
 }

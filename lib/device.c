@@ -37,6 +37,17 @@ cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
   return st;
 }
 
+cusafe_status cs_device_call(int device, cudaError_t (*fn)(void *),
+                             void *what, const char *function) {
+  int saved;
+  cusafe_status st = cs_device_enter(device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = cs_status_pending(fn(what), function);
+  cs_device_leave(saved);
+  return st;
+}
+
 cusafe_status cs_device_idle(int device, int *saved) {
   cusafe_status st = cs_device_enter_teardown(device, saved);
   if (st == CUSAFE_SUCCESS) {

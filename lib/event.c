@@ -72,115 +72,79 @@ void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
 CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
                                              cusafe_stream stream) {
   CS_ENTER();
-  struct cs_event *ev;
-  cusafe_status st = CS_ACQUIRE(event, CS_EVENT, "event", &ev);
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  struct cs_queue *q;
+  struct cs_object *held CS_HELD = NULL;
+  cusafe_status st = cs_queue_get(stream, ev->ctx, "event", &q, &held);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_queue *q;
-  struct cs_object *held;
-  st = cs_queue_get(stream, ev->ctx, "event", &q, &held);
+  int saved;
+  st = cs_device_enter(ev->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
-    int saved;
-    st = cs_device_enter(ev->ctx->device, &saved);
-    if (st == CUSAFE_SUCCESS) {
-      st = cs_status_pending(cs_cu->event_record(ev->event, q->stream),
-                             "cudaEventRecord");
-      cs_device_leave(saved);
-    }
-    if (held)
-      cs_unref(held);
+    st = cs_status_pending(cs_cu->event_record(ev->event, q->stream),
+                           "cudaEventRecord");
+    cs_device_leave(saved);
   }
-  cs_unref(&ev->hdr);
   return st;
 }
 
 CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
                                                   cusafe_event event) {
   CS_ENTER();
-  struct cs_stream *s;
-  cusafe_status st = CS_ACQUIRE(stream, CS_STREAM, "stream", &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_event *ev;
-  st = CS_ACQUIRE(event, CS_EVENT, "event", &ev);
-  if (st != CUSAFE_SUCCESS)
-    goto out;
-  if (ev->ctx != s->queue.ctx) {
-    st = cs_mismatch("event", ev->ctx, "stream", s->queue.ctx);
-  } else {
-    int saved;
-    st = cs_device_enter(s->queue.ctx->device, &saved);
-    if (st == CUSAFE_SUCCESS) {
-      cudaError_t err = cs_cu->stream_wait_event(s->queue.stream, ev->event, 0);
-      if (err != cudaSuccess)
-        st = cs_fail_cuda(err, "cudaStreamWaitEvent");
-      cs_device_leave(saved);
-    }
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  if (ev->ctx != s->queue.ctx)
+    return cs_mismatch("event", ev->ctx, "stream", s->queue.ctx);
+  int saved;
+  cusafe_status st = cs_device_enter(s->queue.ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->stream_wait_event(s->queue.stream, ev->event, 0);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamWaitEvent");
+    cs_device_leave(saved);
   }
-  cs_unref(&ev->hdr);
-out:
-  cs_unref(&s->hdr);
   return st;
 }
 
 /* ---- queries ----------------------------------------------------------------------- */
 
-/* Runs a CUDA call on an event with its device current; `name` names the
- * CUDA function for the message. */
-static cusafe_status event_call(cusafe_event event,
-                                cudaError_t (*fn)(cudaEvent_t),
+/* Runs fn (a synchronisation or a query) on an event. */
+static cusafe_status event_call(cusafe_event event, cudaError_t (*fn)(void *),
                                 const char *name) {
-  struct cs_event *ev;
-  cusafe_status st = CS_ACQUIRE(event, CS_EVENT, "event", &ev);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  int saved;
-  st = cs_device_enter(ev->ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = cs_status_pending(fn(ev->event), name);
-    cs_device_leave(saved);
-  }
-  cs_unref(&ev->hdr);
-  return st;
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  return cs_device_call(ev->ctx->device, fn, ev->event, name);
 }
+
+static cudaError_t event_sync(void *ev) { return cs_cu->event_synchronize(ev); }
+
+static cudaError_t event_query(void *ev) { return cs_cu->event_query(ev); }
 
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event) {
   CS_ENTER();
-  return event_call(event, cs_cu->event_synchronize, "cudaEventSynchronize");
+  return event_call(event, event_sync, "cudaEventSynchronize");
 }
 
 CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event) {
   CS_ENTER();
-  return event_call(event, cs_cu->event_query, "cudaEventQuery");
+  return event_call(event, event_query, "cudaEventQuery");
 }
 
 CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
                                                  cusafe_event end) {
   CS_ENTER_OUT(ms, 0.0f);
-  struct cs_event *a, *b;
-  cusafe_status st = CS_ACQUIRE(start, CS_EVENT, "start", &a);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  st = CS_ACQUIRE(end, CS_EVENT, "end", &b);
-  if (st != CUSAFE_SUCCESS)
-    goto out_a;
-  if (a->ctx != b->ctx) {
-    st = cs_mismatch("start", a->ctx, "end", b->ctx);
-  } else if ((a->flags | b->flags) & CUSAFE_EVENT_DISABLE_TIMING) {
-    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
-                 "event was created with CUSAFE_EVENT_DISABLE_TIMING");
-  } else {
-    int saved;
-    st = cs_device_enter(a->ctx->device, &saved);
-    if (st == CUSAFE_SUCCESS) {
-      st = cs_status_pending(
-          cs_cu->event_elapsed_time(ms, a->event, b->event),
-          "cudaEventElapsedTime");
-      cs_device_leave(saved);
-    }
+  CS_HOLD_OR_RETURN(cs_event, a, start, CS_EVENT, "start");
+  CS_HOLD_OR_RETURN(cs_event, b, end, CS_EVENT, "end");
+  if (a->ctx != b->ctx)
+    return cs_mismatch("start", a->ctx, "end", b->ctx);
+  if ((a->flags | b->flags) & CUSAFE_EVENT_DISABLE_TIMING)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "event was created with CUSAFE_EVENT_DISABLE_TIMING");
+  int saved;
+  cusafe_status st = cs_device_enter(a->ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = cs_status_pending(cs_cu->event_elapsed_time(ms, a->event, b->event),
+                           "cudaEventElapsedTime");
+    cs_device_leave(saved);
   }
-  cs_unref(&b->hdr);
-out_a:
-  cs_unref(&a->hdr);
   return st;
 }

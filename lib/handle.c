@@ -443,6 +443,13 @@ cusafe_status cs_unref(struct cs_object *obj) {
   return destroy_last(obj, word);
 }
 
+void cs_drop(void *held) {
+  struct cs_object *obj; /* the pointer's bits: any structure's will do */
+  memcpy(&obj, held, sizeof obj);
+  if (obj)
+    cs_unref(obj);
+}
+
 uint32_t cs_user_refs(const struct cs_object *obj) {
   return (uint32_t)USERS_OF(
       atomic_load_explicit(&slot_of(obj)->word, memory_order_acquire));
@@ -612,15 +619,10 @@ CS_QUERY(cusafe_handle_get_type, cusafe_handle_type, CUSAFE_TYPE_INVALID,
 CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
                                                  const char *label) {
   CS_ENTER();
-  struct cs_object *obj;
-  cusafe_status st = cs_acquire(handle, 0, "handle", &obj);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_object, obj, handle, 0, "handle");
   char *copy = NULL;
   if (label && !(copy = strndup(label, 255)))
-    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  else
-    free(atomic_exchange(&obj->label, copy));
-  cs_unref(obj);
-  return st;
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  free(atomic_exchange(&obj->label, copy));
+  return CUSAFE_SUCCESS;
 }

@@ -112,6 +112,23 @@ cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
 /* cs_acquire() into a pointer to the object's own structure. */
 #define CS_ACQUIRE(handle, type, name, out)                                  \
   cs_acquire((handle), (type), (name), (struct cs_object **)(out))
+
+/* A variable of a call that holds a reference on the object it points to
+ * (its structure starts with the header): cs_unref() when the variable
+ * goes out of scope, whatever the path, unless it was set to NULL first --
+ * the reference handed on (to a new child, say). */
+#define CS_HELD __attribute__((cleanup(cs_drop)))
+void cs_drop(void *held);
+/* Declares `struct T *var` CS_HELD, holding `h` acquired as TYPE (NAME in
+ * messages) for the rest of the call; returns the failure from the calling
+ * function otherwise. */
+#define CS_HOLD_OR_RETURN(T, var, h, TYPE, NAME)                             \
+  struct T *var CS_HELD = NULL;                                              \
+  do {                                                                       \
+    cusafe_status cs_held_ = CS_ACQUIRE(h, TYPE, NAME, &var);                \
+    if (CS_UNLIKELY(cs_held_ != CUSAFE_SUCCESS))                             \
+      return cs_held_;                                                       \
+  } while (0)
 /* Checks `handle` as cs_acquire() does, for a `type` other than 0, but
  * takes no reference: for a pinned thread only (cs_pin), until cs_unpin().
  * `index` >= 0 names the index-th element of a list. */
@@ -124,18 +141,15 @@ cusafe_status cs_peek_buffer(cusafe_handle handle, long index,
                              const struct cs_buffer_slot **out) CS_HOT;
 
 /* Defines the public query `fn`: it opens the call (*out = `empty` unless
- * it succeeds), acquires the handle `h` as a `struct T *o` of type TYPE
- * (named NAME in messages), runs the statements `...` (which read o and
- * set *out, and may set the status `st`), and drops the reference. */
+ * it succeeds), holds the handle `h` as a `struct T *o` of type TYPE
+ * (named NAME in messages), and runs the statements `...`, which read o,
+ * set *out and may set the status `st`. */
 #define CS_QUERY(fn, out_type, empty, T, TYPE, NAME, ...)                    \
   CUSAFE_API cusafe_status fn(out_type *out, cusafe_handle h) {              \
     CS_ENTER_OUT(out, empty);                                                \
-    struct T *o;                                                             \
-    cusafe_status st = CS_ACQUIRE(h, TYPE, NAME, &o);                        \
-    if (st == CUSAFE_SUCCESS) {                                              \
-      __VA_ARGS__;                                                           \
-      cs_unref((struct cs_object *)o);                                       \
-    }                                                                        \
+    CS_HOLD_OR_RETURN(T, o, h, TYPE, NAME);                                  \
+    cusafe_status st = CUSAFE_SUCCESS;                                       \
+    __VA_ARGS__;                                                             \
     return st;                                                               \
   }
 

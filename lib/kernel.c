@@ -168,16 +168,12 @@ CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
                                                   cusafe_module module,
                                                   const char *name) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  struct cs_module *m;
-  cusafe_status st = CS_ACQUIRE(module, CS_MODULE, "module", &m);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_module, m, module, CS_MODULE, "module");
   if (!name)
-    st = cs_null("name");
-  else
-    st = kernel_new(out, m, name); /* our reference becomes the kernel's */
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&m->hdr);
+    return cs_null("name");
+  cusafe_status st = kernel_new(out, m, name);
+  if (st == CUSAFE_SUCCESS)
+    m = NULL; /* the kernel's reference now */
   return st;
 }
 
@@ -202,15 +198,11 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
                                                   size_t capacity,
                                                   cusafe_kernel kernel) {
   CS_ENTER_OUT(count, 0);
-  struct cs_kernel *k;
-  cusafe_status st = CS_ACQUIRE(kernel, CS_KERNEL, "kernel", &k);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_kernel, k, kernel, CS_KERNEL, "kernel");
   *count = k->nparams;
   if (sizes)
     for (size_t i = 0; i < k->nparams && i < capacity; i++)
       sizes[i] = k->param_size[i];
-  cs_unref(&k->hdr);
   return CUSAFE_SUCCESS;
 }
 
@@ -269,62 +261,58 @@ cusafe_status cs_kernel_raise_shared(struct cs_kernel *k, size_t bytes) {
 
 /* ---- queries ------------------------------------------------------------------- */
 
+/* The largest block size that reaches the highest occupancy, as the
+ * runtime's own cudaOccupancyMaxPotentialBlockSize chooses (the kernel's
+ * device current). */
+static cusafe_status best_block(int *out, const struct cs_kernel *k,
+                                size_t shared_memory) {
+  int best_threads = 0, warp = k->ctx->warp_size;
+  *out = 0;
+  for (int size = warp; size <= k->max_threads; size += warp) {
+    int blocks = 0;
+    cudaError_t err = cs_cu->occupancy_max_active_blocks(
+        &blocks, (const void *)k->fn, size, shared_memory);
+    if (err != cudaSuccess)
+      return cs_fail_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (blocks * size >= best_threads && blocks > 0) {
+      best_threads = blocks * size;
+      *out = size;
+    }
+  }
+  if (*out == 0)
+    return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                   "kernel %s cannot run with %zu bytes of shared memory",
+                   k->name, shared_memory);
+  return CUSAFE_SUCCESS;
+}
+
 CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
                                                       uint32_t *grid,
                                                       cusafe_kernel kernel,
                                                       size_t shared_memory,
                                                       size_t n) {
   CS_ENTER();
-  if (!block)
-    return cs_null("block");
-  if (!grid)
-    return cs_null("grid");
-  struct cs_kernel *k;
-  cusafe_status st = CS_ACQUIRE(kernel, CS_KERNEL, "kernel", &k);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  struct cs_context *ctx = k->ctx;
+  if (!block || !grid)
+    return cs_null(block ? "grid" : "block");
+  CS_HOLD_OR_RETURN(cs_kernel, k, kernel, CS_KERNEL, "kernel");
   cusafe_launch_config probe = {{1, 1, 1}, {1, 1, 1}, shared_memory, 0};
-  st = cs_kernel_check_config(k, &probe);
+  cusafe_status st = cs_kernel_check_config(k, &probe);
   if (st == CUSAFE_SUCCESS)
     st = cs_kernel_allow_shared(k, shared_memory);
-  int saved;
-  if (st == CUSAFE_SUCCESS)
-    st = cs_device_enter(ctx->device, &saved);
+  int saved, size = 0;
+  if (st == CUSAFE_SUCCESS && (st = cs_device_enter(k->ctx->device,
+                                                    &saved)) == CUSAFE_SUCCESS) {
+    st = best_block(&size, k, shared_memory);
+    cs_device_leave(saved);
+  }
   if (st != CUSAFE_SUCCESS)
-    goto out;
-  /* The largest block size that reaches the highest occupancy, as the
-   * runtime's own cudaOccupancyMaxPotentialBlockSize chooses. */
-  int best_threads = 0, best_block = 0;
-  for (int size = ctx->warp_size; size <= k->max_threads;
-       size += ctx->warp_size) {
-    int blocks = 0;
-    cudaError_t err = cs_cu->occupancy_max_active_blocks(
-        &blocks, (const void *)k->fn, size, shared_memory);
-    if (err != cudaSuccess) {
-      st = cs_fail_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      break;
-    }
-    if (blocks * size >= best_threads && blocks > 0) {
-      best_threads = blocks * size;
-      best_block = size;
-    }
-  }
-  cs_device_leave(saved);
-  if (st == CUSAFE_SUCCESS && best_block == 0)
-    st = cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
-                 "kernel %s cannot run with %zu bytes of shared memory",
-                 k->name, shared_memory);
-  if (st == CUSAFE_SUCCESS) {
-    size_t blocks = n / (size_t)best_block + (n % (size_t)best_block != 0);
-    if (blocks == 0)
-      blocks = 1;
-    if (blocks > (size_t)ctx->max_grid[0])
-      blocks = (size_t)ctx->max_grid[0];
-    *block = (uint32_t)best_block;
-    *grid = (uint32_t)blocks;
-  }
-out:
-  cs_unref(&k->hdr);
-  return st;
+    return st;
+  size_t blocks = n / (size_t)size + (n % (size_t)size != 0);
+  if (blocks == 0)
+    blocks = 1;
+  if (blocks > (size_t)k->max_grid[0])
+    blocks = (size_t)k->max_grid[0];
+  *block = (uint32_t)size;
+  *grid = (uint32_t)blocks;
+  return CUSAFE_SUCCESS;
 }

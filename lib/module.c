@@ -256,12 +256,9 @@ static cusafe_status code_check(const struct code *c) {
  * takes over the reference on the context. */
 static cusafe_status module_load(cusafe_module *out, cusafe_context ctx,
                                  struct code code) {
-  struct cs_context *c;
-  cusafe_status st = CS_ACQUIRE(ctx, CS_CONTEXT, "context", &c);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  CS_HOLD_OR_RETURN(cs_context, c, ctx, CS_CONTEXT, "context");
   char *cubin = NULL;
-  st = code_check(&code);
+  cusafe_status st = code_check(&code);
   if (st == CUSAFE_SUCCESS && code.from == FROM_SOURCE) {
     st = compile(c, code.source, code.name, code.options, code.noptions,
                  &cubin);
@@ -272,8 +269,8 @@ static cusafe_status module_load(cusafe_module *out, cusafe_context ctx,
   if (st == CUSAFE_SUCCESS)
     st = module_new(out, c, code.image, code.path, code.name);
   free(cubin);
-  if (st != CUSAFE_SUCCESS)
-    cs_unref(&c->hdr);
+  if (st == CUSAFE_SUCCESS)
+    c = NULL; /* the module's reference now */
   return st;
 }
 

@@ -159,34 +159,27 @@ void cs_stream_describe(const struct cs_object *obj, char *what,
 
 /* ---- work ---------------------------------------------------------------------- */
 
-/* Runs a CUDA call on a stream with its device current; `name` names the
- * CUDA function for the message. */
-static cusafe_status stream_call(cusafe_stream h,
-                                 cudaError_t (*fn)(cudaStream_t),
+/* Runs fn (a synchronisation or a query) on a stream. */
+static cusafe_status stream_call(cusafe_stream h, cudaError_t (*fn)(void *),
                                  const char *name) {
-  struct cs_stream *s;
-  cusafe_status st = CS_ACQUIRE(h, CS_STREAM, "stream", &s);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  int saved;
-  st = cs_device_enter(s->queue.ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = cs_status_pending(fn(s->queue.stream), name);
-    cs_device_leave(saved);
-  }
-  cs_unref(&s->hdr);
-  return st;
+  CS_HOLD_OR_RETURN(cs_stream, s, h, CS_STREAM, "stream");
+  return cs_device_call(s->queue.ctx->device, fn, s->queue.stream, name);
 }
+
+static cudaError_t stream_sync(void *s) {
+  return cs_cu->stream_synchronize(s);
+}
+
+static cudaError_t stream_query(void *s) { return cs_cu->stream_query(s); }
 
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
-  return stream_call(stream, cs_cu->stream_synchronize,
-                     "cudaStreamSynchronize");
+  return stream_call(stream, stream_sync, "cudaStreamSynchronize");
 }
 
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   CS_ENTER();
-  return stream_call(stream, cs_cu->stream_query, "cudaStreamQuery");
+  return stream_call(stream, stream_query, "cudaStreamQuery");
 }
 
 /* ---- queries ---------------------------------------------------------------------- */
