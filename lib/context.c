@@ -50,46 +50,48 @@ static cusafe_status read_limits(struct cs_context *ctx) {
   return CUSAFE_SUCCESS;
 }
 
+/* Retains the device's primary context, reads its limits and creates the
+ * default stream; undone if a step fails. */
+static cusafe_status context_make(struct cs_context *ctx) {
+  CUresult res = cs_primary_ctx_retain(&ctx->primary, ctx->device);
+  if (res != CUDA_SUCCESS)
+    return primary_failed(res, "cuDevicePrimaryCtxRetain");
+  cusafe_status st = read_limits(ctx);
+  if (st == CUSAFE_SUCCESS) {
+    /* Non-blocking: the default stream of cusafe never waits for the
+     * legacy stream 0 that other code in the process may be using. */
+    cudaError_t err =
+        cs_cu->stream_create(&ctx->queue.stream, cudaStreamNonBlocking, 0);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamCreateWithPriority");
+  }
+  if (st != CUSAFE_SUCCESS)
+    cs_primary_ctx_release(ctx->device);
+  return st;
+}
+
 /* Creates the context of `device` (registry_lock held, device current). */
 static cusafe_status context_new(struct cs_context **out, int device) {
   struct cs_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   ctx->device = device;
-  pthread_mutex_init(&ctx->orphan_lock, NULL);
-  cusafe_status st;
-  CUresult res = cs_primary_ctx_retain(&ctx->primary, device);
-  if (res != CUDA_SUCCESS) {
-    st = primary_failed(res, "cuDevicePrimaryCtxRetain");
-    goto fail_free;
-  }
-  st = read_limits(ctx);
-  if (st != CUSAFE_SUCCESS)
-    goto fail_primary;
-  /* Non-blocking: the default stream of cusafe never waits for the legacy
-   * stream 0 that other code in the process may be using. */
-  cudaError_t err =
-      cs_cu->stream_create(&ctx->queue.stream, cudaStreamNonBlocking, 0);
-  if (err != cudaSuccess) {
-    st = cs_fail_cuda(err, "cudaStreamCreateWithPriority");
-    goto fail_primary;
-  }
   ctx->queue.ctx = ctx;
   ctx->queue.owner = &ctx->hdr;
-  st = cs_handle_new(&ctx->hdr, CS_CONTEXT);
-  if (st != CUSAFE_SUCCESS)
-    goto fail_stream;
+  pthread_mutex_init(&ctx->orphan_lock, NULL);
+  cusafe_status st = context_make(ctx);
+  if (st == CUSAFE_SUCCESS &&
+      (st = cs_handle_new(&ctx->hdr, CS_CONTEXT)) != CUSAFE_SUCCESS) {
+    cs_cu->stream_destroy(ctx->queue.stream);
+    cs_primary_ctx_release(device);
+  }
+  if (st != CUSAFE_SUCCESS) {
+    pthread_mutex_destroy(&ctx->orphan_lock);
+    free(ctx);
+    return st;
+  }
   *out = ctx;
   return CUSAFE_SUCCESS;
-
-fail_stream:
-  cs_cu->stream_destroy(ctx->queue.stream);
-fail_primary:
-  cs_primary_ctx_release(device);
-fail_free:
-  pthread_mutex_destroy(&ctx->orphan_lock);
-  free(ctx);
-  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,

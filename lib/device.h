@@ -30,10 +30,11 @@ cusafe_status cs_device_enter_teardown(int device, int *saved);
  * outlive its context.  A failure of destroy names `function`. */
 cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
                                  void *what, const char *function);
-/* Runs fn(what) -- a synchronisation or a query -- with `device` current:
- * its answer as cs_status_pending() words it. */
-cusafe_status cs_device_call(int device, cudaError_t (*fn)(void *),
-                             void *what, const char *function);
+/* Waits for the work queued before it on `stream`, or before the latest
+ * record of `event` (the other one NULL), with `device` current -- or,
+ * with `query`, asks whether it is done: CUSAFE_ERROR_NOT_READY if not. */
+cusafe_status cs_device_wait(int device, cudaStream_t stream,
+                             cudaEvent_t event, bool query);
 /* cs_device_enter_teardown(), then waits until the device is idle: the
  * start of a teardown that frees what queued work may still use. */
 cusafe_status cs_device_idle(int device, int *saved);

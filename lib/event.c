@@ -108,25 +108,16 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
 
 /* ---- queries ----------------------------------------------------------------------- */
 
-/* Runs fn (a synchronisation or a query) on an event. */
-static cusafe_status event_call(cusafe_event event, cudaError_t (*fn)(void *),
-                                const char *name) {
-  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
-  return cs_device_call(ev->ctx->device, fn, ev->event, name);
-}
-
-static cudaError_t event_sync(void *ev) { return cs_cu->event_synchronize(ev); }
-
-static cudaError_t event_query(void *ev) { return cs_cu->event_query(ev); }
-
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event) {
   CS_ENTER();
-  return event_call(event, event_sync, "cudaEventSynchronize");
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  return cs_device_wait(ev->ctx->device, NULL, ev->event, false);
 }
 
 CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event) {
   CS_ENTER();
-  return event_call(event, event_query, "cudaEventQuery");
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  return cs_device_wait(ev->ctx->device, NULL, ev->event, true);
 }
 
 CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,

@@ -208,7 +208,20 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
 
 /* ---- limits -------------------------------------------------------------------- */
 
-cusafe_status cs_kernel_check_config(const struct cs_kernel *k, const cusafe_launch_config *c) {
+/* The first of the three dimensions of a grid or block (`what`) that is
+ * above its limit, in words. */
+static cusafe_status check_dims(const char *what, const uint32_t dim[3],
+                                const int limit[3]) {
+  for (int d = 0; d < 3; d++)
+    if (dim[d] > (uint32_t)limit[d])
+      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
+                     "%s dimension %c of %u exceeds the device's limit of %d",
+                     what, dims[d], dim[d], limit[d]);
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_kernel_check_config(const struct cs_kernel *k,
+                                     const cusafe_launch_config *c) {
   for (int d = 0; d < 3; d++) {
     if (c->grid[d] == 0)
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
@@ -217,24 +230,18 @@ cusafe_status cs_kernel_check_config(const struct cs_kernel *k, const cusafe_lau
       return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                      "block dimension %c is 0", dims[d]);
   }
-  for (int d = 0; d < 3; d++)
-    if (c->block[d] > (uint32_t)k->max_block[d])
-      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
-                     "block dimension %c of %u exceeds the device's limit "
-                     "of %d",
-                     dims[d], c->block[d], k->max_block[d]);
+  cusafe_status st = check_dims("block", c->block, k->max_block);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   uint64_t threads =
       (uint64_t)c->block[0] * c->block[1] * (uint64_t)c->block[2];
   if (threads > (uint64_t)k->max_threads)
     return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                    "block of %llu threads exceeds the kernel's limit of %d",
                    (unsigned long long)threads, k->max_threads);
-  for (int d = 0; d < 3; d++)
-    if (c->grid[d] > (uint32_t)k->max_grid[d])
-      return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
-                     "grid dimension %c of %u exceeds the device's limit "
-                     "of %d",
-                     dims[d], c->grid[d], k->max_grid[d]);
+  st = check_dims("grid", c->grid, k->max_grid);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   if (c->shared_memory > k->shared_limit)
     return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                    "%zu bytes of shared memory exceed the device's limit of "

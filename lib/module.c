@@ -274,14 +274,22 @@ static cusafe_status module_load(cusafe_module *out, cusafe_context ctx,
   return st;
 }
 
-CUSAFE_API cusafe_status cusafe_module_load_builtin(cusafe_module *out,
-                                                    cusafe_context ctx) {
+/* The call of a loader of an image in memory. */
+static cusafe_status load_image(cusafe_module *out, cusafe_context ctx,
+                                const void *image, size_t size,
+                                const char *name) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return module_load(out, ctx,
                      (struct code){.from = FROM_IMAGE,
-                                   .image = cs_builtin_image,
-                                   .size = cs_builtin_image_size,
-                                   .name = BUILTIN_NAME});
+                                   .image = image,
+                                   .size = size,
+                                   .name = name});
+}
+
+CUSAFE_API cusafe_status cusafe_module_load_builtin(cusafe_module *out,
+                                                    cusafe_context ctx) {
+  return load_image(out, ctx, cs_builtin_image, cs_builtin_image_size,
+                    BUILTIN_NAME);
 }
 
 CUSAFE_API cusafe_status cusafe_module_load_file(cusafe_module *out,
@@ -296,12 +304,7 @@ CUSAFE_API cusafe_status cusafe_module_load_data(cusafe_module *out,
                                                  cusafe_context ctx,
                                                  const void *image,
                                                  size_t size) {
-  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  return module_load(out, ctx,
-                     (struct code){.from = FROM_IMAGE,
-                                   .image = image,
-                                   .size = size,
-                                   .name = MEMORY_NAME});
+  return load_image(out, ctx, image, size, MEMORY_NAME);
 }
 
 CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,

@@ -159,27 +159,16 @@ void cs_stream_describe(const struct cs_object *obj, char *what,
 
 /* ---- work ---------------------------------------------------------------------- */
 
-/* Runs fn (a synchronisation or a query) on a stream. */
-static cusafe_status stream_call(cusafe_stream h, cudaError_t (*fn)(void *),
-                                 const char *name) {
-  CS_HOLD_OR_RETURN(cs_stream, s, h, CS_STREAM, "stream");
-  return cs_device_call(s->queue.ctx->device, fn, s->queue.stream, name);
-}
-
-static cudaError_t stream_sync(void *s) {
-  return cs_cu->stream_synchronize(s);
-}
-
-static cudaError_t stream_query(void *s) { return cs_cu->stream_query(s); }
-
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
-  return stream_call(stream, stream_sync, "cudaStreamSynchronize");
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, false);
 }
 
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   CS_ENTER();
-  return stream_call(stream, stream_query, "cudaStreamQuery");
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, true);
 }
 
 /* ---- queries ---------------------------------------------------------------------- */
