@@ -491,7 +491,13 @@ __attribute__((destructor)) static void fake_fini(void)
   pthread_mutex_unlock(&g_lock);
 }
 
-enum { NO_DRIVER_CHECK = 0, DRIVER_CHECK = 1 };
+/* Flags of a call's prologue (begin() and the ENTER_* statements below).
+ * Every call is counted and logged, and fails after the teardown, on
+ * request, and as the driver state says unless NO_DRIVER_CHECK. */
+enum {
+  NO_DRIVER_CHECK = 1 << 0, /* the version queries, which need no driver */
+  STICKY = 1 << 1           /* fails with the sticky error of its device */
+};
 
 static cudaError_t driver_error(void)
 {
@@ -513,9 +519,20 @@ static cudaError_t injected_fault(const char *name)
   return cudaSuccess;
 }
 
+/* Counts and logs a call (the lock held); returns whether the teardown has
+ * run, which under strict teardown is a VIOLATION instead. */
+static int count_call(const char *name)
+{
+  g.calls++;
+  log_add(name);
+  if (g.torn_down && g.strict)
+    violation("%s called after the CUDA runtime was torn down", name);
+  return g.torn_down;
+}
+
 /* Locks, counts and logs the call, then applies the teardown, fault
- * injection and (with DRIVER_CHECK) the driver state.  Whatever it returns,
- * the caller must end through leave() or leave_driver(). */
+ * injection and (without NO_DRIVER_CHECK) the driver state.  Whatever it
+ * returns, the caller must end through leave() or leave_driver(). */
 static cudaError_t begin(const char *name, int flags)
 {
   lock();
@@ -523,19 +540,12 @@ static cudaError_t begin(const char *name, int flags)
     g.atexit_registered = 1;
     atexit(teardown_atexit);
   }
-  g.calls++;
-  log_add(name);
-  if (g.torn_down) {
-    if (g.strict)
-      violation("%s called after the CUDA runtime was torn down", name);
+  if (count_call(name))
     return cudaErrorCudartUnloading;
-  }
   cudaError_t e = injected_fault(name);
-  if (e != cudaSuccess)
+  if (e != cudaSuccess || (flags & NO_DRIVER_CHECK))
     return e;
-  if (flags & DRIVER_CHECK)
-    return driver_error();
-  return cudaSuccess;
+  return driver_error();
 }
 
 /* Runtime calls remember their last error per thread, as the runtime does
@@ -568,6 +578,55 @@ static cudaError_t current_device(int *out)
 }
 
 static cudaError_t sticky(int device) { return g.dev[device].sticky; }
+
+/* The current device into *dev and, with STICKY, its sticky error. */
+static cudaError_t on_current_device(int flags, int *dev)
+{
+  cudaError_t e = current_device(dev);
+  if (e == cudaSuccess && (flags & STICKY))
+    e = sticky(*dev);
+  return e;
+}
+
+/* begin(), then the current device (see on_current_device()): the
+ * prologue of the calls that act on the current device. */
+static cudaError_t begin_on_device(const char *name, int flags, int *dev)
+{
+  cudaError_t e = begin(name, flags);
+  if (e == cudaSuccess)
+    e = on_current_device(flags, dev);
+  return e;
+}
+
+static cudaError_t begin_on_stream(const char *name, cudaStream_t h,
+                                   int flags, struct fstream **out);
+
+/* Each call opens with one of these statements: its prologue (begin() and
+ * what its flags ask for, or begin_nvrtc()) and, when that fails, a return
+ * from the calling fk_* function through leave(), leave_driver() or
+ * leave_nvrtc().  Past it the lock is held, and the function ends through
+ * the same leave function. */
+#define RETURN_IF_FAILED_(type, ok, prologue, leave_fn)                        \
+  do {                                                                         \
+    type r_ = (prologue);                                                      \
+    if (r_ != (ok))                                                            \
+      return leave_fn(r_);                                                     \
+  } while (0)
+#define ENTER_OR_RETURN(name, flags)                                           \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess, begin(name, flags), leave)
+/* *dev: the current device */
+#define ENTER_ON_DEVICE_OR_RETURN(name, flags, dev)                            \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess,                                  \
+                    begin_on_device(name, flags, dev), leave)
+/* *s: the stream argument resolved (its device's sticky error: STICKY) */
+#define ENTER_ON_STREAM_OR_RETURN(name, stream, flags, s)                      \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess,                                  \
+                    begin_on_stream(name, stream, flags, s), leave)
+#define ENTER_DRIVER_OR_RETURN(name)                                           \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess, begin(name, 0), leave_driver)
+#define ENTER_NVRTC_OR_RETURN(name)                                            \
+  RETURN_IF_FAILED_(nvrtcResult, NVRTC_SUCCESS, begin_nvrtc(name),             \
+                    leave_nvrtc)
 
 /* ------------------------------------------------------------------------ */
 /* Allocations                                                                */
@@ -928,6 +987,20 @@ static cudaError_t resolve_stream(const char *fn, cudaStream_t h,
   return cudaSuccess;
 }
 
+/* begin(), then the stream argument h resolved into *out (the call's name
+ * is the one its VIOLATIONs give) and, with STICKY, its device's sticky
+ * error: the prologue of the calls that act on a stream. */
+static cudaError_t begin_on_stream(const char *name, cudaStream_t h,
+                                   int flags, struct fstream **out)
+{
+  cudaError_t e = begin(name, flags);
+  if (e == cudaSuccess)
+    e = resolve_stream(name, h, out);
+  if (e == cudaSuccess && (flags & STICKY))
+    e = sticky((*out)->device);
+  return e;
+}
+
 static struct fevent *find_event(cudaEvent_t h)
 {
   for (size_t i = 0; i < g.nevents; i++)
@@ -1035,7 +1108,7 @@ static const char *fk_get_error_string(cudaError_t err)
 
 static cudaError_t fk_get_device_count(int *count)
 {
-  cudaError_t e = begin("cudaGetDeviceCount", DRIVER_CHECK);
+  cudaError_t e = begin("cudaGetDeviceCount", 0);
   if (e == cudaSuccess && !count)
     e = cudaErrorInvalidValue;
   if (count)
@@ -1047,9 +1120,7 @@ static cudaError_t fk_get_device_count(int *count)
  * real ones do: the driver version is then 0. */
 static cudaError_t fk_driver_get_version(int *version)
 {
-  cudaError_t e = begin("cudaDriverGetVersion", NO_DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaDriverGetVersion", NO_DRIVER_CHECK);
   if (!version)
     return leave(cudaErrorInvalidValue);
   *version = g.driver == FAKE_DRIVER_MISSING ? 0 : FAKE_DRIVER_VERSION;
@@ -1058,9 +1129,7 @@ static cudaError_t fk_driver_get_version(int *version)
 
 static cudaError_t fk_runtime_get_version(int *version)
 {
-  cudaError_t e = begin("cudaRuntimeGetVersion", NO_DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaRuntimeGetVersion", NO_DRIVER_CHECK);
   if (!version)
     return leave(cudaErrorInvalidValue);
   *version = FAKE_RUNTIME_VERSION;
@@ -1117,9 +1186,7 @@ static void fill_properties(struct cudaDeviceProp *p, int dev)
 static cudaError_t fk_get_device_properties(struct cudaDeviceProp *prop,
                                             int device)
 {
-  cudaError_t e = begin("cudaGetDeviceProperties", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaGetDeviceProperties", 0);
   if (!prop)
     return leave(cudaErrorInvalidValue);
   if (!valid_device(device))
@@ -1132,9 +1199,7 @@ static cudaError_t fk_device_get_attribute(int *value,
                                            enum cudaDeviceAttr attr,
                                            int device)
 {
-  cudaError_t e = begin("cudaDeviceGetAttribute", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaDeviceGetAttribute", 0);
   if (!value)
     return leave(cudaErrorInvalidValue);
   if (!valid_device(device))
@@ -1248,9 +1313,7 @@ static cudaError_t fk_device_get_attribute(int *value,
 
 static cudaError_t fk_get_device(int *device)
 {
-  cudaError_t e = begin("cudaGetDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaGetDevice", 0);
   if (!device)
     return leave(cudaErrorInvalidValue);
   *device = t_device;
@@ -1259,9 +1322,7 @@ static cudaError_t fk_get_device(int *device)
 
 static cudaError_t fk_set_device(int device)
 {
-  cudaError_t e = begin("cudaSetDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaSetDevice", 0);
   if (!valid_device(device))
     return leave(cudaErrorInvalidDevice);
   t_device = device;
@@ -1271,11 +1332,7 @@ static cudaError_t fk_set_device(int device)
 static cudaError_t fk_device_synchronize(void)
 {
   int dev;
-  cudaError_t e = begin("cudaDeviceSynchronize", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaDeviceSynchronize", 0, &dev);
   run_device(dev); /* discards instead, on a sticky device */
   return leave(sticky(dev));
 }
@@ -1284,11 +1341,7 @@ static cudaError_t fk_device_get_stream_priority_range(int *least,
                                                        int *greatest)
 {
   int dev;
-  cudaError_t e = begin("cudaDeviceGetStreamPriorityRange", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaDeviceGetStreamPriorityRange", 0, &dev);
   if (least)
     *least = PRIORITY_LEAST;
   if (greatest)
@@ -1301,7 +1354,7 @@ static cudaError_t fk_device_get_stream_priority_range(int *least,
 static cudaError_t fk_get_last_error(void)
 {
   int dev;
-  cudaError_t e = begin("cudaGetLastError", DRIVER_CHECK);
+  cudaError_t e = begin("cudaGetLastError", 0);
   if (e == cudaSuccess && current_device(&dev) == cudaSuccess)
     e = sticky(dev);
   if (e == cudaSuccess) {
@@ -1319,9 +1372,7 @@ static cudaError_t fk_get_last_error(void)
 
 static CUresult CUDAAPI fk_primary_ctx_retain(CUcontext *pctx, CUdevice dev)
 {
-  cudaError_t e = begin("cuDevicePrimaryCtxRetain", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+  ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRetain");
   if (!pctx)
     return leave_driver(CUDA_ERROR_INVALID_VALUE);
   if (!valid_device(dev))
@@ -1341,9 +1392,7 @@ static struct flibrary *find_library(cudaLibrary_t h);
  * (its image was checked then), so its module always exists. */
 static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib)
 {
-  cudaError_t e = begin("cuLibraryGetModule", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+  ENTER_DRIVER_OR_RETURN("cuLibraryGetModule");
   if (!pmod)
     return leave_driver(CUDA_ERROR_INVALID_VALUE);
   struct flibrary *l = find_library((cudaLibrary_t)lib);
@@ -1356,9 +1405,7 @@ static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib)
 
 static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev)
 {
-  cudaError_t e = begin("cuDevicePrimaryCtxRelease", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+  ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRelease");
   if (!valid_device(dev))
     return leave_driver(CUDA_ERROR_INVALID_DEVICE);
   struct fdevice *d = &g.dev[dev];
@@ -1383,9 +1430,7 @@ static cudaError_t fk_get_driver_entry_point(
     unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
 {
   (void)flags; /* no per-thread variants among the fake's functions */
-  cudaError_t e = begin("cudaGetDriverEntryPointByVersion", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaGetDriverEntryPointByVersion", 0);
   if (!symbol || !func)
     return leave(cudaErrorInvalidValue);
   /* As documented for the real one: asking for a version newer than the
@@ -1436,13 +1481,7 @@ static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
                                     int priority)
 {
   int dev;
-  cudaError_t e = begin("cudaStreamCreateWithPriority", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaStreamCreateWithPriority", STICKY, &dev);
   if (!stream || (flags & ~(unsigned int)cudaStreamNonBlocking))
     return leave(cudaErrorInvalidValue);
   struct fstream *s = calloc(1, sizeof *s);
@@ -1469,9 +1508,7 @@ static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
  * until then.  On a sticky device the queue is dead and is discarded now. */
 static cudaError_t fk_stream_destroy(cudaStream_t stream)
 {
-  cudaError_t e = begin("cudaStreamDestroy", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaStreamDestroy", 0);
   if (is_default_stream(stream))
     return leave(cudaErrorInvalidResourceHandle);
   struct fstream *s = find_stream(stream);
@@ -1490,11 +1527,7 @@ static cudaError_t fk_stream_destroy(cudaStream_t stream)
 static cudaError_t fk_stream_synchronize(cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamSynchronize", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamSynchronize", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamSynchronize", stream, 0, &s);
   run_stream(s); /* discards instead, on a sticky device */
   return leave(sticky(s->device));
 }
@@ -1504,13 +1537,7 @@ static cudaError_t fk_stream_synchronize(cudaStream_t stream)
 static cudaError_t fk_stream_query(cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamQuery", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamQuery", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamQuery", stream, STICKY, &s);
   if (g.paused)
     return leave(stream_pending(s) ? cudaErrorNotReady : cudaSuccess);
   run_stream(s);
@@ -1522,14 +1549,11 @@ static cudaError_t fk_stream_wait_event(cudaStream_t stream,
                                         unsigned int flags)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamWaitEvent", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamWaitEvent", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamWaitEvent", stream, 0, &s);
   struct fevent *ev = resolve_event("cudaStreamWaitEvent", event);
   if (flags & ~(unsigned int)cudaEventWaitExternal)
     return leave(cudaErrorInvalidValue);
+  cudaError_t e;
   if ((e = sticky(s->device)) != cudaSuccess ||
       (e = sticky(ev->device)) != cudaSuccess)
     return leave(e);
@@ -1549,13 +1573,7 @@ static cudaError_t fk_stream_wait_event(cudaStream_t stream,
 static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags)
 {
   int dev;
-  cudaError_t e = begin("cudaEventCreateWithFlags", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaEventCreateWithFlags", STICKY, &dev);
   const unsigned int known =
       cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (!event || (flags & ~known) ||
@@ -1577,9 +1595,7 @@ static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags)
 
 static cudaError_t fk_event_destroy(cudaEvent_t event)
 {
-  cudaError_t e = begin("cudaEventDestroy", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaEventDestroy", 0);
   struct fevent *ev = find_event(event);
   if (!ev)
     violation("cudaEventDestroy of %p, which is not an event", (void *)event);
@@ -1595,15 +1611,12 @@ static cudaError_t fk_event_destroy(cudaEvent_t event)
 static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaEventRecord", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaEventRecord", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaEventRecord", stream, 0, &s);
   struct fevent *ev = resolve_event("cudaEventRecord", event);
   if (ev->device != s->device)
     return leave(cudaErrorInvalidResourceHandle);
-  if ((e = sticky(s->device)) != cudaSuccess)
+  cudaError_t e = sticky(s->device);
+  if (e != cudaSuccess)
     return leave(e);
   implicit_deps(s); /* on stream 0 the record waits for blocking streams */
   ev->recorded = 1;
@@ -1617,9 +1630,7 @@ static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream)
 
 static cudaError_t fk_event_synchronize(cudaEvent_t event)
 {
-  cudaError_t e = begin("cudaEventSynchronize", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaEventSynchronize", 0);
   struct fevent *ev = resolve_event("cudaEventSynchronize", event);
   if (ev->recorded)
     run_stream_to(ev->stream, ev->pos); /* discards, if sticky */
@@ -1628,11 +1639,10 @@ static cudaError_t fk_event_synchronize(cudaEvent_t event)
 
 static cudaError_t fk_event_query(cudaEvent_t event)
 {
-  cudaError_t e = begin("cudaEventQuery", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaEventQuery", 0);
   struct fevent *ev = resolve_event("cudaEventQuery", event);
-  if ((e = sticky(ev->device)) != cudaSuccess)
+  cudaError_t e = sticky(ev->device);
+  if (e != cudaSuccess)
     return leave(e);
   if (g.paused)
     return leave(event_complete(ev) ? cudaSuccess : cudaErrorNotReady);
@@ -1647,16 +1657,15 @@ static cudaError_t fk_event_query(cudaEvent_t event)
 static cudaError_t fk_event_elapsed_time(float *ms, cudaEvent_t start,
                                          cudaEvent_t end)
 {
-  cudaError_t e = begin("cudaEventElapsedTime", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaEventElapsedTime", 0);
   struct fevent *a = resolve_event("cudaEventElapsedTime", start);
   struct fevent *b = resolve_event("cudaEventElapsedTime", end);
   if (!ms)
     return leave(cudaErrorInvalidValue);
   if (a->device != b->device)
     return leave(cudaErrorInvalidResourceHandle);
-  if ((e = sticky(a->device)) != cudaSuccess)
+  cudaError_t e = sticky(a->device);
+  if (e != cudaSuccess)
     return leave(e);
   if ((a->flags | b->flags) & cudaEventDisableTiming)
     return leave(cudaErrorInvalidResourceHandle);
@@ -1682,13 +1691,7 @@ static cudaError_t fk_malloc_async(void **ptr, size_t size,
                                    cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaMallocAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMallocAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMallocAsync", stream, STICKY, &s);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
   if (size == 0) { /* what the real runtime does */
@@ -1712,11 +1715,7 @@ static void not_live(const char *fn, const void *ptr)
 static cudaError_t fk_free_async(void *ptr, cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaFreeAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaFreeAsync", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaFreeAsync", stream, 0, &s);
   if (!ptr)
     return leave(cudaSuccess);
   struct falloc *a = find_live_base(ptr);
@@ -1741,13 +1740,7 @@ static cudaError_t fk_free_async(void *ptr, cudaStream_t stream)
 static cudaError_t fk_malloc_host(void **ptr, size_t size)
 {
   int dev;
-  cudaError_t e = begin("cudaMallocHost", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaMallocHost", STICKY, &dev);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
   if (size == 0) {
@@ -1763,9 +1756,7 @@ static cudaError_t fk_malloc_host(void **ptr, size_t size)
  * devices runs first (or is discarded, on a sticky device). */
 static cudaError_t fk_free_host(void *ptr)
 {
-  cudaError_t e = begin("cudaFreeHost", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaFreeHost", 0);
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
@@ -1784,13 +1775,7 @@ static cudaError_t fk_malloc_managed(void **ptr, size_t size,
                                      unsigned int flags)
 {
   int dev;
-  cudaError_t e = begin("cudaMallocManaged", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaMallocManaged", STICKY, &dev);
   if (!ptr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return leave(cudaErrorInvalidValue);
   if (!g.dev[dev].managed)
@@ -1806,9 +1791,7 @@ static cudaError_t fk_malloc_managed(void **ptr, size_t size,
  * device memory too; pinned memory needs cudaFreeHost. */
 static cudaError_t fk_free(void *ptr)
 {
-  cudaError_t e = begin("cudaFree", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaFree", 0);
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
@@ -1856,18 +1839,13 @@ static cudaError_t fk_memcpy_async(void *dst, const void *src, size_t size,
                                    cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemcpyAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemcpyAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemcpyAsync", stream, STICKY, &s);
   if ((int)kind < (int)cudaMemcpyHostToHost ||
       (int)kind > (int)cudaMemcpyDefault)
     return leave(cudaErrorInvalidMemcpyDirection);
   if (size == 0)
     return leave(cudaSuccess);
+  cudaError_t e;
   if ((e = check_range_arg(dst, size)) != cudaSuccess ||
       (e = check_range_arg(src, size)) != cudaSuccess)
     return leave(e);
@@ -1895,13 +1873,10 @@ static cudaError_t fk_memcpy_peer_async(void *dst, int dst_device,
                                         size_t size, cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemcpyPeerAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemcpyPeerAsync", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemcpyPeerAsync", stream, 0, &s);
   if (!valid_device(dst_device) || !valid_device(src_device))
     return leave(cudaErrorInvalidDevice);
+  cudaError_t e;
   if ((e = sticky(s->device)) != cudaSuccess ||
       (e = sticky(dst_device)) != cudaSuccess ||
       (e = sticky(src_device)) != cudaSuccess)
@@ -1923,16 +1898,11 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
                                    cudaStream_t stream)
 {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemsetAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemsetAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemsetAsync", stream, STICKY, &s);
   if (size == 0)
     return leave(cudaSuccess);
-  if ((e = check_range_arg(ptr, size)) != cudaSuccess)
+  cudaError_t e = check_range_arg(ptr, size);
+  if (e != cudaSuccess)
     return leave(e);
   struct fop *o = new_op(OP_SET);
   o->dst = ptr;
@@ -2167,9 +2137,7 @@ static void make_builtin_kernels(struct flibrary *lib)
 static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
 {
   int dev;
-  cudaError_t e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
+  cudaError_t e = on_current_device(STICKY, &dev);
   if (e != cudaSuccess)
     return e;
   struct flibrary *lib = calloc(1, sizeof *lib);
@@ -2219,13 +2187,12 @@ static cudaError_t fk_library_load_data(
     void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
     void **values, unsigned int noptions)
 {
-  cudaError_t e = begin("cudaLibraryLoadData", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaLibraryLoadData", 0);
   if (!library || !code)
     return leave(cudaErrorInvalidValue);
-  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
-                              noptions)) != cudaSuccess)
+  cudaError_t e = check_load_options(jit_options, jit_values, njit, options,
+                                     values, noptions);
+  if (e != cudaSuccess)
     return leave(e);
   return leave(load_image(library, code));
 }
@@ -2235,13 +2202,12 @@ static cudaError_t fk_library_load_file(
     void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
     void **values, unsigned int noptions)
 {
-  cudaError_t e = begin("cudaLibraryLoadFromFile", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaLibraryLoadFromFile", 0);
   if (!library || !path)
     return leave(cudaErrorInvalidValue);
-  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
-                              noptions)) != cudaSuccess)
+  cudaError_t e = check_load_options(jit_options, jit_values, njit, options,
+                                     values, noptions);
+  if (e != cudaSuccess)
     return leave(e);
   FILE *f = fopen(path, "rb");
   if (!f)
@@ -2312,9 +2278,7 @@ static struct fkernel *resolve_kernel(const char *fn, const void *func)
  * library must outlive the work that runs its kernels. */
 static cudaError_t fk_library_unload(cudaLibrary_t library)
 {
-  cudaError_t e = begin("cudaLibraryUnload", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaLibraryUnload", 0);
   struct flibrary *lib = find_library(library);
   if (!lib)
     violation("cudaLibraryUnload of %p, which is not a library",
@@ -2335,9 +2299,7 @@ static cudaError_t fk_library_get_kernel(cudaKernel_t *kernel,
                                          cudaLibrary_t library,
                                          const char *name)
 {
-  cudaError_t e = begin("cudaLibraryGetKernel", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaLibraryGetKernel", 0);
   if (!kernel || !name)
     return leave(cudaErrorInvalidValue);
   struct flibrary *lib = resolve_library("cudaLibraryGetKernel", library);
@@ -2352,9 +2314,7 @@ static cudaError_t fk_library_get_kernel(cudaKernel_t *kernel,
 static cudaError_t fk_func_get_param_info(const void *func, size_t index,
                                           size_t *offset, size_t *size)
 {
-  cudaError_t e = begin("cudaFuncGetParamInfo", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaFuncGetParamInfo", 0);
   struct fkernel *k = resolve_kernel("cudaFuncGetParamInfo", func);
   if (!offset || !size || index >= k->nparams)
     return leave(cudaErrorInvalidValue);
@@ -2367,11 +2327,7 @@ static cudaError_t fk_func_get_attributes(struct cudaFuncAttributes *attr,
                                           const void *func)
 {
   int dev;
-  cudaError_t e = begin("cudaFuncGetAttributes", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaFuncGetAttributes", 0, &dev);
   struct fkernel *k = resolve_kernel("cudaFuncGetAttributes", func);
   if (!attr)
     return leave(cudaErrorInvalidValue);
@@ -2388,14 +2344,13 @@ static cudaError_t fk_func_get_attributes(struct cudaFuncAttributes *attr,
 static cudaError_t fk_kernel_set_attribute_for_device(
     cudaKernel_t kernel, enum cudaFuncAttribute attr, int value, int device)
 {
-  cudaError_t e = begin("cudaKernelSetAttributeForDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaKernelSetAttributeForDevice", 0);
   struct fkernel *k =
       resolve_kernel("cudaKernelSetAttributeForDevice", (const void *)kernel);
   if (!valid_device(device))
     return leave(cudaErrorInvalidDevice);
-  if ((e = sticky(device)) != cudaSuccess)
+  cudaError_t e = sticky(device);
+  if (e != cudaSuccess)
     return leave(e);
   switch (attr) {
   case cudaFuncAttributeMaxDynamicSharedMemorySize:
@@ -2420,14 +2375,8 @@ static cudaError_t fk_occupancy_max_active_blocks(int *blocks,
                                                   size_t dynamic_shared)
 {
   int dev;
-  cudaError_t e = begin("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-                        DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                            STICKY, &dev);
   struct fkernel *k = resolve_kernel(
       "cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
   if (!blocks || block_size <= 0)
@@ -2470,17 +2419,14 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     nanosleep(&ts, NULL);
   }
   struct fstream *s;
-  cudaError_t e = begin("cudaLaunchKernel", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaLaunchKernel", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaLaunchKernel", stream, 0, &s);
   struct fkernel *k = resolve_kernel("cudaLaunchKernel", func);
   if (k->lib->device != s->device)
     violation("cudaLaunchKernel of kernel %s, loaded on device %d, on a "
               "stream of device %d",
               k->name, k->lib->device, s->device);
-  if ((e = sticky(s->device)) != cudaSuccess)
+  cudaError_t e = sticky(s->device);
+  if (e != cudaSuccess)
     return leave(e);
   uint64_t threads = (uint64_t)block.x * block.y * block.z;
   if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
@@ -2703,13 +2649,8 @@ static nvrtcResult nvrtc_of(cudaError_t e)
 static nvrtcResult begin_nvrtc(const char *name)
 {
   lock();
-  g.calls++;
-  log_add(name);
-  if (g.torn_down) {
-    if (g.strict)
-      violation("%s called after the CUDA runtime was torn down", name);
+  if (count_call(name))
     return NVRTC_ERROR_INTERNAL_ERROR;
-  }
   return nvrtc_of(injected_fault(name));
 }
 
@@ -2736,9 +2677,7 @@ static nvrtcResult fk_nvrtc_create_program(nvrtcProgram *prog,
                                            const char *const *headers,
                                            const char *const *include_names)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcCreateProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcCreateProgram");
   if (!prog || !source || nheaders < 0 ||
       (nheaders > 0 && (!headers || !include_names)))
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3163,9 +3102,7 @@ out:
 static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
                                             const char *const *options)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcCompileProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcCompileProgram");
   struct fprogram *p = resolve_program("nvrtcCompileProgram", prog);
   if (noptions < 0 || (noptions > 0 && !options))
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3193,7 +3130,7 @@ static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
       p->log = log;
       return leave_nvrtc(NVRTC_ERROR_INVALID_OPTION);
     }
-  r = fake_compile(p, &log);
+  nvrtcResult r = fake_compile(p, &log);
   p->log = log ? log : xstrdup("");
   if (r == NVRTC_SUCCESS && !real) { /* PTX only: no cubin */
     free(p->image);
@@ -3206,9 +3143,7 @@ static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
 static nvrtcResult fk_nvrtc_get_program_log_size(nvrtcProgram prog,
                                                  size_t *size)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLogSize");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcGetProgramLogSize");
   struct fprogram *p = resolve_program("nvrtcGetProgramLogSize", prog);
   if (!size)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3218,9 +3153,7 @@ static nvrtcResult fk_nvrtc_get_program_log_size(nvrtcProgram prog,
 
 static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLog");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcGetProgramLog");
   struct fprogram *p = resolve_program("nvrtcGetProgramLog", prog);
   if (!log)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3232,9 +3165,7 @@ static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log)
  * compiled, failed, or compiled for a virtual architecture). */
 static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcGetCUBINSize");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcGetCUBINSize");
   struct fprogram *p = resolve_program("nvrtcGetCUBINSize", prog);
   if (!size)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3244,9 +3175,7 @@ static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size)
 
 static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcGetCUBIN");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcGetCUBIN");
   struct fprogram *p = resolve_program("nvrtcGetCUBIN", prog);
   if (!cubin)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3257,9 +3186,7 @@ static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin)
 
 static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog)
 {
-  nvrtcResult r = begin_nvrtc("nvrtcDestroyProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+  ENTER_NVRTC_OR_RETURN("nvrtcDestroyProgram");
   if (!prog)
     return leave_nvrtc(NVRTC_ERROR_INVALID_PROGRAM);
   struct fprogram *p = resolve_program("nvrtcDestroyProgram", *prog);
