@@ -246,17 +246,23 @@ static char g_ctx_token[MAX_DEVICES];
 /* Failing the test                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* The message of a fatal error, before abort(). */
+static void print_fatal(const char *prefix, const char *fmt, va_list ap)
+{
+  fputs(prefix, stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  fflush(stderr);
+}
+
 static void violation(const char *fmt, ...)
     __attribute__((noreturn, format(printf, 1, 2)));
 static void violation(const char *fmt, ...)
 {
   va_list ap;
-  fputs("fakecuda: VIOLATION: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  print_fatal("fakecuda: VIOLATION: ", fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
   abort();
 }
 
@@ -267,12 +273,9 @@ static void misuse(const char *fmt, ...)
 static void misuse(const char *fmt, ...)
 {
   va_list ap;
-  fputs("fakecuda: misuse of the control API: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  print_fatal("fakecuda: misuse of the control API: ", fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
   abort();
 }
 
