@@ -402,26 +402,24 @@ static void free_program_parts(struct fprogram *p)
   p->image_size = 0;
 }
 
+static void free_allocations(struct falloc *a)
+{
+  while (a) {
+    struct falloc *next = a->next;
+    free(a->base);
+    free(a);
+    a = next;
+  }
+}
+
 /* Drops every object and allocation without any check: what the real
  * runtime does at its teardown, and what fake_reset() promises.  Settings
  * (device count, limits, faults, ...) and the log are left alone. */
 static void free_everything(void)
 {
-  struct falloc *a = g.live;
-  while (a) {
-    struct falloc *next = a->next;
-    free(a->base);
-    free(a);
-    a = next;
-  }
+  free_allocations(g.live);
   g.live = NULL;
-  a = g.quar_head;
-  while (a) {
-    struct falloc *next = a->next;
-    free(a->base);
-    free(a);
-    a = next;
-  }
+  free_allocations(g.quar_head);
   g.quar_head = g.quar_tail = NULL;
   g.quar_bytes = g.quar_count = 0;
 
@@ -479,18 +477,25 @@ static void teardown_locked(void)
  * registered before it run after it. */
 static void teardown_atexit(void) { fake_teardown_now(); }
 
-/* The log survives the teardown (tests of the behaviour after it read it),
- * so it is freed last, after every atexit handler has run: ELF destructors
- * run after them. */
-__attribute__((destructor)) static void fake_fini(void)
+/* What the fake keeps of past calls for the tests to read: the log, the
+ * last NVRTC options and the last launch's arguments. */
+static void free_call_records(void)
 {
-  pthread_mutex_lock(&g_lock);
   log_free();
   free(g.nvrtc_options);
   g.nvrtc_options = NULL;
   free(g.launch_args);
   g.launch_args = NULL;
   g.launch_args_size = 0;
+}
+
+/* The call records survive the teardown (tests of the behaviour after it
+ * read them), so they are freed last, after every atexit handler has run:
+ * ELF destructors run after them. */
+__attribute__((destructor)) static void fake_fini(void)
+{
+  pthread_mutex_lock(&g_lock);
+  free_call_records();
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -3585,12 +3590,7 @@ FAKE_EXPORT void fake_reset(void)
 {
   lock();
   free_everything();
-  log_free();
-  free(g.nvrtc_options);
-  g.nvrtc_options = NULL;
-  free(g.launch_args);
-  g.launch_args = NULL;
-  g.launch_args_size = 0;
+  free_call_records();
   set_defaults();
   g.torn_down = 0; /* the atexit registration, though, stays */
   t_device = 0;
