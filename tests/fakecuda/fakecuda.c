@@ -653,9 +653,14 @@ static const char *kind_name(enum alloc_kind k)
   return "?";
 }
 
+/* Size 0 gives NULL, as in the real runtime. */
 static cudaError_t allocate(void **out, size_t size, int device,
                             enum alloc_kind kind)
 {
+  if (size == 0) {
+    *out = NULL;
+    return cudaSuccess;
+  }
   struct fdevice *d = &g.dev[device];
   if (size > d->limit || d->bytes > d->limit - size ||
       size > SIZE_MAX - GUARD_BYTES)
@@ -1702,18 +1707,16 @@ static cudaError_t fk_malloc_async(void **ptr, size_t size,
   ENTER_ON_STREAM_OR_RETURN("cudaMallocAsync", stream, STICKY, &s);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
-  if (size == 0) { /* what the real runtime does */
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   return leave(allocate(ptr, size, s->device, KIND_DEVICE));
 }
 
-static void not_live(const char *fn, const void *ptr)
-    __attribute__((noreturn));
-static void not_live(const char *fn, const void *ptr)
+/* The live allocation that starts at ptr, or a VIOLATION. */
+static struct falloc *live_allocation(const char *fn, const void *ptr)
 {
-  violation("%s of pointer %p that is not a live allocation", fn, ptr);
+  struct falloc *a = find_live_base(ptr);
+  if (!a || a->state != ALLOC_LIVE)
+    violation("%s of pointer %p that is not a live allocation", fn, ptr);
+  return a;
 }
 
 /* The memory stays valid (free-pending) until the free runs in the stream;
@@ -1726,9 +1729,7 @@ static cudaError_t fk_free_async(void *ptr, cudaStream_t stream)
   ENTER_ON_STREAM_OR_RETURN("cudaFreeAsync", stream, 0, &s);
   if (!ptr)
     return leave(cudaSuccess);
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFreeAsync", ptr);
+  struct falloc *a = live_allocation("cudaFreeAsync", ptr);
   if (a->kind != KIND_DEVICE)
     violation("cudaFreeAsync of pointer %p, which is %s memory, not device "
               "memory",
@@ -1751,10 +1752,6 @@ static cudaError_t fk_malloc_host(void **ptr, size_t size)
   ENTER_ON_DEVICE_OR_RETURN("cudaMallocHost", STICKY, &dev);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
-  if (size == 0) {
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   /* Pinned memory belongs to the context it was allocated in: it counts
    * against the current device, and its limit. */
   return leave(allocate(ptr, size, dev, KIND_PINNED));
@@ -1768,9 +1765,7 @@ static cudaError_t fk_free_host(void *ptr)
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFreeHost", ptr);
+  struct falloc *a = live_allocation("cudaFreeHost", ptr);
   if (a->kind != KIND_PINNED)
     violation("cudaFreeHost of pointer %p, which is %s memory, not pinned "
               "host memory",
@@ -1788,10 +1783,6 @@ static cudaError_t fk_malloc_managed(void **ptr, size_t size,
     return leave(cudaErrorInvalidValue);
   if (!g.dev[dev].managed)
     return leave(cudaErrorNotSupported);
-  if (size == 0) {
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   return leave(allocate(ptr, size, dev, KIND_MANAGED));
 }
 
@@ -1803,9 +1794,7 @@ static cudaError_t fk_free(void *ptr)
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFree", ptr);
+  struct falloc *a = live_allocation("cudaFree", ptr);
   if (a->kind == KIND_PINNED)
     violation("cudaFree of pointer %p, which is pinned host memory "
               "(cudaFreeHost frees that)",
@@ -1814,12 +1803,20 @@ static cudaError_t fk_free(void *ptr)
   return leave(cudaSuccess);
 }
 
-/* Checks common to the queued memory operations at call time. */
-static cudaError_t check_range_arg(const void *p, size_t size)
+/* The check of the queued memory operations' pointers at call time. */
+static int valid_range(const void *p, size_t size)
 {
-  if (!p || (uintptr_t)p > UINTPTR_MAX - size)
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+  return p && (uintptr_t)p <= UINTPTR_MAX - size;
+}
+
+static struct fop *new_copy_op(enum op_kind kind, void *dst, const void *src,
+                               size_t size)
+{
+  struct fop *o = new_op(kind);
+  o->dst = dst;
+  o->src = src;
+  o->size = size;
+  return o;
 }
 
 /* Whether ptr is host memory that the fake did not allocate: pageable, as
@@ -1853,14 +1850,9 @@ static cudaError_t fk_memcpy_async(void *dst, const void *src, size_t size,
     return leave(cudaErrorInvalidMemcpyDirection);
   if (size == 0)
     return leave(cudaSuccess);
-  cudaError_t e;
-  if ((e = check_range_arg(dst, size)) != cudaSuccess ||
-      (e = check_range_arg(src, size)) != cudaSuccess)
-    return leave(e);
-  struct fop *o = new_op(OP_COPY);
-  o->dst = dst;
-  o->src = src;
-  o->size = size;
+  if (!valid_range(dst, size) || !valid_range(src, size))
+    return leave(cudaErrorInvalidValue);
+  struct fop *o = new_copy_op(OP_COPY, dst, src, size);
   if (is_pageable(src)) {
     o->staging = malloc(size);
     if (!o->staging) {
@@ -1891,13 +1883,9 @@ static cudaError_t fk_memcpy_peer_async(void *dst, int dst_device,
     return leave(e);
   if (size == 0)
     return leave(cudaSuccess);
-  if ((e = check_range_arg(dst, size)) != cudaSuccess ||
-      (e = check_range_arg(src, size)) != cudaSuccess)
-    return leave(e);
-  struct fop *o = new_op(OP_PEER_COPY);
-  o->dst = dst;
-  o->src = src;
-  o->size = size;
+  if (!valid_range(dst, size) || !valid_range(src, size))
+    return leave(cudaErrorInvalidValue);
+  struct fop *o = new_copy_op(OP_PEER_COPY, dst, src, size);
   enqueue(s, o);
   return leave(cudaSuccess);
 }
@@ -1909,9 +1897,8 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
   ENTER_ON_STREAM_OR_RETURN("cudaMemsetAsync", stream, STICKY, &s);
   if (size == 0)
     return leave(cudaSuccess);
-  cudaError_t e = check_range_arg(ptr, size);
-  if (e != cudaSuccess)
-    return leave(e);
+  if (!valid_range(ptr, size))
+    return leave(cudaErrorInvalidValue);
   struct fop *o = new_op(OP_SET);
   o->dst = ptr;
   o->value = (unsigned char)value;
