@@ -291,6 +291,16 @@ static void *xrealloc(void *p, size_t n)
 
 static const char *plural(size_t n) { return n == 1 ? "" : "s"; }
 
+/* arr, an array of n elements of `size` bytes in room for *cap, with room
+ * for one more. */
+static void *grow(void *arr, size_t n, size_t *cap, size_t size)
+{
+  if (n < *cap)
+    return arr;
+  *cap = *cap ? 2 * *cap : 16;
+  return xrealloc(arr, *cap * size);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Defaults, locking                                                          */
 /* ------------------------------------------------------------------------ */
@@ -1506,10 +1516,7 @@ static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
   s->priority = priority > PRIORITY_LEAST      ? PRIORITY_LEAST
                 : priority < PRIORITY_GREATEST ? PRIORITY_GREATEST
                                                : priority;
-  if (g.nstreams == g.cap_streams) {
-    g.cap_streams = g.cap_streams ? 2 * g.cap_streams : 16;
-    g.streams = xrealloc(g.streams, g.cap_streams * sizeof *g.streams);
-  }
+  g.streams = grow(g.streams, g.nstreams, &g.cap_streams, sizeof *g.streams);
   g.streams[g.nstreams++] = s;
   *stream = (cudaStream_t)s;
   return leave(cudaSuccess);
@@ -1597,10 +1604,7 @@ static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags)
     return leave(cudaErrorMemoryAllocation);
   ev->device = dev;
   ev->flags = flags;
-  if (g.nevents == g.cap_events) {
-    g.cap_events = g.cap_events ? 2 * g.cap_events : 16;
-    g.events = xrealloc(g.events, g.cap_events * sizeof *g.events);
-  }
+  g.events = grow(g.events, g.nevents, &g.cap_events, sizeof *g.events);
   g.events[g.nevents++] = ev;
   *event = (cudaEvent_t)ev;
   return leave(cudaSuccess);
@@ -2157,10 +2161,7 @@ static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
     free_library(lib);
     return e;
   }
-  if (g.nlibraries == g.cap_libraries) {
-    g.cap_libraries = g.cap_libraries ? 2 * g.cap_libraries : 16;
-    g.libraries = xrealloc(g.libraries, g.cap_libraries * sizeof *g.libraries);
-  }
+  g.libraries = grow(g.libraries, g.nlibraries, &g.cap_libraries, sizeof *g.libraries);
   g.libraries[g.nlibraries++] = lib;
   *out = (cudaLibrary_t)(void *)lib;
   return cudaSuccess;
@@ -2682,10 +2683,7 @@ static nvrtcResult fk_nvrtc_create_program(nvrtcProgram *prog,
   p->source = xstrdup(source);
   p->name = xstrdup(name ? name : "default_program");
   p->log = xstrdup("");
-  if (g.nprograms == g.cap_programs) {
-    g.cap_programs = g.cap_programs ? 2 * g.cap_programs : 16;
-    g.programs = xrealloc(g.programs, g.cap_programs * sizeof *g.programs);
-  }
+  g.programs = grow(g.programs, g.nprograms, &g.cap_programs, sizeof *g.programs);
   g.programs[g.nprograms++] = p;
   *prog = (nvrtcProgram)(void *)p;
   return leave_nvrtc(NVRTC_SUCCESS);
