@@ -2167,15 +2167,15 @@ static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
   return cudaSuccess;
 }
 
-static cudaError_t check_load_options(enum cudaJitOption *jit_options,
-                                      void **jit_values, unsigned int njit,
-                                      enum cudaLibraryOption *options,
-                                      void **values, unsigned int noptions)
+/* Whether a library load has its output, its image (or path), and the
+ * option arrays that its counts promise. */
+static int valid_load_args(const cudaLibrary_t *library, const void *image,
+                           enum cudaJitOption *jit_options, void **jit_values,
+                           unsigned int njit, enum cudaLibraryOption *options,
+                           void **values, unsigned int noptions)
 {
-  if ((njit && (!jit_options || !jit_values)) ||
-      (noptions && (!options || !values)))
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+  return library && image && (!njit || (jit_options && jit_values)) &&
+         (!noptions || (options && values));
 }
 
 static cudaError_t fk_library_load_data(
@@ -2184,12 +2184,9 @@ static cudaError_t fk_library_load_data(
     void **values, unsigned int noptions)
 {
   ENTER_OR_RETURN("cudaLibraryLoadData", 0);
-  if (!library || !code)
+  if (!valid_load_args(library, code, jit_options, jit_values, njit, options,
+                       values, noptions))
     return leave(cudaErrorInvalidValue);
-  cudaError_t e = check_load_options(jit_options, jit_values, njit, options,
-                                     values, noptions);
-  if (e != cudaSuccess)
-    return leave(e);
   return leave(load_image(library, code));
 }
 
@@ -2199,12 +2196,9 @@ static cudaError_t fk_library_load_file(
     void **values, unsigned int noptions)
 {
   ENTER_OR_RETURN("cudaLibraryLoadFromFile", 0);
-  if (!library || !path)
+  if (!valid_load_args(library, path, jit_options, jit_values, njit, options,
+                       values, noptions))
     return leave(cudaErrorInvalidValue);
-  cudaError_t e = check_load_options(jit_options, jit_values, njit, options,
-                                     values, noptions);
-  if (e != cudaSuccess)
-    return leave(e);
   FILE *f = fopen(path, "rb");
   if (!f)
     return leave(cudaErrorFileNotFound);
@@ -2227,7 +2221,7 @@ static cudaError_t fk_library_load_file(
     return leave(cudaErrorFileNotFound);
   }
   memset(buf + len, 0, 8);
-  e = load_image(library, buf);
+  cudaError_t e = load_image(library, buf);
   free(buf);
   return leave(e);
 }
