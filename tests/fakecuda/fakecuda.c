@@ -2149,7 +2149,7 @@ static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
   if (starts_with(code, FAKE_IMAGE_MAGIC)) {
     if (!parse_fake_image(lib, (const char *)code))
       e = cudaErrorInvalidKernelImage;
-  } else if (starts_with(code, "\x7f" "ELF") ||
+  } else if (starts_with(code, "\177ELF") ||
              starts_with(code, fatbin_magic)) {
     make_builtin_kernels(lib);
   } else if (starts_with(code, ".version") || starts_with(code, "//")) {
