@@ -93,7 +93,7 @@ enum op_kind {
   OP_PEER_COPY,
   OP_SET,
   OP_FREE,
-  OP_WAIT,         /* cudaStreamWaitEvent */
+  OP_WAIT,          /* cudaStreamWaitEvent */
   OP_IMPLICIT_WAIT, /* the legacy default stream's implicit synchronization */
   OP_LAUNCH         /* cudaLaunchKernel */
 };
@@ -120,9 +120,9 @@ struct fstream {
   int device;
   unsigned int flags;
   int priority;
-  int builtin;   /* a device's legacy default stream (stream 0) */
-  int destroyed; /* cudaStreamDestroy was called; may still be draining */
-  int running;   /* guards against re-entering this stream's queue */
+  int builtin;       /* a device's legacy default stream (stream 0) */
+  int destroyed;     /* cudaStreamDestroy was called; may still be draining */
+  int running;       /* guards against re-entering this stream's queue */
   uint64_t enqueued; /* operations ever queued: the position of the last */
   uint64_t done;     /* operations completed (run or discarded) */
   struct fop *head, *tail;
@@ -228,7 +228,7 @@ static struct {
   size_t nlibraries, cap_libraries;
   struct fprogram **programs;
   size_t nprograms, cap_programs;
-  char *nvrtc_options; /* the options of the last nvrtcCompileProgram */
+  char *nvrtc_options;        /* the options of the last nvrtcCompileProgram */
   unsigned char *launch_args; /* the argument values of the last launch */
   size_t launch_args_size;
   size_t param_space; /* bytes of parameters a kernel may take */
@@ -236,7 +236,7 @@ static struct {
   struct fdevice dev[MAX_DEVICES];
 } g;
 
-static _Thread_local int t_device;            /* cudaSetDevice */
+static _Thread_local int t_device;             /* cudaSetDevice */
 static _Thread_local cudaError_t t_last_error; /* cudaGetLastError */
 
 /* A distinct non-NULL address per device to hand out as its CUcontext. */
@@ -246,17 +246,21 @@ static char g_ctx_token[MAX_DEVICES];
 /* Failing the test                                                           */
 /* ------------------------------------------------------------------------ */
 
-static void violation(const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 1, 2)));
-static void violation(const char *fmt, ...)
-{
-  va_list ap;
-  fputs("fakecuda: VIOLATION: ", stderr);
-  va_start(ap, fmt);
+/* The message of a fatal error, before abort(). */
+static void print_fatal(const char *prefix, const char *fmt, va_list ap) {
+  fputs(prefix, stderr);
   vfprintf(stderr, fmt, ap);
-  va_end(ap);
   fputc('\n', stderr);
   fflush(stderr);
+}
+
+static void violation(const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 1, 2)));
+static void violation(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  print_fatal("fakecuda: VIOLATION: ", fmt, ap);
+  va_end(ap);
   abort();
 }
 
@@ -264,20 +268,15 @@ static void violation(const char *fmt, ...)
  * fault, so it says so. */
 static void misuse(const char *fmt, ...)
     __attribute__((noreturn, format(printf, 1, 2)));
-static void misuse(const char *fmt, ...)
-{
+static void misuse(const char *fmt, ...) {
   va_list ap;
-  fputs("fakecuda: misuse of the control API: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  print_fatal("fakecuda: misuse of the control API: ", fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
   abort();
 }
 
-static void *xrealloc(void *p, size_t n)
-{
+static void *xrealloc(void *p, size_t n) {
   void *q = realloc(p, n);
   if (!q) {
     fputs("fakecuda: out of host memory\n", stderr);
@@ -288,12 +287,20 @@ static void *xrealloc(void *p, size_t n)
 
 static const char *plural(size_t n) { return n == 1 ? "" : "s"; }
 
+/* arr, an array of n elements of `size` bytes in room for *cap, with room
+ * for one more. */
+static void *grow(void *arr, size_t n, size_t *cap, size_t size) {
+  if (n < *cap)
+    return arr;
+  *cap = *cap ? 2 * *cap : 16;
+  return xrealloc(arr, *cap * size);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Defaults, locking                                                          */
 /* ------------------------------------------------------------------------ */
 
-static void set_defaults(void)
-{
+static void set_defaults(void) {
   g.driver = FAKE_DRIVER_OK;
   g.ndev = DEFAULT_DEVICES;
   g.paused = 0;
@@ -315,8 +322,7 @@ static void set_defaults(void)
   g_initialized = 1;
 }
 
-static void lock(void)
-{
+static void lock(void) {
   pthread_mutex_lock(&g_lock);
   if (!g_initialized)
     set_defaults();
@@ -326,8 +332,7 @@ static void unlock(void) { pthread_mutex_unlock(&g_lock); }
 
 static int valid_device(int d) { return d >= 0 && d < g.ndev; }
 
-static void check_control_device(const char *fn, int device)
-{
+static void check_control_device(const char *fn, int device) {
   if (device < 0 || device >= MAX_DEVICES)
     misuse("%s: device %d is not in 0..%d", fn, device, MAX_DEVICES - 1);
 }
@@ -336,8 +341,7 @@ static void check_control_device(const char *fn, int device)
 /* Log                                                                        */
 /* ------------------------------------------------------------------------ */
 
-static void log_add(const char *entry)
-{
+static void log_add(const char *entry) {
   if (g.log_len == g.log_cap) {
     g.log_cap = g.log_cap ? 2 * g.log_cap : 256;
     g.log = xrealloc(g.log, g.log_cap * sizeof *g.log);
@@ -345,8 +349,7 @@ static void log_add(const char *entry)
   g.log[g.log_len++] = entry;
 }
 
-static void log_free(void)
-{
+static void log_free(void) {
   free(g.log);
   g.log = NULL;
   g.log_len = g.log_cap = 0;
@@ -356,14 +359,12 @@ static void log_free(void)
 /* Teardown and the common prologue of every call                            */
 /* ------------------------------------------------------------------------ */
 
-static void free_op(struct fop *o)
-{
+static void free_op(struct fop *o) {
   free(o->staging);
   free(o);
 }
 
-static void free_ops(struct fstream *s)
-{
+static void free_ops(struct fstream *s) {
   struct fop *o = s->head;
   while (o) {
     struct fop *next = o->next;
@@ -373,24 +374,21 @@ static void free_ops(struct fstream *s)
   s->head = s->tail = NULL;
 }
 
-static void free_kernel_parts(struct fkernel *k)
-{
+static void free_kernel_parts(struct fkernel *k) {
   free(k->name);
   free(k->psize);
   free(k->poffset);
   free(k->pointer);
 }
 
-static void free_library(struct flibrary *lib)
-{
+static void free_library(struct flibrary *lib) {
   for (size_t i = 0; i < lib->nkernels; i++)
     free_kernel_parts(&lib->kernels[i]);
   free(lib->kernels);
   free(lib);
 }
 
-static void free_program_parts(struct fprogram *p)
-{
+static void free_program_parts(struct fprogram *p) {
   free(p->source);
   free(p->name);
   free(p->log);
@@ -399,26 +397,22 @@ static void free_program_parts(struct fprogram *p)
   p->image_size = 0;
 }
 
+static void free_allocations(struct falloc *a) {
+  while (a) {
+    struct falloc *next = a->next;
+    free(a->base);
+    free(a);
+    a = next;
+  }
+}
+
 /* Drops every object and allocation without any check: what the real
  * runtime does at its teardown, and what fake_reset() promises.  Settings
  * (device count, limits, faults, ...) and the log are left alone. */
-static void free_everything(void)
-{
-  struct falloc *a = g.live;
-  while (a) {
-    struct falloc *next = a->next;
-    free(a->base);
-    free(a);
-    a = next;
-  }
+static void free_everything(void) {
+  free_allocations(g.live);
   g.live = NULL;
-  a = g.quar_head;
-  while (a) {
-    struct falloc *next = a->next;
-    free(a->base);
-    free(a);
-    a = next;
-  }
+  free_allocations(g.quar_head);
   g.quar_head = g.quar_tail = NULL;
   g.quar_bytes = g.quar_count = 0;
 
@@ -463,8 +457,7 @@ static void free_everything(void)
   }
 }
 
-static void teardown_locked(void)
-{
+static void teardown_locked(void) {
   if (g.torn_down)
     return;
   free_everything();
@@ -476,25 +469,35 @@ static void teardown_locked(void)
  * registered before it run after it. */
 static void teardown_atexit(void) { fake_teardown_now(); }
 
-/* The log survives the teardown (tests of the behaviour after it read it),
- * so it is freed last, after every atexit handler has run: ELF destructors
- * run after them. */
-__attribute__((destructor)) static void fake_fini(void)
-{
-  pthread_mutex_lock(&g_lock);
+/* What the fake keeps of past calls for the tests to read: the log, the
+ * last NVRTC options and the last launch's arguments. */
+static void free_call_records(void) {
   log_free();
   free(g.nvrtc_options);
   g.nvrtc_options = NULL;
   free(g.launch_args);
   g.launch_args = NULL;
   g.launch_args_size = 0;
+}
+
+/* The call records survive the teardown (tests of the behaviour after it
+ * read them), so they are freed last, after every atexit handler has run:
+ * ELF destructors run after them. */
+__attribute__((destructor)) static void fake_fini(void) {
+  pthread_mutex_lock(&g_lock);
+  free_call_records();
   pthread_mutex_unlock(&g_lock);
 }
 
-enum { NO_DRIVER_CHECK = 0, DRIVER_CHECK = 1 };
+/* Flags of a call's prologue (begin() and the ENTER_* statements below).
+ * Every call is counted and logged, and fails after the teardown, on
+ * request, and as the driver state says unless NO_DRIVER_CHECK. */
+enum {
+  NO_DRIVER_CHECK = 1 << 0, /* the version queries, which need no driver */
+  STICKY = 1 << 1           /* fails with the sticky error of its device */
+};
 
-static cudaError_t driver_error(void)
-{
+static cudaError_t driver_error(void) {
   if (g.driver == FAKE_DRIVER_MISSING)
     return cudaErrorInsufficientDriver;
   if (g.driver == FAKE_DRIVER_NO_DEVICE || g.ndev == 0)
@@ -502,8 +505,7 @@ static cudaError_t driver_error(void)
   return cudaSuccess;
 }
 
-static cudaError_t injected_fault(const char *name)
-{
+static cudaError_t injected_fault(const char *name) {
   if (g.fail_at != 0 &&
       (g.calls == g.fail_at || (g.fail_persistent && g.calls > g.fail_at)))
     return g.fail_err;
@@ -513,35 +515,36 @@ static cudaError_t injected_fault(const char *name)
   return cudaSuccess;
 }
 
+/* Counts and logs a call (the lock held); returns whether the teardown has
+ * run, which under strict teardown is a VIOLATION instead. */
+static int count_call(const char *name) {
+  g.calls++;
+  log_add(name);
+  if (g.torn_down && g.strict)
+    violation("%s called after the CUDA runtime was torn down", name);
+  return g.torn_down;
+}
+
 /* Locks, counts and logs the call, then applies the teardown, fault
- * injection and (with DRIVER_CHECK) the driver state.  Whatever it returns,
- * the caller must end through leave() or leave_driver(). */
-static cudaError_t begin(const char *name, int flags)
-{
+ * injection and (without NO_DRIVER_CHECK) the driver state.  Whatever it
+ * returns, the caller must end through leave() or leave_driver(). */
+static cudaError_t begin(const char *name, int flags) {
   lock();
   if (!g.atexit_registered) {
     g.atexit_registered = 1;
     atexit(teardown_atexit);
   }
-  g.calls++;
-  log_add(name);
-  if (g.torn_down) {
-    if (g.strict)
-      violation("%s called after the CUDA runtime was torn down", name);
+  if (count_call(name))
     return cudaErrorCudartUnloading;
-  }
   cudaError_t e = injected_fault(name);
-  if (e != cudaSuccess)
+  if (e != cudaSuccess || (flags & NO_DRIVER_CHECK))
     return e;
-  if (flags & DRIVER_CHECK)
-    return driver_error();
-  return cudaSuccess;
+  return driver_error();
 }
 
 /* Runtime calls remember their last error per thread, as the runtime does
  * for cudaGetLastError; cudaErrorNotReady is not an error there. */
-static cudaError_t leave(cudaError_t e)
-{
+static cudaError_t leave(cudaError_t e) {
   if (e != cudaSuccess && e != cudaErrorNotReady)
     t_last_error = e;
   unlock();
@@ -551,16 +554,14 @@ static cudaError_t leave(cudaError_t e)
 /* Driver calls have no "last error".  Runtime codes (an injected fault,
  * the driver state, error 4 after teardown) become CUresults of the same
  * number: the common ones coincide. */
-static CUresult leave_driver(int e)
-{
+static CUresult leave_driver(int e) {
   unlock();
   return (CUresult)e;
 }
 
 /* The current device, or cudaErrorInvalidDevice if the device count was
  * lowered below it. */
-static cudaError_t current_device(int *out)
-{
+static cudaError_t current_device(int *out) {
   if (!valid_device(t_device))
     return cudaErrorInvalidDevice;
   *out = t_device;
@@ -569,26 +570,72 @@ static cudaError_t current_device(int *out)
 
 static cudaError_t sticky(int device) { return g.dev[device].sticky; }
 
+/* The current device into *dev and, with STICKY, its sticky error. */
+static cudaError_t on_current_device(int flags, int *dev) {
+  cudaError_t e = current_device(dev);
+  if (e == cudaSuccess && (flags & STICKY))
+    e = sticky(*dev);
+  return e;
+}
+
+/* begin(), then the current device (see on_current_device()): the
+ * prologue of the calls that act on the current device. */
+static cudaError_t begin_on_device(const char *name, int flags, int *dev) {
+  cudaError_t e = begin(name, flags);
+  if (e == cudaSuccess)
+    e = on_current_device(flags, dev);
+  return e;
+}
+
+static cudaError_t begin_on_stream(const char *name, cudaStream_t h, int flags,
+                                   struct fstream **out);
+
+/* Each call opens with one of these statements: its prologue (begin() and
+ * what its flags ask for, or begin_nvrtc()) and, when that fails, a return
+ * from the calling fk_* function through leave(), leave_driver() or
+ * leave_nvrtc().  Past it the lock is held, and the function ends through
+ * the same leave function. */
+#define RETURN_IF_FAILED_(type, ok, prologue, leave_fn)                        \
+  do {                                                                         \
+    type r_ = (prologue);                                                      \
+    if (r_ != (ok))                                                            \
+      return leave_fn(r_);                                                     \
+  } while (0)
+#define ENTER_OR_RETURN(name, flags)                                           \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess, begin(name, flags), leave)
+/* *dev: the current device */
+#define ENTER_ON_DEVICE_OR_RETURN(name, flags, dev)                            \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess,                                  \
+                    begin_on_device(name, flags, dev), leave)
+/* *s: the stream argument resolved (its device's sticky error: STICKY) */
+#define ENTER_ON_STREAM_OR_RETURN(name, stream, flags, s)                      \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess,                                  \
+                    begin_on_stream(name, stream, flags, s), leave)
+#define ENTER_DRIVER_OR_RETURN(name)                                           \
+  RETURN_IF_FAILED_(cudaError_t, cudaSuccess, begin(name, 0), leave_driver)
+#define ENTER_NVRTC_OR_RETURN(name)                                            \
+  RETURN_IF_FAILED_(nvrtcResult, NVRTC_SUCCESS, begin_nvrtc(name), leave_nvrtc)
+
 /* ------------------------------------------------------------------------ */
 /* Allocations                                                                */
 /* ------------------------------------------------------------------------ */
 
-static const char *kind_name(enum alloc_kind k)
-{
+static const char *kind_name(enum alloc_kind k) {
   switch (k) {
-  case KIND_DEVICE:
-    return "device";
-  case KIND_PINNED:
-    return "pinned host";
-  case KIND_MANAGED:
-    return "managed";
+  case KIND_DEVICE: return "device";
+  case KIND_PINNED: return "pinned host";
+  case KIND_MANAGED: return "managed";
   }
   return "?";
 }
 
+/* Size 0 gives NULL, as in the real runtime. */
 static cudaError_t allocate(void **out, size_t size, int device,
-                            enum alloc_kind kind)
-{
+                            enum alloc_kind kind) {
+  if (size == 0) {
+    *out = NULL;
+    return cudaSuccess;
+  }
   struct fdevice *d = &g.dev[device];
   if (size > d->limit || d->bytes > d->limit - size ||
       size > SIZE_MAX - GUARD_BYTES)
@@ -618,8 +665,7 @@ static cudaError_t allocate(void **out, size_t size, int device,
 }
 
 /* The live (or free-pending) allocation that starts exactly at p. */
-static struct falloc *find_live_base(const void *p)
-{
+static struct falloc *find_live_base(const void *p) {
   for (struct falloc *a = g.live; a; a = a->next)
     if (a->base == p)
       return a;
@@ -627,15 +673,13 @@ static struct falloc *find_live_base(const void *p)
 }
 
 /* Whether [p, p + n) and a's memory, guard zone included, intersect. */
-static int overlaps(const struct falloc *a, uintptr_t p, size_t n)
-{
+static int overlaps(const struct falloc *a, uintptr_t p, size_t n) {
   uintptr_t b = (uintptr_t)a->base;
   uintptr_t e = b + a->size + GUARD_BYTES;
   return p < e && p + (n ? n : 1) > b;
 }
 
-static void quarantine_evict_oldest(void)
-{
+static void quarantine_evict_oldest(void) {
   struct falloc *a = g.quar_head;
   g.quar_head = a->next;
   if (g.quar_head)
@@ -657,8 +701,7 @@ static void quarantine_evict_oldest(void)
  * its record exists makes that impossible; when the quarantine is full the
  * oldest memory and record go together, so an old freed pointer is then
  * merely no longer recognised. */
-static void free_now(struct falloc *a)
-{
+static void free_now(struct falloc *a) {
   for (size_t i = 0; i < GUARD_BYTES; i++)
     if (a->base[a->size + i] != GUARD_BYTE)
       violation("memory just past the end of %s allocation %p (%zu bytes) "
@@ -694,8 +737,7 @@ static void free_now(struct falloc *a)
  * live allocation is fine; one that starts inside it but runs past its end
  * is out of bounds; one that touches freed memory is a use after free.
  * Memory that no record knows is the caller's host memory, used as is. */
-static void check_access(const char *op, const void *ptr, size_t n)
-{
+static void check_access(const char *op, const void *ptr, size_t n) {
   uintptr_t p = (uintptr_t)ptr;
   for (struct falloc *a = g.live; a; a = a->next) {
     uintptr_t b = (uintptr_t)a->base;
@@ -725,22 +767,19 @@ static void check_access(const char *op, const void *ptr, size_t n)
 /* Streams and their queues                                                   */
 /* ------------------------------------------------------------------------ */
 
-static int stream_pending(const struct fstream *s)
-{
+static int stream_pending(const struct fstream *s) {
   return s->done < s->enqueued;
 }
 
 /* A stream counts as alive until it is destroyed and its queue drained. */
-static int stream_alive(const struct fstream *s)
-{
+static int stream_alive(const struct fstream *s) {
   return !s->destroyed || stream_pending(s);
 }
 
 static void run_stream_to(struct fstream *s, uint64_t pos);
 static void exec_launch(struct fop *o);
 
-static void exec_op(struct fop *o)
-{
+static void exec_op(struct fop *o) {
   switch (o->kind) {
   case OP_COPY:
   case OP_PEER_COPY: {
@@ -769,17 +808,14 @@ static void exec_op(struct fop *o)
     if (o->kind == OP_WAIT)
       log_add("exec:cudaStreamWaitEvent");
     break;
-  case OP_LAUNCH:
-    exec_launch(o);
-    break;
+  case OP_LAUNCH: exec_launch(o); break;
   }
 }
 
 /* A dead (sticky) device does not run its queued work.  The memory of a
  * queued free is released all the same, as when the driver tears down the
  * broken context; it is logged as executed since the free did happen. */
-static void discard_op(struct fop *o)
-{
+static void discard_op(struct fop *o) {
   if (o->kind == OP_FREE) {
     free_now(o->alloc);
     log_add("exec:cudaFreeAsync");
@@ -791,8 +827,7 @@ static void discard_op(struct fop *o)
 /* Runs (or, on a sticky device, discards) s's queue up to position pos.
  * Waits are captured positions in the past, so no cycle can arise; the
  * `running` guard is only a safety net against re-entering a queue. */
-static void run_stream_to(struct fstream *s, uint64_t pos)
-{
+static void run_stream_to(struct fstream *s, uint64_t pos) {
   if (s->running)
     return;
   s->running = 1;
@@ -814,22 +849,19 @@ static void run_stream_to(struct fstream *s, uint64_t pos)
 static void run_stream(struct fstream *s) { run_stream_to(s, s->enqueued); }
 
 /* Everything queued on a device, zombie queues of destroyed streams too. */
-static void run_device(int device)
-{
+static void run_device(int device) {
   run_stream(&g.dev[device].legacy);
   for (size_t i = 0; i < g.nstreams; i++)
     if (g.streams[i]->device == device)
       run_stream(g.streams[i]);
 }
 
-static void run_all_devices(void)
-{
+static void run_all_devices(void) {
   for (int d = 0; d < MAX_DEVICES; d++)
     run_device(d);
 }
 
-static struct fop *new_op(enum op_kind kind)
-{
+static struct fop *new_op(enum op_kind kind) {
   struct fop *o = calloc(1, sizeof *o);
   if (!o) {
     fputs("fakecuda: out of host memory\n", stderr);
@@ -839,8 +871,7 @@ static struct fop *new_op(enum op_kind kind)
   return o;
 }
 
-static void push_op(struct fstream *s, struct fop *o)
-{
+static void push_op(struct fstream *s, struct fop *o) {
   o->next = NULL;
   if (s->tail)
     s->tail->next = o;
@@ -851,9 +882,8 @@ static void push_op(struct fstream *s, struct fop *o)
   g.dev[s->device].clock++;
 }
 
-static void push_wait(struct fstream *s, enum op_kind kind,
-                      struct fstream *on, uint64_t pos)
-{
+static void push_wait(struct fstream *s, enum op_kind kind, struct fstream *on,
+                      uint64_t pos) {
   struct fop *o = new_op(kind);
   o->wait_on = on;
   o->wait_pos = pos;
@@ -864,8 +894,7 @@ static void push_wait(struct fstream *s, enum op_kind kind,
  * for all earlier work of the device's blocking streams, and work on a
  * blocking stream waits for earlier work on it.  Modelled as wait
  * operations that are not logged. */
-static void implicit_deps(struct fstream *s)
-{
+static void implicit_deps(struct fstream *s) {
   if (s->flags & cudaStreamNonBlocking)
     return;
   struct fstream *legacy = &g.dev[s->device].legacy;
@@ -883,24 +912,21 @@ static void implicit_deps(struct fstream *s)
 
 /* Queues o on s, after the implicit dependencies, and runs it at once
  * unless the fake is paused. */
-static void enqueue(struct fstream *s, struct fop *o)
-{
+static void enqueue(struct fstream *s, struct fop *o) {
   implicit_deps(s);
   push_op(s, o);
   if (!g.paused)
     run_stream(s);
 }
 
-static struct fstream *find_stream(cudaStream_t h)
-{
+static struct fstream *find_stream(cudaStream_t h) {
   for (size_t i = 0; i < g.nstreams; i++)
     if (g.streams[i] == (struct fstream *)h)
       return g.streams[i];
   return NULL;
 }
 
-static int is_default_stream(cudaStream_t h)
-{
+static int is_default_stream(cudaStream_t h) {
   /* Both special handles mean the current device's built-in stream here;
    * the fake does not model a separate per-thread default stream. */
   return h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread;
@@ -909,8 +935,7 @@ static int is_default_stream(cudaStream_t h)
 /* Resolves a stream argument; an unknown or destroyed stream is a
  * VIOLATION. */
 static cudaError_t resolve_stream(const char *fn, cudaStream_t h,
-                                  struct fstream **out)
-{
+                                  struct fstream **out) {
   if (is_default_stream(h)) {
     int dev;
     cudaError_t e = current_device(&dev);
@@ -928,16 +953,27 @@ static cudaError_t resolve_stream(const char *fn, cudaStream_t h,
   return cudaSuccess;
 }
 
-static struct fevent *find_event(cudaEvent_t h)
-{
+/* begin(), then the stream argument h resolved into *out (the call's name
+ * is the one its VIOLATIONs give) and, with STICKY, its device's sticky
+ * error: the prologue of the calls that act on a stream. */
+static cudaError_t begin_on_stream(const char *name, cudaStream_t h, int flags,
+                                   struct fstream **out) {
+  cudaError_t e = begin(name, flags);
+  if (e == cudaSuccess)
+    e = resolve_stream(name, h, out);
+  if (e == cudaSuccess && (flags & STICKY))
+    e = sticky((*out)->device);
+  return e;
+}
+
+static struct fevent *find_event(cudaEvent_t h) {
   for (size_t i = 0; i < g.nevents; i++)
     if (g.events[i] == (struct fevent *)h)
       return g.events[i];
   return NULL;
 }
 
-static struct fevent *resolve_event(const char *fn, cudaEvent_t h)
-{
+static struct fevent *resolve_event(const char *fn, cudaEvent_t h) {
   struct fevent *ev = find_event(h);
   if (!ev)
     violation("%s on event %p, which is not an event", fn, (void *)h);
@@ -947,8 +983,7 @@ static struct fevent *resolve_event(const char *fn, cudaEvent_t h)
 }
 
 /* Whether ev's record has been reached; an event never recorded has. */
-static int event_complete(const struct fevent *ev)
-{
+static int event_complete(const struct fevent *ev) {
   return !ev->recorded || ev->stream->done >= ev->pos;
 }
 
@@ -986,8 +1021,7 @@ static const struct {
     {217, "cudaErrorPeerAccessUnsupported",
      "peer access is not supported between these two devices"},
     {218, "cudaErrorInvalidPtx", "a PTX JIT compilation failed"},
-    {221, "cudaErrorJitCompilerNotFound",
-     "PTX JIT compiler library not found"},
+    {221, "cudaErrorJitCompilerNotFound", "PTX JIT compiler library not found"},
     {222, "cudaErrorUnsupportedPtxVersion",
      "the provided PTX was compiled with an unsupported toolchain."},
     {300, "cudaErrorInvalidSource", "device kernel image is invalid"},
@@ -999,8 +1033,7 @@ static const struct {
      "an illegal memory access was encountered"},
     {701, "cudaErrorLaunchOutOfResources",
      "too many resources requested for launch"},
-    {702, "cudaErrorLaunchTimeout",
-     "the launch timed out and was terminated"},
+    {702, "cudaErrorLaunchTimeout", "the launch timed out and was terminated"},
     {709, "cudaErrorContextIsDestroyed", "context is destroyed"},
     {710, "cudaErrorAssert", "device-side assert triggered"},
     {714, "cudaErrorHardwareStackError", "hardware stack error"},
@@ -1013,16 +1046,14 @@ static const struct {
     {999, "cudaErrorUnknown", "unknown error"},
 };
 
-static const char *fk_get_error_name(cudaError_t err)
-{
+static const char *fk_get_error_name(cudaError_t err) {
   for (size_t i = 0; i < sizeof error_table / sizeof *error_table; i++)
     if (error_table[i].code == (int)err)
       return error_table[i].name;
   return "unrecognized error code";
 }
 
-static const char *fk_get_error_string(cudaError_t err)
-{
+static const char *fk_get_error_string(cudaError_t err) {
   for (size_t i = 0; i < sizeof error_table / sizeof *error_table; i++)
     if (error_table[i].code == (int)err)
       return error_table[i].text;
@@ -1033,9 +1064,8 @@ static const char *fk_get_error_string(cudaError_t err)
 /* Devices and runtime                                                        */
 /* ------------------------------------------------------------------------ */
 
-static cudaError_t fk_get_device_count(int *count)
-{
-  cudaError_t e = begin("cudaGetDeviceCount", DRIVER_CHECK);
+static cudaError_t fk_get_device_count(int *count) {
+  cudaError_t e = begin("cudaGetDeviceCount", 0);
   if (e == cudaSuccess && !count)
     e = cudaErrorInvalidValue;
   if (count)
@@ -1045,22 +1075,16 @@ static cudaError_t fk_get_device_count(int *count)
 
 /* Unlike the rest, the two version queries work without a driver, as the
  * real ones do: the driver version is then 0. */
-static cudaError_t fk_driver_get_version(int *version)
-{
-  cudaError_t e = begin("cudaDriverGetVersion", NO_DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_driver_get_version(int *version) {
+  ENTER_OR_RETURN("cudaDriverGetVersion", NO_DRIVER_CHECK);
   if (!version)
     return leave(cudaErrorInvalidValue);
   *version = g.driver == FAKE_DRIVER_MISSING ? 0 : FAKE_DRIVER_VERSION;
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_runtime_get_version(int *version)
-{
-  cudaError_t e = begin("cudaRuntimeGetVersion", NO_DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_runtime_get_version(int *version) {
+  ENTER_OR_RETURN("cudaRuntimeGetVersion", NO_DRIVER_CHECK);
   if (!version)
     return leave(cudaErrorInvalidValue);
   *version = FAKE_RUNTIME_VERSION;
@@ -1070,8 +1094,7 @@ static cudaError_t fk_runtime_get_version(int *version)
 /* The one description of a fake device, for both properties and
  * attributes.  Its total memory follows the device's memory limit, so that
  * the library's own size checks and the fake agree. */
-static void fill_properties(struct cudaDeviceProp *p, int dev)
-{
+static void fill_properties(struct cudaDeviceProp *p, int dev) {
   const struct fdevice *d = &g.dev[dev];
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "Fake GPU %d", dev);
@@ -1115,11 +1138,8 @@ static void fill_properties(struct cudaDeviceProp *p, int dev)
 }
 
 static cudaError_t fk_get_device_properties(struct cudaDeviceProp *prop,
-                                            int device)
-{
-  cudaError_t e = begin("cudaGetDeviceProperties", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+                                            int device) {
+  ENTER_OR_RETURN("cudaGetDeviceProperties", 0);
   if (!prop)
     return leave(cudaErrorInvalidValue);
   if (!valid_device(device))
@@ -1128,13 +1148,9 @@ static cudaError_t fk_get_device_properties(struct cudaDeviceProp *prop,
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_device_get_attribute(int *value,
-                                           enum cudaDeviceAttr attr,
-                                           int device)
-{
-  cudaError_t e = begin("cudaDeviceGetAttribute", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_device_get_attribute(int *value, enum cudaDeviceAttr attr,
+                                           int device) {
+  ENTER_OR_RETURN("cudaDeviceGetAttribute", 0);
   if (!value)
     return leave(cudaErrorInvalidValue);
   if (!valid_device(device))
@@ -1143,75 +1159,31 @@ static cudaError_t fk_device_get_attribute(int *value,
   fill_properties(&p, device);
   int v;
   switch (attr) {
-  case cudaDevAttrMaxThreadsPerBlock:
-    v = p.maxThreadsPerBlock;
-    break;
-  case cudaDevAttrMaxBlockDimX:
-    v = p.maxThreadsDim[0];
-    break;
-  case cudaDevAttrMaxBlockDimY:
-    v = p.maxThreadsDim[1];
-    break;
-  case cudaDevAttrMaxBlockDimZ:
-    v = p.maxThreadsDim[2];
-    break;
-  case cudaDevAttrMaxGridDimX:
-    v = p.maxGridSize[0];
-    break;
-  case cudaDevAttrMaxGridDimY:
-    v = p.maxGridSize[1];
-    break;
-  case cudaDevAttrMaxGridDimZ:
-    v = p.maxGridSize[2];
-    break;
-  case cudaDevAttrMaxSharedMemoryPerBlock:
-    v = (int)p.sharedMemPerBlock;
-    break;
-  case cudaDevAttrTotalConstantMemory:
-    v = (int)p.totalConstMem;
-    break;
-  case cudaDevAttrWarpSize:
-    v = p.warpSize;
-    break;
-  case cudaDevAttrMaxRegistersPerBlock:
-    v = p.regsPerBlock;
-    break;
-  case cudaDevAttrMultiProcessorCount:
-    v = p.multiProcessorCount;
-    break;
-  case cudaDevAttrIntegrated:
-    v = p.integrated;
-    break;
-  case cudaDevAttrCanMapHostMemory:
-    v = p.canMapHostMemory;
-    break;
-  case cudaDevAttrConcurrentKernels:
-    v = p.concurrentKernels;
-    break;
-  case cudaDevAttrPciBusId:
-    v = p.pciBusID;
-    break;
-  case cudaDevAttrPciDeviceId:
-    v = p.pciDeviceID;
-    break;
-  case cudaDevAttrPciDomainId:
-    v = p.pciDomainID;
-    break;
+  case cudaDevAttrMaxThreadsPerBlock: v = p.maxThreadsPerBlock; break;
+  case cudaDevAttrMaxBlockDimX: v = p.maxThreadsDim[0]; break;
+  case cudaDevAttrMaxBlockDimY: v = p.maxThreadsDim[1]; break;
+  case cudaDevAttrMaxBlockDimZ: v = p.maxThreadsDim[2]; break;
+  case cudaDevAttrMaxGridDimX: v = p.maxGridSize[0]; break;
+  case cudaDevAttrMaxGridDimY: v = p.maxGridSize[1]; break;
+  case cudaDevAttrMaxGridDimZ: v = p.maxGridSize[2]; break;
+  case cudaDevAttrMaxSharedMemoryPerBlock: v = (int)p.sharedMemPerBlock; break;
+  case cudaDevAttrTotalConstantMemory: v = (int)p.totalConstMem; break;
+  case cudaDevAttrWarpSize: v = p.warpSize; break;
+  case cudaDevAttrMaxRegistersPerBlock: v = p.regsPerBlock; break;
+  case cudaDevAttrMultiProcessorCount: v = p.multiProcessorCount; break;
+  case cudaDevAttrIntegrated: v = p.integrated; break;
+  case cudaDevAttrCanMapHostMemory: v = p.canMapHostMemory; break;
+  case cudaDevAttrConcurrentKernels: v = p.concurrentKernels; break;
+  case cudaDevAttrPciBusId: v = p.pciBusID; break;
+  case cudaDevAttrPciDeviceId: v = p.pciDeviceID; break;
+  case cudaDevAttrPciDomainId: v = p.pciDomainID; break;
   case cudaDevAttrMaxThreadsPerMultiProcessor:
     v = p.maxThreadsPerMultiProcessor;
     break;
-  case cudaDevAttrAsyncEngineCount:
-    v = p.asyncEngineCount;
-    break;
-  case cudaDevAttrUnifiedAddressing:
-    v = p.unifiedAddressing;
-    break;
-  case cudaDevAttrComputeCapabilityMajor:
-    v = p.major;
-    break;
-  case cudaDevAttrComputeCapabilityMinor:
-    v = p.minor;
-    break;
+  case cudaDevAttrAsyncEngineCount: v = p.asyncEngineCount; break;
+  case cudaDevAttrUnifiedAddressing: v = p.unifiedAddressing; break;
+  case cudaDevAttrComputeCapabilityMajor: v = p.major; break;
+  case cudaDevAttrComputeCapabilityMinor: v = p.minor; break;
   case cudaDevAttrStreamPrioritiesSupported:
     v = p.streamPrioritiesSupported;
     break;
@@ -1221,74 +1193,49 @@ static cudaError_t fk_device_get_attribute(int *value,
   case cudaDevAttrMaxRegistersPerMultiprocessor:
     v = p.regsPerMultiprocessor;
     break;
-  case cudaDevAttrManagedMemory:
-    v = p.managedMemory;
-    break;
-  case cudaDevAttrConcurrentManagedAccess:
-    v = p.concurrentManagedAccess;
-    break;
-  case cudaDevAttrCooperativeLaunch:
-    v = p.cooperativeLaunch;
-    break;
+  case cudaDevAttrManagedMemory: v = p.managedMemory; break;
+  case cudaDevAttrConcurrentManagedAccess: v = p.concurrentManagedAccess; break;
+  case cudaDevAttrCooperativeLaunch: v = p.cooperativeLaunch; break;
   case cudaDevAttrMaxSharedMemoryPerBlockOptin:
     v = (int)p.sharedMemPerBlockOptin;
     break;
   case cudaDevAttrMaxBlocksPerMultiprocessor:
     v = p.maxBlocksPerMultiProcessor;
     break;
-  case cudaDevAttrMemoryPoolsSupported:
-    v = p.memoryPoolsSupported;
-    break;
-  default:
-    return leave(cudaErrorInvalidValue);
+  case cudaDevAttrMemoryPoolsSupported: v = p.memoryPoolsSupported; break;
+  default: return leave(cudaErrorInvalidValue);
   }
   *value = v;
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_get_device(int *device)
-{
-  cudaError_t e = begin("cudaGetDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_get_device(int *device) {
+  ENTER_OR_RETURN("cudaGetDevice", 0);
   if (!device)
     return leave(cudaErrorInvalidValue);
   *device = t_device;
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_set_device(int device)
-{
-  cudaError_t e = begin("cudaSetDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_set_device(int device) {
+  ENTER_OR_RETURN("cudaSetDevice", 0);
   if (!valid_device(device))
     return leave(cudaErrorInvalidDevice);
   t_device = device;
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_device_synchronize(void)
-{
+static cudaError_t fk_device_synchronize(void) {
   int dev;
-  cudaError_t e = begin("cudaDeviceSynchronize", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaDeviceSynchronize", 0, &dev);
   run_device(dev); /* discards instead, on a sticky device */
   return leave(sticky(dev));
 }
 
 static cudaError_t fk_device_get_stream_priority_range(int *least,
-                                                       int *greatest)
-{
+                                                       int *greatest) {
   int dev;
-  cudaError_t e = begin("cudaDeviceGetStreamPriorityRange", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaDeviceGetStreamPriorityRange", 0, &dev);
   if (least)
     *least = PRIORITY_LEAST;
   if (greatest)
@@ -1298,10 +1245,9 @@ static cudaError_t fk_device_get_stream_priority_range(int *least,
 
 /* Returns and clears the calling thread's last error; a sticky error of the
  * current device is returned and never cleared. */
-static cudaError_t fk_get_last_error(void)
-{
+static cudaError_t fk_get_last_error(void) {
   int dev;
-  cudaError_t e = begin("cudaGetLastError", DRIVER_CHECK);
+  cudaError_t e = begin("cudaGetLastError", 0);
   if (e == cudaSuccess && current_device(&dev) == cudaSuccess)
     e = sticky(dev);
   if (e == cudaSuccess) {
@@ -1317,11 +1263,8 @@ static cudaError_t fk_get_last_error(void)
 /* Driver: primary context                                                    */
 /* ------------------------------------------------------------------------ */
 
-static CUresult CUDAAPI fk_primary_ctx_retain(CUcontext *pctx, CUdevice dev)
-{
-  cudaError_t e = begin("cuDevicePrimaryCtxRetain", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+static CUresult CUDAAPI fk_primary_ctx_retain(CUcontext *pctx, CUdevice dev) {
+  ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRetain");
   if (!pctx)
     return leave_driver(CUDA_ERROR_INVALID_VALUE);
   if (!valid_device(dev))
@@ -1339,11 +1282,8 @@ static struct flibrary *find_library(cudaLibrary_t h);
 
 /* cuLibraryGetModule: a fake library is loaded whole at cudaLibraryLoadData
  * (its image was checked then), so its module always exists. */
-static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib)
-{
-  cudaError_t e = begin("cuLibraryGetModule", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib) {
+  ENTER_DRIVER_OR_RETURN("cuLibraryGetModule");
   if (!pmod)
     return leave_driver(CUDA_ERROR_INVALID_VALUE);
   struct flibrary *l = find_library((cudaLibrary_t)lib);
@@ -1354,11 +1294,8 @@ static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib)
   return leave_driver(cudaSuccess);
 }
 
-static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev)
-{
-  cudaError_t e = begin("cuDevicePrimaryCtxRelease", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave_driver(e);
+static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
+  ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRelease");
   if (!valid_device(dev))
     return leave_driver(CUDA_ERROR_INVALID_DEVICE);
   struct fdevice *d = &g.dev[dev];
@@ -1378,14 +1315,12 @@ static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev)
   return leave_driver(cudaSuccess);
 }
 
-static cudaError_t fk_get_driver_entry_point(
-    const char *symbol, void **func, unsigned int cuda_version,
-    unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
-{
+static cudaError_t
+fk_get_driver_entry_point(const char *symbol, void **func,
+                          unsigned int cuda_version, unsigned long long flags,
+                          enum cudaDriverEntryPointQueryResult *status) {
   (void)flags; /* no per-thread variants among the fake's functions */
-  cudaError_t e = begin("cudaGetDriverEntryPointByVersion", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_OR_RETURN("cudaGetDriverEntryPointByVersion", 0);
   if (!symbol || !func)
     return leave(cudaErrorInvalidValue);
   /* As documented for the real one: asking for a version newer than the
@@ -1433,16 +1368,9 @@ static cudaError_t fk_get_driver_entry_point(
 /* ------------------------------------------------------------------------ */
 
 static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
-                                    int priority)
-{
+                                    int priority) {
   int dev;
-  cudaError_t e = begin("cudaStreamCreateWithPriority", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaStreamCreateWithPriority", STICKY, &dev);
   if (!stream || (flags & ~(unsigned int)cudaStreamNonBlocking))
     return leave(cudaErrorInvalidValue);
   struct fstream *s = calloc(1, sizeof *s);
@@ -1454,10 +1382,7 @@ static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
   s->priority = priority > PRIORITY_LEAST      ? PRIORITY_LEAST
                 : priority < PRIORITY_GREATEST ? PRIORITY_GREATEST
                                                : priority;
-  if (g.nstreams == g.cap_streams) {
-    g.cap_streams = g.cap_streams ? 2 * g.cap_streams : 16;
-    g.streams = xrealloc(g.streams, g.cap_streams * sizeof *g.streams);
-  }
+  g.streams = grow(g.streams, g.nstreams, &g.cap_streams, sizeof *g.streams);
   g.streams[g.nstreams++] = s;
   *stream = (cudaStream_t)s;
   return leave(cudaSuccess);
@@ -1467,17 +1392,13 @@ static cudaError_t fk_stream_create(cudaStream_t *stream, unsigned int flags,
  * Paused, the stream becomes a zombie whose queue runs at the next device
  * synchronize or when something that waits on it runs; it counts as alive
  * until then.  On a sticky device the queue is dead and is discarded now. */
-static cudaError_t fk_stream_destroy(cudaStream_t stream)
-{
-  cudaError_t e = begin("cudaStreamDestroy", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_stream_destroy(cudaStream_t stream) {
+  ENTER_OR_RETURN("cudaStreamDestroy", 0);
   if (is_default_stream(stream))
     return leave(cudaErrorInvalidResourceHandle);
   struct fstream *s = find_stream(stream);
   if (!s)
-    violation("cudaStreamDestroy of %p, which is not a stream",
-              (void *)stream);
+    violation("cudaStreamDestroy of %p, which is not a stream", (void *)stream);
   if (s->destroyed)
     violation("cudaStreamDestroy of stream %p, which was already destroyed",
               (void *)stream);
@@ -1487,49 +1408,32 @@ static cudaError_t fk_stream_destroy(cudaStream_t stream)
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_stream_synchronize(cudaStream_t stream)
-{
+static cudaError_t fk_stream_synchronize(cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamSynchronize", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamSynchronize", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamSynchronize", stream, 0, &s);
   run_stream(s); /* discards instead, on a sticky device */
   return leave(sticky(s->device));
 }
 
 /* Paused, a query only looks; unpaused, the infinitely fast GPU has
  * finished whatever was left over from a paused period. */
-static cudaError_t fk_stream_query(cudaStream_t stream)
-{
+static cudaError_t fk_stream_query(cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamQuery", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamQuery", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamQuery", stream, STICKY, &s);
   if (g.paused)
     return leave(stream_pending(s) ? cudaErrorNotReady : cudaSuccess);
   run_stream(s);
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_stream_wait_event(cudaStream_t stream,
-                                        cudaEvent_t event,
-                                        unsigned int flags)
-{
+static cudaError_t fk_stream_wait_event(cudaStream_t stream, cudaEvent_t event,
+                                        unsigned int flags) {
   struct fstream *s;
-  cudaError_t e = begin("cudaStreamWaitEvent", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaStreamWaitEvent", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamWaitEvent", stream, 0, &s);
   struct fevent *ev = resolve_event("cudaStreamWaitEvent", event);
   if (flags & ~(unsigned int)cudaEventWaitExternal)
     return leave(cudaErrorInvalidValue);
+  cudaError_t e;
   if ((e = sticky(s->device)) != cudaSuccess ||
       (e = sticky(ev->device)) != cudaSuccess)
     return leave(e);
@@ -1546,16 +1450,9 @@ static cudaError_t fk_stream_wait_event(cudaStream_t stream,
 /* Events                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags)
-{
+static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags) {
   int dev;
-  cudaError_t e = begin("cudaEventCreateWithFlags", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaEventCreateWithFlags", STICKY, &dev);
   const unsigned int known =
       cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (!event || (flags & ~known) ||
@@ -1566,20 +1463,14 @@ static cudaError_t fk_event_create(cudaEvent_t *event, unsigned int flags)
     return leave(cudaErrorMemoryAllocation);
   ev->device = dev;
   ev->flags = flags;
-  if (g.nevents == g.cap_events) {
-    g.cap_events = g.cap_events ? 2 * g.cap_events : 16;
-    g.events = xrealloc(g.events, g.cap_events * sizeof *g.events);
-  }
+  g.events = grow(g.events, g.nevents, &g.cap_events, sizeof *g.events);
   g.events[g.nevents++] = ev;
   *event = (cudaEvent_t)ev;
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_event_destroy(cudaEvent_t event)
-{
-  cudaError_t e = begin("cudaEventDestroy", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_event_destroy(cudaEvent_t event) {
+  ENTER_OR_RETURN("cudaEventDestroy", 0);
   struct fevent *ev = find_event(event);
   if (!ev)
     violation("cudaEventDestroy of %p, which is not an event", (void *)event);
@@ -1592,18 +1483,14 @@ static cudaError_t fk_event_destroy(cudaEvent_t event)
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream)
-{
+static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaEventRecord", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaEventRecord", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaEventRecord", stream, 0, &s);
   struct fevent *ev = resolve_event("cudaEventRecord", event);
   if (ev->device != s->device)
     return leave(cudaErrorInvalidResourceHandle);
-  if ((e = sticky(s->device)) != cudaSuccess)
+  cudaError_t e = sticky(s->device);
+  if (e != cudaSuccess)
     return leave(e);
   implicit_deps(s); /* on stream 0 the record waits for blocking streams */
   ev->recorded = 1;
@@ -1615,24 +1502,19 @@ static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream)
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_event_synchronize(cudaEvent_t event)
-{
-  cudaError_t e = begin("cudaEventSynchronize", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_event_synchronize(cudaEvent_t event) {
+  ENTER_OR_RETURN("cudaEventSynchronize", 0);
   struct fevent *ev = resolve_event("cudaEventSynchronize", event);
   if (ev->recorded)
     run_stream_to(ev->stream, ev->pos); /* discards, if sticky */
   return leave(sticky(ev->device));
 }
 
-static cudaError_t fk_event_query(cudaEvent_t event)
-{
-  cudaError_t e = begin("cudaEventQuery", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_event_query(cudaEvent_t event) {
+  ENTER_OR_RETURN("cudaEventQuery", 0);
   struct fevent *ev = resolve_event("cudaEventQuery", event);
-  if ((e = sticky(ev->device)) != cudaSuccess)
+  cudaError_t e = sticky(ev->device);
+  if (e != cudaSuccess)
     return leave(e);
   if (g.paused)
     return leave(event_complete(ev) ? cudaSuccess : cudaErrorNotReady);
@@ -1645,18 +1527,16 @@ static cudaError_t fk_event_query(cudaEvent_t event)
  * event recorded on the device in between: deterministic, and positive when
  * end was recorded after start. */
 static cudaError_t fk_event_elapsed_time(float *ms, cudaEvent_t start,
-                                         cudaEvent_t end)
-{
-  cudaError_t e = begin("cudaEventElapsedTime", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+                                         cudaEvent_t end) {
+  ENTER_OR_RETURN("cudaEventElapsedTime", 0);
   struct fevent *a = resolve_event("cudaEventElapsedTime", start);
   struct fevent *b = resolve_event("cudaEventElapsedTime", end);
   if (!ms)
     return leave(cudaErrorInvalidValue);
   if (a->device != b->device)
     return leave(cudaErrorInvalidResourceHandle);
-  if ((e = sticky(a->device)) != cudaSuccess)
+  cudaError_t e = sticky(a->device);
+  if (e != cudaSuccess)
     return leave(e);
   if ((a->flags | b->flags) & cudaEventDisableTiming)
     return leave(cudaErrorInvalidResourceHandle);
@@ -1679,49 +1559,32 @@ static cudaError_t fk_event_elapsed_time(float *ms, cudaEvent_t start,
 /* Stream-ordered allocation: the memory exists from the call on, as with a
  * pool that has it ready; ordering its first use is the library's job. */
 static cudaError_t fk_malloc_async(void **ptr, size_t size,
-                                   cudaStream_t stream)
-{
+                                   cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaMallocAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMallocAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMallocAsync", stream, STICKY, &s);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
-  if (size == 0) { /* what the real runtime does */
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   return leave(allocate(ptr, size, s->device, KIND_DEVICE));
 }
 
-static void not_live(const char *fn, const void *ptr)
-    __attribute__((noreturn));
-static void not_live(const char *fn, const void *ptr)
-{
-  violation("%s of pointer %p that is not a live allocation", fn, ptr);
+/* The live allocation that starts at ptr, or a VIOLATION. */
+static struct falloc *live_allocation(const char *fn, const void *ptr) {
+  struct falloc *a = find_live_base(ptr);
+  if (!a || a->state != ALLOC_LIVE)
+    violation("%s of pointer %p that is not a live allocation", fn, ptr);
+  return a;
 }
 
 /* The memory stays valid (free-pending) until the free runs in the stream;
  * only then do accesses count as use after free.  On a sticky device the
  * queue is dead, so the memory is released at once, as the driver releases
  * everything of a broken context. */
-static cudaError_t fk_free_async(void *ptr, cudaStream_t stream)
-{
+static cudaError_t fk_free_async(void *ptr, cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaFreeAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaFreeAsync", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaFreeAsync", stream, 0, &s);
   if (!ptr)
     return leave(cudaSuccess);
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFreeAsync", ptr);
+  struct falloc *a = live_allocation("cudaFreeAsync", ptr);
   if (a->kind != KIND_DEVICE)
     violation("cudaFreeAsync of pointer %p, which is %s memory, not device "
               "memory",
@@ -1738,22 +1601,11 @@ static cudaError_t fk_free_async(void *ptr, cudaStream_t stream)
   return leave(cudaSuccess);
 }
 
-static cudaError_t fk_malloc_host(void **ptr, size_t size)
-{
+static cudaError_t fk_malloc_host(void **ptr, size_t size) {
   int dev;
-  cudaError_t e = begin("cudaMallocHost", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaMallocHost", STICKY, &dev);
   if (!ptr)
     return leave(cudaErrorInvalidValue);
-  if (size == 0) {
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   /* Pinned memory belongs to the context it was allocated in: it counts
    * against the current device, and its limit. */
   return leave(allocate(ptr, size, dev, KIND_PINNED));
@@ -1761,17 +1613,12 @@ static cudaError_t fk_malloc_host(void **ptr, size_t size)
 
 /* cudaFreeHost and cudaFree synchronize implicitly: all queued work of all
  * devices runs first (or is discarded, on a sticky device). */
-static cudaError_t fk_free_host(void *ptr)
-{
-  cudaError_t e = begin("cudaFreeHost", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_free_host(void *ptr) {
+  ENTER_OR_RETURN("cudaFreeHost", 0);
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFreeHost", ptr);
+  struct falloc *a = live_allocation("cudaFreeHost", ptr);
   if (a->kind != KIND_PINNED)
     violation("cudaFreeHost of pointer %p, which is %s memory, not pinned "
               "host memory",
@@ -1781,40 +1628,24 @@ static cudaError_t fk_free_host(void *ptr)
 }
 
 static cudaError_t fk_malloc_managed(void **ptr, size_t size,
-                                     unsigned int flags)
-{
+                                     unsigned int flags) {
   int dev;
-  cudaError_t e = begin("cudaMallocManaged", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaMallocManaged", STICKY, &dev);
   if (!ptr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return leave(cudaErrorInvalidValue);
   if (!g.dev[dev].managed)
     return leave(cudaErrorNotSupported);
-  if (size == 0) {
-    *ptr = NULL;
-    return leave(cudaSuccess);
-  }
   return leave(allocate(ptr, size, dev, KIND_MANAGED));
 }
 
 /* cudaFree takes managed memory and, as the real one does, stream-ordered
  * device memory too; pinned memory needs cudaFreeHost. */
-static cudaError_t fk_free(void *ptr)
-{
-  cudaError_t e = begin("cudaFree", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_free(void *ptr) {
+  ENTER_OR_RETURN("cudaFree", 0);
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
-  struct falloc *a = find_live_base(ptr);
-  if (!a || a->state != ALLOC_LIVE)
-    not_live("cudaFree", ptr);
+  struct falloc *a = live_allocation("cudaFree", ptr);
   if (a->kind == KIND_PINNED)
     violation("cudaFree of pointer %p, which is pinned host memory "
               "(cudaFreeHost frees that)",
@@ -1823,22 +1654,28 @@ static cudaError_t fk_free(void *ptr)
   return leave(cudaSuccess);
 }
 
-/* Checks common to the queued memory operations at call time. */
-static cudaError_t check_range_arg(const void *p, size_t size)
-{
-  if (!p || (uintptr_t)p > UINTPTR_MAX - size)
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+/* The check of the queued memory operations' pointers at call time. */
+static int valid_range(const void *p, size_t size) {
+  return p && (uintptr_t)p <= UINTPTR_MAX - size;
+}
+
+static struct fop *new_copy_op(enum op_kind kind, void *dst, const void *src,
+                               size_t size) {
+  struct fop *o = new_op(kind);
+  o->dst = dst;
+  o->src = src;
+  o->size = size;
+  return o;
 }
 
 /* Whether ptr is host memory that the fake did not allocate: pageable, as
  * far as CUDA knows.  Freed memory in quarantine is not: copies touching it
  * are reported when they run. */
-static int is_pageable(const void *ptr)
-{
+static int is_pageable(const void *ptr) {
   uintptr_t p = (uintptr_t)ptr;
   for (struct falloc *a = g.live; a; a = a->next)
-    if (p >= (uintptr_t)a->base && p < (uintptr_t)a->base + a->size + GUARD_BYTES)
+    if (p >= (uintptr_t)a->base &&
+        p < (uintptr_t)a->base + a->size + GUARD_BYTES)
       return 0;
   for (struct falloc *a = g.quar_head; a; a = a->next)
     if (overlaps(a, p, 1))
@@ -1853,28 +1690,17 @@ static int is_pageable(const void *ptr)
  * with the work queued before it on the stream. */
 static cudaError_t fk_memcpy_async(void *dst, const void *src, size_t size,
                                    enum cudaMemcpyKind kind,
-                                   cudaStream_t stream)
-{
+                                   cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemcpyAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemcpyAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemcpyAsync", stream, STICKY, &s);
   if ((int)kind < (int)cudaMemcpyHostToHost ||
       (int)kind > (int)cudaMemcpyDefault)
     return leave(cudaErrorInvalidMemcpyDirection);
   if (size == 0)
     return leave(cudaSuccess);
-  if ((e = check_range_arg(dst, size)) != cudaSuccess ||
-      (e = check_range_arg(src, size)) != cudaSuccess)
-    return leave(e);
-  struct fop *o = new_op(OP_COPY);
-  o->dst = dst;
-  o->src = src;
-  o->size = size;
+  if (!valid_range(dst, size) || !valid_range(src, size))
+    return leave(cudaErrorInvalidValue);
+  struct fop *o = new_copy_op(OP_COPY, dst, src, size);
   if (is_pageable(src)) {
     o->staging = malloc(size);
     if (!o->staging) {
@@ -1892,48 +1718,33 @@ static cudaError_t fk_memcpy_async(void *dst, const void *src, size_t size,
 
 static cudaError_t fk_memcpy_peer_async(void *dst, int dst_device,
                                         const void *src, int src_device,
-                                        size_t size, cudaStream_t stream)
-{
+                                        size_t size, cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemcpyPeerAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemcpyPeerAsync", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemcpyPeerAsync", stream, 0, &s);
   if (!valid_device(dst_device) || !valid_device(src_device))
     return leave(cudaErrorInvalidDevice);
+  cudaError_t e;
   if ((e = sticky(s->device)) != cudaSuccess ||
       (e = sticky(dst_device)) != cudaSuccess ||
       (e = sticky(src_device)) != cudaSuccess)
     return leave(e);
   if (size == 0)
     return leave(cudaSuccess);
-  if ((e = check_range_arg(dst, size)) != cudaSuccess ||
-      (e = check_range_arg(src, size)) != cudaSuccess)
-    return leave(e);
-  struct fop *o = new_op(OP_PEER_COPY);
-  o->dst = dst;
-  o->src = src;
-  o->size = size;
+  if (!valid_range(dst, size) || !valid_range(src, size))
+    return leave(cudaErrorInvalidValue);
+  struct fop *o = new_copy_op(OP_PEER_COPY, dst, src, size);
   enqueue(s, o);
   return leave(cudaSuccess);
 }
 
 static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
-                                   cudaStream_t stream)
-{
+                                   cudaStream_t stream) {
   struct fstream *s;
-  cudaError_t e = begin("cudaMemsetAsync", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaMemsetAsync", stream, &s);
-  if (e == cudaSuccess)
-    e = sticky(s->device);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaMemsetAsync", stream, STICKY, &s);
   if (size == 0)
     return leave(cudaSuccess);
-  if ((e = check_range_arg(ptr, size)) != cudaSuccess)
-    return leave(e);
+  if (!valid_range(ptr, size))
+    return leave(cudaErrorInvalidValue);
   struct fop *o = new_op(OP_SET);
   o->dst = ptr;
   o->value = (unsigned char)value;
@@ -1948,10 +1759,10 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
 
 #define FAKE_IMAGE_MAGIC "FAKECUBIN"
 #define DEFAULT_MAX_THREADS 1024
-#define STATIC_SHARED_MAX (48 * 1024)   /* static __shared__ per block */
-#define DEFAULT_SHARED (48 * 1024)      /* per block without opt-in */
-#define OPTIN_SHARED (227 * 1024)       /* per block with opt-in */
-#define SM_SHARED (228 * 1024)          /* per multiprocessor */
+#define STATIC_SHARED_MAX (48 * 1024) /* static __shared__ per block */
+#define DEFAULT_SHARED (48 * 1024)    /* per block without opt-in */
+#define OPTIN_SHARED (227 * 1024)     /* per block with opt-in */
+#define SM_SHARED (228 * 1024)        /* per multiprocessor */
 #define SM_THREADS 2048
 #define SM_BLOCKS 32
 
@@ -1974,16 +1785,14 @@ static const struct builtin_def {
 };
 #define NBUILTINS (sizeof builtin_defs / sizeof builtin_defs[0])
 
-static char *xstrdup(const char *s)
-{
+static char *xstrdup(const char *s) {
   size_t n = strlen(s) + 1;
   char *d = xrealloc(NULL, n);
   memcpy(d, s, n);
   return d;
 }
 
-static char *xstrndup(const char *s, size_t n)
-{
+static char *xstrndup(const char *s, size_t n) {
   char *d = xrealloc(NULL, n + 1);
   memcpy(d, s, n);
   d[n] = '\0';
@@ -1992,8 +1801,7 @@ static char *xstrndup(const char *s, size_t n)
 
 /* Whether `s` starts with `prefix`, reading no byte of s past the first
  * mismatch (an image of unknown size may be shorter than the prefix). */
-static int starts_with(const unsigned char *s, const char *prefix)
-{
+static int starts_with(const unsigned char *s, const char *prefix) {
   for (size_t i = 0; prefix[i]; i++)
     if (s[i] != (unsigned char)prefix[i])
       return 0;
@@ -2002,8 +1810,7 @@ static int starts_with(const unsigned char *s, const char *prefix)
 
 /* The alignment of a parameter: the largest power of two that divides its
  * size, at most 8 (so 4 -> 4, 8 -> 8, 16 -> 8, 12 -> 4, 3 -> 1). */
-static size_t param_align(size_t size)
-{
+static size_t param_align(size_t size) {
   size_t a = 1;
   while (a < 8 && size % (2 * a) == 0)
     a *= 2;
@@ -2011,8 +1818,7 @@ static size_t param_align(size_t size)
 }
 
 /* Adds a parameter to k; returns 0 if the parameter space overflows. */
-static int kernel_add_param(struct fkernel *k, size_t size, int pointer)
-{
+static int kernel_add_param(struct fkernel *k, size_t size, int pointer) {
   size_t align = param_align(size);
   size_t off = (k->argbytes + align - 1) / align * align;
   if (size > g.param_space || off > g.param_space - size)
@@ -2030,8 +1836,7 @@ static int kernel_add_param(struct fkernel *k, size_t size, int pointer)
 
 /* Parses a decimal number in [min, max] from the whole of [s, e). */
 static int parse_number(const char *s, const char *e, unsigned long min,
-                        unsigned long max, unsigned long *out)
-{
+                        unsigned long max, unsigned long *out) {
   unsigned long v = 0;
   if (s == e)
     return 0;
@@ -2055,8 +1860,7 @@ static int is_ident_char(int c) { return isalnum(c) || c == '_'; }
  * without its line end) into a new kernel of lib.  Returns 0 if it is
  * malformed. */
 static int parse_kernel_line(struct flibrary *lib, const char *line,
-                             const char *end)
-{
+                             const char *end) {
   const char *tok[512];
   const char *tok_end[512];
   size_t ntok = 0;
@@ -2119,8 +1923,7 @@ static int parse_kernel_line(struct flibrary *lib, const char *line,
 }
 
 /* Parses a NUL-terminated FAKECUBIN text into lib's kernels. */
-static int parse_fake_image(struct flibrary *lib, const char *text)
-{
+static int parse_fake_image(struct flibrary *lib, const char *text) {
   const char *p = text + strlen(FAKE_IMAGE_MAGIC);
   /* the rest of the first line: blanks only */
   while (*p == ' ' || *p == '\t' || *p == '\r')
@@ -2133,8 +1936,7 @@ static int parse_fake_image(struct flibrary *lib, const char *text)
     while (*p && *p != '\n')
       p++;
     const char *end = p;
-    while (end > line && (end[-1] == '\r' || end[-1] == ' ' ||
-                          end[-1] == '\t'))
+    while (end > line && (end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'))
       end--;
     const char *first = line;
     while (first < end && (*first == ' ' || *first == '\t'))
@@ -2148,8 +1950,7 @@ static int parse_fake_image(struct flibrary *lib, const char *text)
 }
 
 /* The built-in kernels, for a real fatbin or cubin image. */
-static void make_builtin_kernels(struct flibrary *lib)
-{
+static void make_builtin_kernels(struct flibrary *lib) {
   lib->builtin = 1;
   for (size_t i = 0; i < NBUILTINS; i++) {
     char line[128];
@@ -2164,12 +1965,9 @@ static void make_builtin_kernels(struct flibrary *lib)
 
 /* Loads `code` (see fakecuda.h for what is accepted) into a new library of
  * the current device. */
-static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
-{
+static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code) {
   int dev;
-  cudaError_t e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
+  cudaError_t e = on_current_device(STICKY, &dev);
   if (e != cudaSuccess)
     return e;
   struct flibrary *lib = calloc(1, sizeof *lib);
@@ -2182,8 +1980,7 @@ static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
   if (starts_with(code, FAKE_IMAGE_MAGIC)) {
     if (!parse_fake_image(lib, (const char *)code))
       e = cudaErrorInvalidKernelImage;
-  } else if (starts_with(code, "\x7f" "ELF") ||
-             starts_with(code, fatbin_magic)) {
+  } else if (starts_with(code, "\177ELF") || starts_with(code, fatbin_magic)) {
     make_builtin_kernels(lib);
   } else if (starts_with(code, ".version") || starts_with(code, "//")) {
     e = cudaErrorInvalidPtx;
@@ -2194,55 +1991,46 @@ static cudaError_t load_image(cudaLibrary_t *out, const unsigned char *code)
     free_library(lib);
     return e;
   }
-  if (g.nlibraries == g.cap_libraries) {
-    g.cap_libraries = g.cap_libraries ? 2 * g.cap_libraries : 16;
-    g.libraries = xrealloc(g.libraries, g.cap_libraries * sizeof *g.libraries);
-  }
+  g.libraries =
+      grow(g.libraries, g.nlibraries, &g.cap_libraries, sizeof *g.libraries);
   g.libraries[g.nlibraries++] = lib;
   *out = (cudaLibrary_t)(void *)lib;
   return cudaSuccess;
 }
 
-static cudaError_t check_load_options(enum cudaJitOption *jit_options,
-                                      void **jit_values, unsigned int njit,
-                                      enum cudaLibraryOption *options,
-                                      void **values, unsigned int noptions)
-{
-  if ((njit && (!jit_options || !jit_values)) ||
-      (noptions && (!options || !values)))
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+/* Whether a library load has its output, its image (or path), and the
+ * option arrays that its counts promise. */
+static int valid_load_args(const cudaLibrary_t *library, const void *image,
+                           enum cudaJitOption *jit_options, void **jit_values,
+                           unsigned int njit, enum cudaLibraryOption *options,
+                           void **values, unsigned int noptions) {
+  return library && image && (!njit || (jit_options && jit_values)) &&
+         (!noptions || (options && values));
 }
 
-static cudaError_t fk_library_load_data(
-    cudaLibrary_t *library, const void *code, enum cudaJitOption *jit_options,
-    void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
-    void **values, unsigned int noptions)
-{
-  cudaError_t e = begin("cudaLibraryLoadData", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
-  if (!library || !code)
+static cudaError_t fk_library_load_data(cudaLibrary_t *library,
+                                        const void *code,
+                                        enum cudaJitOption *jit_options,
+                                        void **jit_values, unsigned int njit,
+                                        enum cudaLibraryOption *options,
+                                        void **values, unsigned int noptions) {
+  ENTER_OR_RETURN("cudaLibraryLoadData", 0);
+  if (!valid_load_args(library, code, jit_options, jit_values, njit, options,
+                       values, noptions))
     return leave(cudaErrorInvalidValue);
-  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
-                              noptions)) != cudaSuccess)
-    return leave(e);
   return leave(load_image(library, code));
 }
 
-static cudaError_t fk_library_load_file(
-    cudaLibrary_t *library, const char *path, enum cudaJitOption *jit_options,
-    void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
-    void **values, unsigned int noptions)
-{
-  cudaError_t e = begin("cudaLibraryLoadFromFile", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
-  if (!library || !path)
+static cudaError_t fk_library_load_file(cudaLibrary_t *library,
+                                        const char *path,
+                                        enum cudaJitOption *jit_options,
+                                        void **jit_values, unsigned int njit,
+                                        enum cudaLibraryOption *options,
+                                        void **values, unsigned int noptions) {
+  ENTER_OR_RETURN("cudaLibraryLoadFromFile", 0);
+  if (!valid_load_args(library, path, jit_options, jit_values, njit, options,
+                       values, noptions))
     return leave(cudaErrorInvalidValue);
-  if ((e = check_load_options(jit_options, jit_values, njit, options, values,
-                              noptions)) != cudaSuccess)
-    return leave(e);
   FILE *f = fopen(path, "rb");
   if (!f)
     return leave(cudaErrorFileNotFound);
@@ -2265,21 +2053,19 @@ static cudaError_t fk_library_load_file(
     return leave(cudaErrorFileNotFound);
   }
   memset(buf + len, 0, 8);
-  e = load_image(library, buf);
+  cudaError_t e = load_image(library, buf);
   free(buf);
   return leave(e);
 }
 
-static struct flibrary *find_library(cudaLibrary_t h)
-{
+static struct flibrary *find_library(cudaLibrary_t h) {
   for (size_t i = 0; i < g.nlibraries; i++)
     if (g.libraries[i] == (struct flibrary *)(void *)h)
       return g.libraries[i];
   return NULL;
 }
 
-static struct flibrary *resolve_library(const char *fn, cudaLibrary_t h)
-{
+static struct flibrary *resolve_library(const char *fn, cudaLibrary_t h) {
   struct flibrary *lib = find_library(h);
   if (!lib)
     violation("%s of %p, which is not a library", fn, (void *)h);
@@ -2289,8 +2075,7 @@ static struct flibrary *resolve_library(const char *fn, cudaLibrary_t h)
 }
 
 /* A kernel of a live library, or a VIOLATION. */
-static struct fkernel *resolve_kernel(const char *fn, const void *func)
-{
+static struct fkernel *resolve_kernel(const char *fn, const void *func) {
   uintptr_t p = (uintptr_t)func;
   for (size_t i = 0; i < g.nlibraries; i++) {
     struct flibrary *lib = g.libraries[i];
@@ -2310,11 +2095,8 @@ static struct fkernel *resolve_kernel(const char *fn, const void *func)
 
 /* Unloading does not wait for queued launches (nothing says it does): a
  * library must outlive the work that runs its kernels. */
-static cudaError_t fk_library_unload(cudaLibrary_t library)
-{
-  cudaError_t e = begin("cudaLibraryUnload", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+static cudaError_t fk_library_unload(cudaLibrary_t library) {
+  ENTER_OR_RETURN("cudaLibraryUnload", 0);
   struct flibrary *lib = find_library(library);
   if (!lib)
     violation("cudaLibraryUnload of %p, which is not a library",
@@ -2333,11 +2115,8 @@ static cudaError_t fk_library_unload(cudaLibrary_t library)
 
 static cudaError_t fk_library_get_kernel(cudaKernel_t *kernel,
                                          cudaLibrary_t library,
-                                         const char *name)
-{
-  cudaError_t e = begin("cudaLibraryGetKernel", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+                                         const char *name) {
+  ENTER_OR_RETURN("cudaLibraryGetKernel", 0);
   if (!kernel || !name)
     return leave(cudaErrorInvalidValue);
   struct flibrary *lib = resolve_library("cudaLibraryGetKernel", library);
@@ -2350,11 +2129,8 @@ static cudaError_t fk_library_get_kernel(cudaKernel_t *kernel,
 }
 
 static cudaError_t fk_func_get_param_info(const void *func, size_t index,
-                                          size_t *offset, size_t *size)
-{
-  cudaError_t e = begin("cudaFuncGetParamInfo", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+                                          size_t *offset, size_t *size) {
+  ENTER_OR_RETURN("cudaFuncGetParamInfo", 0);
   struct fkernel *k = resolve_kernel("cudaFuncGetParamInfo", func);
   if (!offset || !size || index >= k->nparams)
     return leave(cudaErrorInvalidValue);
@@ -2364,14 +2140,9 @@ static cudaError_t fk_func_get_param_info(const void *func, size_t index,
 }
 
 static cudaError_t fk_func_get_attributes(struct cudaFuncAttributes *attr,
-                                          const void *func)
-{
+                                          const void *func) {
   int dev;
-  cudaError_t e = begin("cudaFuncGetAttributes", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_DEVICE_OR_RETURN("cudaFuncGetAttributes", 0, &dev);
   struct fkernel *k = resolve_kernel("cudaFuncGetAttributes", func);
   if (!attr)
     return leave(cudaErrorInvalidValue);
@@ -2386,16 +2157,14 @@ static cudaError_t fk_func_get_attributes(struct cudaFuncAttributes *attr,
 }
 
 static cudaError_t fk_kernel_set_attribute_for_device(
-    cudaKernel_t kernel, enum cudaFuncAttribute attr, int value, int device)
-{
-  cudaError_t e = begin("cudaKernelSetAttributeForDevice", DRIVER_CHECK);
-  if (e != cudaSuccess)
-    return leave(e);
+    cudaKernel_t kernel, enum cudaFuncAttribute attr, int value, int device) {
+  ENTER_OR_RETURN("cudaKernelSetAttributeForDevice", 0);
   struct fkernel *k =
       resolve_kernel("cudaKernelSetAttributeForDevice", (const void *)kernel);
   if (!valid_device(device))
     return leave(cudaErrorInvalidDevice);
-  if ((e = sticky(device)) != cudaSuccess)
+  cudaError_t e = sticky(device);
+  if (e != cudaSuccess)
     return leave(e);
   switch (attr) {
   case cudaFuncAttributeMaxDynamicSharedMemorySize:
@@ -2407,29 +2176,20 @@ static cudaError_t fk_kernel_set_attribute_for_device(
     if (value < -1 || value > 100)
       return leave(cudaErrorInvalidValue);
     return leave(cudaSuccess); /* a hint; nothing to model */
-  default:
-    return leave(cudaErrorInvalidValue);
+  default: return leave(cudaErrorInvalidValue);
   }
 }
 
 /* A deterministic model of an H100-like multiprocessor: 2048 threads (in
  * whole warps), 32 blocks and 228 KiB of shared memory. */
-static cudaError_t fk_occupancy_max_active_blocks(int *blocks,
-                                                  const void *func,
+static cudaError_t fk_occupancy_max_active_blocks(int *blocks, const void *func,
                                                   int block_size,
-                                                  size_t dynamic_shared)
-{
+                                                  size_t dynamic_shared) {
   int dev;
-  cudaError_t e = begin("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-                        DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = current_device(&dev);
-  if (e == cudaSuccess)
-    e = sticky(dev);
-  if (e != cudaSuccess)
-    return leave(e);
-  struct fkernel *k = resolve_kernel(
-      "cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
+  ENTER_ON_DEVICE_OR_RETURN("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                            STICKY, &dev);
+  struct fkernel *k =
+      resolve_kernel("cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
   if (!blocks || block_size <= 0)
     return leave(cudaErrorInvalidValue);
   if (block_size > k->maxthreads ||
@@ -2455,8 +2215,7 @@ static void *launch_hook_arg;
 
 static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
                                     void **args, size_t shared_memory,
-                                    cudaStream_t stream)
-{
+                                    cudaStream_t stream) {
   pthread_mutex_lock(&hook_lock);
   void (*hook)(void *) = launch_hook;
   void *hook_arg = launch_hook_arg;
@@ -2470,17 +2229,14 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     nanosleep(&ts, NULL);
   }
   struct fstream *s;
-  cudaError_t e = begin("cudaLaunchKernel", DRIVER_CHECK);
-  if (e == cudaSuccess)
-    e = resolve_stream("cudaLaunchKernel", stream, &s);
-  if (e != cudaSuccess)
-    return leave(e);
+  ENTER_ON_STREAM_OR_RETURN("cudaLaunchKernel", stream, 0, &s);
   struct fkernel *k = resolve_kernel("cudaLaunchKernel", func);
   if (k->lib->device != s->device)
     violation("cudaLaunchKernel of kernel %s, loaded on device %d, on a "
               "stream of device %d",
               k->name, k->lib->device, s->device);
-  if ((e = sticky(s->device)) != cudaSuccess)
+  cudaError_t e = sticky(s->device);
+  if (e != cudaSuccess)
     return leave(e);
   uint64_t threads = (uint64_t)block.x * block.y * block.z;
   if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
@@ -2518,8 +2274,7 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
-                         size_t i)
-{
+                         size_t i) {
   void *p;
   memcpy(&p, v + k->poffset[i], sizeof p);
   return p;
@@ -2529,8 +2284,7 @@ static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
  * Returns 0 (after making the device sticky, as a GPU's fault does) if the
  * pointer is misaligned. */
 static int check_builtin_range(const struct fkernel *k, const char *what,
-                               const unsigned char *v, size_t i, size_t n)
-{
+                               const unsigned char *v, size_t i, size_t n) {
   void *p = arg_pointer(k, v, i);
   if (n > SIZE_MAX / k->elem)
     violation("queued %s makes an out-of-bounds access: %zu elements of %zu "
@@ -2556,8 +2310,7 @@ static int check_builtin_range(const struct fkernel *k, const char *what,
 /* The semantics of the built-in kernels, over all n elements whatever the
  * grid (they are grid-stride loops). */
 static void exec_builtin(const struct fkernel *k, const char *what,
-                         const unsigned char *v)
-{
+                         const unsigned char *v) {
   size_t n = 0;
   memcpy(&n, v + k->poffset[k->nparams - 1], sizeof n);
   if (n == 0)
@@ -2572,9 +2325,7 @@ static void exec_builtin(const struct fkernel *k, const char *what,
     if (k->elem == 4) {
       float x, s, y, z;
       switch (k->op) {
-      case BI_FILL:
-        memcpy(p0 + off, scalar, 4);
-        break;
+      case BI_FILL: memcpy(p0 + off, scalar, 4); break;
       case BI_SCALE:
         memcpy(&x, p0 + off, 4);
         memcpy(&s, scalar, 4);
@@ -2594,15 +2345,12 @@ static void exec_builtin(const struct fkernel *k, const char *what,
         y = x + z;
         memcpy(p0 + off, &y, 4);
         break;
-      case BI_NONE:
-        break;
+      case BI_NONE: break;
       }
     } else {
       double x, s, y, z;
       switch (k->op) {
-      case BI_FILL:
-        memcpy(p0 + off, scalar, 8);
-        break;
+      case BI_FILL: memcpy(p0 + off, scalar, 8); break;
       case BI_SCALE:
         memcpy(&x, p0 + off, 8);
         memcpy(&s, scalar, 8);
@@ -2622,8 +2370,7 @@ static void exec_builtin(const struct fkernel *k, const char *what,
         y = x + z;
         memcpy(p0 + off, &y, 8);
         break;
-      case BI_NONE:
-        break;
+      case BI_NONE: break;
       }
     }
   }
@@ -2631,8 +2378,7 @@ static void exec_builtin(const struct fkernel *k, const char *what,
 
 /* A queued launch runs: every pointer argument must still point at live
  * memory (or the test's host memory); the built-in kernels do their work. */
-static void exec_launch(struct fop *o)
-{
+static void exec_launch(struct fop *o) {
   struct fkernel *k = o->kernel;
   const unsigned char *v = o->staging;
   char what[256];
@@ -2675,52 +2421,38 @@ static const char *const nvrtc_names[] = {
     "NVRTC_ERROR_TIME_TRACE_FILE_WRITE_FAILED",
 };
 
-static const char *fk_nvrtc_get_error_string(nvrtcResult result)
-{
+static const char *fk_nvrtc_get_error_string(nvrtcResult result) {
   if ((unsigned)result < sizeof nvrtc_names / sizeof nvrtc_names[0])
     return nvrtc_names[result];
   return "NVRTC_ERROR unknown";
 }
 
 /* The result an injected cudaError_t becomes (see fakecuda.h). */
-static nvrtcResult nvrtc_of(cudaError_t e)
-{
+static nvrtcResult nvrtc_of(cudaError_t e) {
   switch (e) {
-  case cudaSuccess:
-    return NVRTC_SUCCESS;
-  case cudaErrorMemoryAllocation:
-    return NVRTC_ERROR_OUT_OF_MEMORY;
-  case cudaErrorInvalidValue:
-    return NVRTC_ERROR_INVALID_INPUT;
-  default:
-    return NVRTC_ERROR_INTERNAL_ERROR;
+  case cudaSuccess: return NVRTC_SUCCESS;
+  case cudaErrorMemoryAllocation: return NVRTC_ERROR_OUT_OF_MEMORY;
+  case cudaErrorInvalidValue: return NVRTC_ERROR_INVALID_INPUT;
+  default: return NVRTC_ERROR_INTERNAL_ERROR;
   }
 }
 
 /* The prologue of the NVRTC calls: counted, logged and failed on request
  * like the runtime's, but NVRTC needs no driver and has no sticky state.
  * Whatever it returns, the caller ends through leave_nvrtc(). */
-static nvrtcResult begin_nvrtc(const char *name)
-{
+static nvrtcResult begin_nvrtc(const char *name) {
   lock();
-  g.calls++;
-  log_add(name);
-  if (g.torn_down) {
-    if (g.strict)
-      violation("%s called after the CUDA runtime was torn down", name);
+  if (count_call(name))
     return NVRTC_ERROR_INTERNAL_ERROR;
-  }
   return nvrtc_of(injected_fault(name));
 }
 
-static nvrtcResult leave_nvrtc(nvrtcResult r)
-{
+static nvrtcResult leave_nvrtc(nvrtcResult r) {
   unlock();
   return r;
 }
 
-static struct fprogram *resolve_program(const char *fn, nvrtcProgram h)
-{
+static struct fprogram *resolve_program(const char *fn, nvrtcProgram h) {
   for (size_t i = 0; i < g.nprograms; i++)
     if (g.programs[i] == (struct fprogram *)(void *)h) {
       if (g.programs[i]->destroyed)
@@ -2731,14 +2463,11 @@ static struct fprogram *resolve_program(const char *fn, nvrtcProgram h)
 }
 
 static nvrtcResult fk_nvrtc_create_program(nvrtcProgram *prog,
-                                           const char *source,
-                                           const char *name, int nheaders,
+                                           const char *source, const char *name,
+                                           int nheaders,
                                            const char *const *headers,
-                                           const char *const *include_names)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcCreateProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+                                           const char *const *include_names) {
+  ENTER_NVRTC_OR_RETURN("nvrtcCreateProgram");
   if (!prog || !source || nheaders < 0 ||
       (nheaders > 0 && (!headers || !include_names)))
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -2748,24 +2477,20 @@ static nvrtcResult fk_nvrtc_create_program(nvrtcProgram *prog,
   p->source = xstrdup(source);
   p->name = xstrdup(name ? name : "default_program");
   p->log = xstrdup("");
-  if (g.nprograms == g.cap_programs) {
-    g.cap_programs = g.cap_programs ? 2 * g.cap_programs : 16;
-    g.programs = xrealloc(g.programs, g.cap_programs * sizeof *g.programs);
-  }
+  g.programs =
+      grow(g.programs, g.nprograms, &g.cap_programs, sizeof *g.programs);
   g.programs[g.nprograms++] = p;
   *prog = (nvrtcProgram)(void *)p;
   return leave_nvrtc(NVRTC_SUCCESS);
 }
 
-static int has_prefix(const char *s, const char *prefix)
-{
+static int has_prefix(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
 /* "sm_90", "sm_90a", "compute_90": digits after the prefix, then at most
  * one letter. */
-static int valid_arch(const char *v, int *real)
-{
+static int valid_arch(const char *v, int *real) {
   const char *d;
   if (has_prefix(v, "sm_")) {
     d = v + 3;
@@ -2788,8 +2513,7 @@ static int valid_arch(const char *v, int *real)
 
 /* Returns 0 and a log if the option is unknown or its value bad.  *real is
  * cleared by an -arch for a virtual architecture (no cubin then). */
-static int check_option(const char *o, char **log, int *real)
-{
+static int check_option(const char *o, char **log, int *real) {
   static const char *const exact[] = {"-G", "-lineinfo", "--use_fast_math",
                                       "-default-device"};
   static const char *const prefix[] = {"-D", "-I", "-std=", "--std="};
@@ -2799,7 +2523,7 @@ static int check_option(const char *o, char **log, int *real)
   for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++)
     if (has_prefix(o, prefix[i]) && o[strlen(prefix[i])] != '\0')
       return 1;
-  const char *arch = has_prefix(o, "-arch=") ? o + 6
+  const char *arch = has_prefix(o, "-arch=")                ? o + 6
                      : has_prefix(o, "--gpu-architecture=") ? o + 19
                                                             : NULL;
   if (arch) {
@@ -2818,8 +2542,7 @@ static int check_option(const char *o, char **log, int *real)
 
 static char *format_log(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
-static char *format_log(const char *fmt, ...)
-{
+static char *format_log(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(NULL, 0, fmt, ap);
@@ -2831,8 +2554,7 @@ static char *format_log(const char *fmt, ...)
   return s;
 }
 
-static int line_of(const char *src, const char *at)
-{
+static int line_of(const char *src, const char *at) {
   int line = 1;
   for (const char *p = src; p < at; p++)
     if (*p == '\n')
@@ -2842,8 +2564,7 @@ static int line_of(const char *src, const char *at)
 
 /* A copy of src with its comments blanked out (newlines kept, so that
  * line numbers stay right). */
-static char *strip_comments(const char *src)
-{
+static char *strip_comments(const char *src) {
   char *s = xstrdup(src);
   for (char *p = s; *p; p++) {
     if (p[0] == '/' && p[1] == '/') {
@@ -2871,24 +2592,23 @@ static char *strip_comments(const char *src)
 }
 
 /* The size of a parameter of the C type `type` (blanks normalised), or 0. */
-static size_t c_type_size(const char *type)
-{
+static size_t c_type_size(const char *type) {
   static const struct {
     const char *name;
     size_t size;
   } types[] = {
-      {"char", 1},           {"signed char", 1},
-      {"unsigned char", 1},  {"int8_t", 1},
-      {"uint8_t", 1},        {"bool", 1},
-      {"short", 2},          {"unsigned short", 2},
-      {"int16_t", 2},        {"uint16_t", 2},
-      {"int", 4},            {"unsigned", 4},
-      {"unsigned int", 4},   {"float", 4},
-      {"int32_t", 4},        {"uint32_t", 4},
-      {"long", 8},           {"long long", 8},
-      {"unsigned long", 8},  {"unsigned long long", 8},
-      {"size_t", 8},         {"double", 8},
-      {"int64_t", 8},        {"uint64_t", 8},
+      {"char", 1},          {"signed char", 1},
+      {"unsigned char", 1}, {"int8_t", 1},
+      {"uint8_t", 1},       {"bool", 1},
+      {"short", 2},         {"unsigned short", 2},
+      {"int16_t", 2},       {"uint16_t", 2},
+      {"int", 4},           {"unsigned", 4},
+      {"unsigned int", 4},  {"float", 4},
+      {"int32_t", 4},       {"uint32_t", 4},
+      {"long", 8},          {"long long", 8},
+      {"unsigned long", 8}, {"unsigned long long", 8},
+      {"size_t", 8},        {"double", 8},
+      {"int64_t", 8},       {"uint64_t", 8},
   };
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
     if (strcmp(type, types[i].name) == 0)
@@ -2896,8 +2616,7 @@ static size_t c_type_size(const char *type)
   return 0;
 }
 
-static int is_qualifier(const char *w, size_t n)
-{
+static int is_qualifier(const char *w, size_t n) {
   static const char *const q[] = {"const", "volatile", "__restrict__",
                                   "restrict", "__grid_constant__"};
   for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
@@ -2909,8 +2628,7 @@ static int is_qualifier(const char *w, size_t n)
 /* Appends to a growing string. */
 static void append(char **s, size_t *len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void append(char **s, size_t *len, const char *fmt, ...)
-{
+static void append(char **s, size_t *len, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(NULL, 0, fmt, ap);
@@ -2925,9 +2643,8 @@ static void append(char **s, size_t *len, const char *fmt, ...)
 /* One parameter declaration [s, e) of a kernel into the image's line:
  * " p" or " <size>".  Returns 0 with *log set for an unknown type. */
 static int add_param_decl(const struct fprogram *p, const char *src,
-                          const char *s, const char *e, char **img,
-                          size_t *len, char **log)
-{
+                          const char *s, const char *e, char **img, size_t *len,
+                          char **log) {
   for (const char *q = s; q < e; q++)
     if (*q == '*') {
       append(img, len, " p");
@@ -2989,8 +2706,7 @@ static int add_param_decl(const struct fprogram *p, const char *src,
 
 /* Finds `extern "C" __global__ void [__launch_bounds__(N[,...])] NAME(...)`
  * in the source and makes a FAKECUBIN image of them. */
-static nvrtcResult fake_compile(struct fprogram *p, char **log)
-{
+static nvrtcResult fake_compile(struct fprogram *p, char **log) {
   char *src = strip_comments(p->source);
   char *img = NULL;
   size_t len = 0;
@@ -3161,11 +2877,8 @@ out:
 }
 
 static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
-                                            const char *const *options)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcCompileProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+                                            const char *const *options) {
+  ENTER_NVRTC_OR_RETURN("nvrtcCompileProgram");
   struct fprogram *p = resolve_program("nvrtcCompileProgram", prog);
   if (noptions < 0 || (noptions > 0 && !options))
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3193,7 +2906,7 @@ static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
       p->log = log;
       return leave_nvrtc(NVRTC_ERROR_INVALID_OPTION);
     }
-  r = fake_compile(p, &log);
+  nvrtcResult r = fake_compile(p, &log);
   p->log = log ? log : xstrdup("");
   if (r == NVRTC_SUCCESS && !real) { /* PTX only: no cubin */
     free(p->image);
@@ -3204,11 +2917,8 @@ static nvrtcResult fk_nvrtc_compile_program(nvrtcProgram prog, int noptions,
 }
 
 static nvrtcResult fk_nvrtc_get_program_log_size(nvrtcProgram prog,
-                                                 size_t *size)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLogSize");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+                                                 size_t *size) {
+  ENTER_NVRTC_OR_RETURN("nvrtcGetProgramLogSize");
   struct fprogram *p = resolve_program("nvrtcGetProgramLogSize", prog);
   if (!size)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3216,11 +2926,8 @@ static nvrtcResult fk_nvrtc_get_program_log_size(nvrtcProgram prog,
   return leave_nvrtc(NVRTC_SUCCESS);
 }
 
-static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcGetProgramLog");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log) {
+  ENTER_NVRTC_OR_RETURN("nvrtcGetProgramLog");
   struct fprogram *p = resolve_program("nvrtcGetProgramLog", prog);
   if (!log)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3230,11 +2937,8 @@ static nvrtcResult fk_nvrtc_get_program_log(nvrtcProgram prog, char *log)
 
 /* As the real one: 0 bytes, successfully, when there is no cubin (not
  * compiled, failed, or compiled for a virtual architecture). */
-static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcGetCUBINSize");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size) {
+  ENTER_NVRTC_OR_RETURN("nvrtcGetCUBINSize");
   struct fprogram *p = resolve_program("nvrtcGetCUBINSize", prog);
   if (!size)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3242,11 +2946,8 @@ static nvrtcResult fk_nvrtc_get_cubin_size(nvrtcProgram prog, size_t *size)
   return leave_nvrtc(NVRTC_SUCCESS);
 }
 
-static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcGetCUBIN");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin) {
+  ENTER_NVRTC_OR_RETURN("nvrtcGetCUBIN");
   struct fprogram *p = resolve_program("nvrtcGetCUBIN", prog);
   if (!cubin)
     return leave_nvrtc(NVRTC_ERROR_INVALID_INPUT);
@@ -3255,11 +2956,8 @@ static nvrtcResult fk_nvrtc_get_cubin(nvrtcProgram prog, char *cubin)
   return leave_nvrtc(NVRTC_SUCCESS);
 }
 
-static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog)
-{
-  nvrtcResult r = begin_nvrtc("nvrtcDestroyProgram");
-  if (r != NVRTC_SUCCESS)
-    return leave_nvrtc(r);
+static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog) {
+  ENTER_NVRTC_OR_RETURN("nvrtcDestroyProgram");
   if (!prog)
     return leave_nvrtc(NVRTC_ERROR_INVALID_PROGRAM);
   struct fprogram *p = resolve_program("nvrtcDestroyProgram", *prog);
@@ -3330,8 +3028,7 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
 /* Control API (fakecuda.h)                                                   */
 /* ------------------------------------------------------------------------ */
 
-static size_t count_allocations(int device)
-{
+static size_t count_allocations(int device) {
   size_t n = 0;
   for (struct falloc *a = g.live; a; a = a->next)
     if (device < 0 || a->device == device)
@@ -3339,8 +3036,7 @@ static size_t count_allocations(int device)
   return n;
 }
 
-static size_t count_streams(int device)
-{
+static size_t count_streams(int device) {
   size_t n = 0;
   for (size_t i = 0; i < g.nstreams; i++)
     if ((device < 0 || g.streams[i]->device == device) &&
@@ -3349,8 +3045,7 @@ static size_t count_streams(int device)
   return n;
 }
 
-static size_t count_libraries(int device)
-{
+static size_t count_libraries(int device) {
   size_t n = 0;
   for (size_t i = 0; i < g.nlibraries; i++)
     if ((device < 0 || g.libraries[i]->device == device) &&
@@ -3359,8 +3054,7 @@ static size_t count_libraries(int device)
   return n;
 }
 
-static size_t count_events(int device)
-{
+static size_t count_events(int device) {
   size_t n = 0;
   for (size_t i = 0; i < g.nevents; i++)
     if ((device < 0 || g.events[i]->device == device) &&
@@ -3369,8 +3063,7 @@ static size_t count_events(int device)
   return n;
 }
 
-FAKE_EXPORT void fake_set_driver(enum fake_driver state)
-{
+FAKE_EXPORT void fake_set_driver(enum fake_driver state) {
   if (state != FAKE_DRIVER_OK && state != FAKE_DRIVER_MISSING &&
       state != FAKE_DRIVER_NO_DEVICE)
     misuse("fake_set_driver(%d): unknown state", (int)state);
@@ -3379,8 +3072,7 @@ FAKE_EXPORT void fake_set_driver(enum fake_driver state)
   unlock();
 }
 
-FAKE_EXPORT void fake_set_device_count(int n)
-{
+FAKE_EXPORT void fake_set_device_count(int n) {
   if (n < 0 || n > MAX_DEVICES)
     misuse("fake_set_device_count(%d): not in 0..%d", n, MAX_DEVICES);
   lock();
@@ -3388,24 +3080,22 @@ FAKE_EXPORT void fake_set_device_count(int n)
   unlock();
 }
 
-FAKE_EXPORT void fake_set_managed_supported(int device, int supported)
-{
+FAKE_EXPORT void fake_set_managed_supported(int device, int supported) {
   check_control_device("fake_set_managed_supported", device);
   lock();
   g.dev[device].managed = supported != 0;
   unlock();
 }
 
-FAKE_EXPORT void fake_set_memory_limit(int device, size_t bytes)
-{
+FAKE_EXPORT void fake_set_memory_limit(int device, size_t bytes) {
   check_control_device("fake_set_memory_limit", device);
   lock();
   g.dev[device].limit = bytes;
   unlock();
 }
 
-FAKE_EXPORT void fake_fail_after(unsigned long n, cudaError_t err, int persistent)
-{
+FAKE_EXPORT void fake_fail_after(unsigned long n, cudaError_t err,
+                                 int persistent) {
   if (n == 0)
     misuse("fake_fail_after: n must be >= 1 (1 = the next call)");
   if (err == cudaSuccess)
@@ -3417,8 +3107,7 @@ FAKE_EXPORT void fake_fail_after(unsigned long n, cudaError_t err, int persisten
   unlock();
 }
 
-FAKE_EXPORT void fake_fail_clear(void)
-{
+FAKE_EXPORT void fake_fail_clear(void) {
   lock();
   g.fail_at = 0;
   g.fail_err = cudaSuccess;
@@ -3427,8 +3116,7 @@ FAKE_EXPORT void fake_fail_clear(void)
   unlock();
 }
 
-FAKE_EXPORT void fake_fail_function(const char *name, cudaError_t err)
-{
+FAKE_EXPORT void fake_fail_function(const char *name, cudaError_t err) {
   if (!name || strlen(name) >= FAIL_NAME_MAX)
     misuse("fake_fail_function: bad name");
   lock();
@@ -3454,74 +3142,64 @@ FAKE_EXPORT void fake_fail_function(const char *name, cudaError_t err)
   unlock();
 }
 
-FAKE_EXPORT unsigned long fake_call_count(void)
-{
+FAKE_EXPORT unsigned long fake_call_count(void) {
   lock();
   unsigned long n = g.calls;
   unlock();
   return n;
 }
 
-FAKE_EXPORT void fake_set_launch_hook(void (*fn)(void *arg), void *arg)
-{
+FAKE_EXPORT void fake_set_launch_hook(void (*fn)(void *arg), void *arg) {
   pthread_mutex_lock(&hook_lock);
   launch_hook = fn;
   launch_hook_arg = arg;
   pthread_mutex_unlock(&hook_lock);
 }
 
-FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds)
-{
+FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds) {
   atomic_store(&launch_delay_us, microseconds);
 }
 
-FAKE_EXPORT void fake_set_param_space(size_t bytes)
-{
+FAKE_EXPORT void fake_set_param_space(size_t bytes) {
   lock();
   g.param_space = bytes;
   unlock();
 }
 
-FAKE_EXPORT void fake_set_paused(int paused)
-{
+FAKE_EXPORT void fake_set_paused(int paused) {
   lock();
   g.paused = paused != 0;
   unlock();
 }
 
-FAKE_EXPORT void fake_set_sticky_error(int device, cudaError_t err)
-{
+FAKE_EXPORT void fake_set_sticky_error(int device, cudaError_t err) {
   check_control_device("fake_set_sticky_error", device);
   lock();
   g.dev[device].sticky = err;
   unlock();
 }
 
-FAKE_EXPORT void fake_set_strict_teardown(int strict)
-{
+FAKE_EXPORT void fake_set_strict_teardown(int strict) {
   lock();
   g.strict = strict != 0;
   unlock();
 }
 
-FAKE_EXPORT size_t fake_log_length(void)
-{
+FAKE_EXPORT size_t fake_log_length(void) {
   lock();
   size_t n = g.log_len;
   unlock();
   return n;
 }
 
-FAKE_EXPORT const char *fake_log_entry(size_t i)
-{
+FAKE_EXPORT const char *fake_log_entry(size_t i) {
   lock();
   const char *s = i < g.log_len ? g.log[i] : NULL;
   unlock();
   return s;
 }
 
-FAKE_EXPORT long fake_log_find(const char *name, size_t from)
-{
+FAKE_EXPORT long fake_log_find(const char *name, size_t from) {
   long found = -1;
   if (!name)
     return -1;
@@ -3535,8 +3213,7 @@ FAKE_EXPORT long fake_log_find(const char *name, size_t from)
   return found;
 }
 
-FAKE_EXPORT size_t fake_log_count(const char *name)
-{
+FAKE_EXPORT size_t fake_log_count(const char *name) {
   size_t n = 0;
   if (!name)
     return 0;
@@ -3548,23 +3225,20 @@ FAKE_EXPORT size_t fake_log_count(const char *name)
   return n;
 }
 
-FAKE_EXPORT void fake_log_clear(void)
-{
+FAKE_EXPORT void fake_log_clear(void) {
   lock();
   log_free();
   unlock();
 }
 
-FAKE_EXPORT size_t fake_live_allocations(int device)
-{
+FAKE_EXPORT size_t fake_live_allocations(int device) {
   lock();
   size_t n = count_allocations(device);
   unlock();
   return n;
 }
 
-FAKE_EXPORT size_t fake_live_bytes(int device)
-{
+FAKE_EXPORT size_t fake_live_bytes(int device) {
   size_t n = 0;
   lock();
   for (struct falloc *a = g.live; a; a = a->next)
@@ -3574,32 +3248,28 @@ FAKE_EXPORT size_t fake_live_bytes(int device)
   return n;
 }
 
-FAKE_EXPORT size_t fake_live_streams(int device)
-{
+FAKE_EXPORT size_t fake_live_streams(int device) {
   lock();
   size_t n = count_streams(device);
   unlock();
   return n;
 }
 
-FAKE_EXPORT size_t fake_live_events(int device)
-{
+FAKE_EXPORT size_t fake_live_events(int device) {
   lock();
   size_t n = count_events(device);
   unlock();
   return n;
 }
 
-FAKE_EXPORT size_t fake_live_libraries(int device)
-{
+FAKE_EXPORT size_t fake_live_libraries(int device) {
   lock();
   size_t n = count_libraries(device);
   unlock();
   return n;
 }
 
-FAKE_EXPORT size_t fake_live_programs(void)
-{
+FAKE_EXPORT size_t fake_live_programs(void) {
   size_t n = 0;
   lock();
   for (size_t i = 0; i < g.nprograms; i++)
@@ -3609,16 +3279,14 @@ FAKE_EXPORT size_t fake_live_programs(void)
   return n;
 }
 
-FAKE_EXPORT const char *fake_last_nvrtc_options(void)
-{
+FAKE_EXPORT const char *fake_last_nvrtc_options(void) {
   lock();
   const char *s = g.nvrtc_options ? g.nvrtc_options : "";
   unlock();
   return s;
 }
 
-FAKE_EXPORT size_t fake_last_launch_args(void *dst, size_t capacity)
-{
+FAKE_EXPORT size_t fake_last_launch_args(void *dst, size_t capacity) {
   lock();
   size_t n = g.launch_args_size;
   if (dst && g.launch_args)
@@ -3627,8 +3295,7 @@ FAKE_EXPORT size_t fake_last_launch_args(void *dst, size_t capacity)
   return n;
 }
 
-FAKE_EXPORT int fake_primary_ctx_refcount(int device)
-{
+FAKE_EXPORT int fake_primary_ctx_refcount(int device) {
   check_control_device("fake_primary_ctx_refcount", device);
   lock();
   int n = g.dev[device].ctx_refs;
@@ -3636,31 +3303,23 @@ FAKE_EXPORT int fake_primary_ctx_refcount(int device)
   return n;
 }
 
-FAKE_EXPORT int fake_torn_down(void)
-{
+FAKE_EXPORT int fake_torn_down(void) {
   lock();
   int t = g.torn_down;
   unlock();
   return t;
 }
 
-FAKE_EXPORT void fake_teardown_now(void)
-{
+FAKE_EXPORT void fake_teardown_now(void) {
   lock();
   teardown_locked();
   unlock();
 }
 
-FAKE_EXPORT void fake_reset(void)
-{
+FAKE_EXPORT void fake_reset(void) {
   lock();
   free_everything();
-  log_free();
-  free(g.nvrtc_options);
-  g.nvrtc_options = NULL;
-  free(g.launch_args);
-  g.launch_args = NULL;
-  g.launch_args_size = 0;
+  free_call_records();
   set_defaults();
   g.torn_down = 0; /* the atexit registration, though, stays */
   t_device = 0;
