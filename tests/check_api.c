@@ -2886,31 +2886,13 @@ static Suite *api_suite(void) {
 }
 
 int main(void) {
-  enum fork_status fork_mode;
 #ifdef CUSAFE_TEST_FAKE
   /* Every test needs a fresh library and a fresh fake, so each runs in its
    * own process whatever CK_FORK says; no cusafe call may happen here. */
-  fork_mode = CK_FORK;
+  return tu_run_suite(api_suite(), CK_FORK);
 #else
-  int n = 0;
-  cusafe_status st = cusafe_device_count(&n);
-  if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE) {
-    printf("no CUDA device: skipping (%s)\n", cusafe_last_error_message());
-    return 77;
-  }
-  if (st != CUSAFE_SUCCESS) {
-    fprintf(stderr, "cusafe_device_count failed: %s: %s\n",
-            cusafe_status_string(st), cusafe_last_error_message());
-    return 99;
-  }
+  tu_require_gpu();
   /* CUDA is initialised now: a forked child could not use it. */
-  fork_mode = CK_NOFORK;
+  return tu_run_suite(api_suite(), CK_NOFORK);
 #endif
-  Suite *s = api_suite();
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, fork_mode);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
 }

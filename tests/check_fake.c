@@ -1504,12 +1504,6 @@ static Suite *fake_suite(void) {
 }
 
 int main(void) {
-  Suite *s = fake_suite();
-  SRunner *sr = srunner_create(s);
   /* Every test needs a fresh library and a fresh fake. */
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return tu_run_suite(fake_suite(), CK_FORK);
 }

@@ -1489,14 +1489,9 @@ int main(void) {
   else
     memset(totals, 0, sizeof *totals);
   tu_pattern(host_in, sizeof host_in, 77);
-  Suite *s = faults_suite();
-  SRunner *sr = srunner_create(s);
   /* Every test forks its own children, each with a fresh library and a
    * fresh fake; the test process itself never calls cusafe. */
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  int status = tu_run_suite(faults_suite(), CK_FORK);
   if (totals)
     printf("fault injection: %lu (operation, call) pairs over %d operations "
            "(%lu single, %lu persistent), %lu runs with each injected "
@@ -1507,5 +1502,5 @@ int main(void) {
            totals->absorbed[0] + totals->absorbed[1],
            totals->excused[0] + totals->excused[1],
            totals->bad[0] + totals->bad[1]);
-  return failed == 0 ? 0 : 1;
+  return status;
 }

@@ -1067,23 +1067,7 @@ static Suite *kernels_suite(void) {
 }
 
 int main(void) {
-  int n = 0;
-  cusafe_status st = cusafe_device_count(&n);
-  if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE) {
-    printf("no CUDA device: skipping (%s)\n", cusafe_last_error_message());
-    return 77;
-  }
-  if (st != CUSAFE_SUCCESS) {
-    fprintf(stderr, "cusafe_device_count failed: %s: %s\n",
-            cusafe_status_string(st), cusafe_last_error_message());
-    return 99;
-  }
+  tu_require_gpu();
   /* CUDA is initialised now: a forked child could not use it. */
-  Suite *s = kernels_suite();
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return tu_run_suite(kernels_suite(), CK_NOFORK);
 }

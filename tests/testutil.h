@@ -184,4 +184,33 @@ static inline void *tu_xmalloc(size_t n) {
 
 static const char *const tu_kind_names[] = {"device", "pinned", "managed"};
 
+/* Runs the suite, each test in a process of its own (CK_FORK) or all in
+ * this one (CK_NOFORK); returns the program's exit status. */
+static inline int tu_run_suite(Suite *s, enum fork_status fork_mode) {
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, fork_mode);
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
+
+/* For the programs that need a GPU: returns when cusafe counts the
+ * devices; exits 77 (automake's SKIP) without a driver or a device, and 99
+ * (a hard error) when counting fails otherwise.  CUDA is initialised
+ * afterwards: a forked child could not use it. */
+static inline void tu_require_gpu(void) {
+  int n = 0;
+  cusafe_status st = cusafe_device_count(&n);
+  if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE) {
+    printf("no CUDA device: skipping (%s)\n", cusafe_last_error_message());
+    exit(77);
+  }
+  if (st != CUSAFE_SUCCESS) {
+    fprintf(stderr, "cusafe_device_count failed: %s: %s\n",
+            cusafe_status_string(st), cusafe_last_error_message());
+    exit(99);
+  }
+}
+
 #endif /* CUSAFE_TESTUTIL_H */
