@@ -19,44 +19,13 @@
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "testutil.h"
+#include "fakeutil.h"
 
 #define KIB ((size_t)1024)
 
 static const char shutdown_message[] = "cusafe has been shut down";
 static const char forked_message[] =
     "cusafe cannot be used in a process forked after CUDA was initialised";
-
-/* Nothing of CUDA is left: no memory, stream or event, and the primary
- * contexts of both devices are released. */
-#define CHECK_NOTHING_LIVE()                                                \
-  do {                                                                      \
-    TU_ASSERT(fake_live_allocations(-1) == 0, "%zu allocations alive",      \
-              fake_live_allocations(-1));                                   \
-    TU_ASSERT(fake_live_streams(-1) == 0, "%zu streams alive",              \
-              fake_live_streams(-1));                                       \
-    TU_ASSERT(fake_live_events(-1) == 0, "%zu events alive",                \
-              fake_live_events(-1));                                        \
-    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
-      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
-                "primary context of device %d still retained %d time(s)",   \
-                cnl_d_, fake_primary_ctx_refcount(cnl_d_));                 \
-  } while (0)
-
-/* Runs fn in a forked child and returns its wait status.  The child starts
- * as the test process is: no cusafe call has been made there. */
-static int run_in_child(void (*fn)(void *), void *arg) {
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ne(pid, -1);
-  if (pid == 0) {
-    tu_in_child = 1;
-    fn(arg);
-    exit(0);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  return status;
-}
 
 #define CHECK_CHILD_EXITED_0(status)                                        \
   do {                                                                      \
@@ -281,7 +250,7 @@ START_TEST(test_one_device) {
          "device 1 is out of range: 1 device(s) found");
   TU_OK(cusafe_context_create(&c, 0));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -359,7 +328,7 @@ START_TEST(test_release_in_every_order) {
     TU_ASSERT(fake_primary_ctx_refcount(0) == 0,
               "order %lu: primary context still retained after the last "
               "release", k);
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
   }
   printf("release order: %lu orders checked\n", nperms);
 }
@@ -416,7 +385,7 @@ START_TEST(test_release_source_of_queued_copy) {
   TU_OK(cusafe_buffer_release(dst));
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   free(data);
   free(back);
 }
@@ -461,7 +430,7 @@ START_TEST(test_release_view_and_parent_of_queued_copy) {
   TU_OK(cusafe_buffer_release(dst));
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   free(data);
 }
 END_TEST
@@ -494,7 +463,7 @@ START_TEST(test_release_host_memory_of_queued_copy) {
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
   fake_set_paused(0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -525,7 +494,7 @@ START_TEST(test_release_stream_and_context_with_queued_work) {
   TU_BYTES_EQ(back, data, n);
   TU_OK(cusafe_buffer_release(b));
   ck_assert_int_eq(fake_primary_ctx_refcount(0), 0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   free(data);
   free(back);
 }
@@ -548,7 +517,7 @@ START_TEST(test_shutdown_with_queued_work) {
   ck_assert_msg(first_free > last_work,
                 "memory freed at log entry %ld, queued work ran at %ld",
                 first_free, last_work);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -601,7 +570,7 @@ START_TEST(test_moving_to_another_stream_waits) {
   TU_OK(cusafe_stream_release(sa));
   TU_OK(cusafe_stream_release(sb));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -640,7 +609,7 @@ START_TEST(test_same_stream_adds_no_synchronisation) {
   TU_OK(cusafe_buffer_release(d));
   TU_OK(cusafe_stream_release(sa));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -664,7 +633,7 @@ START_TEST(test_sync_read_waits_for_other_streams) {
   TU_OK(cusafe_buffer_release(b));
   TU_OK(cusafe_stream_release(sa));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -695,7 +664,7 @@ START_TEST(test_async_pageable_copies_are_staged) {
   TU_OK(cusafe_stream_release(sa));
   TU_OK(cusafe_stream_release(sb));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -731,7 +700,7 @@ START_TEST(test_queries_report_pending_work) {
   TU_OK(cusafe_event_release(e2));
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -776,7 +745,7 @@ START_TEST(test_allocation_failure_is_out_of_memory) {
   ck_assert_int_eq(cusafe_last_cuda_error(), 0);
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -804,7 +773,7 @@ START_TEST(test_creation_failure_is_cuda_error) {
   TU_OK(cusafe_event_release(e));
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -824,13 +793,13 @@ START_TEST(test_context_creation_failure_leaks_nothing) {
     ck_assert_msg(strncmp(msg, fail[i], strlen(fail[i])) == 0,
                   "message \"%s\" does not name %s", msg, fail[i]);
     ck_assert_uint_eq(c, CUSAFE_NULL_HANDLE);
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
     fake_fail_clear();
   }
   cusafe_context c = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_context_create(&c, 0));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -852,7 +821,7 @@ START_TEST(test_managed_memory_unsupported) {
   TU_OK(cusafe_buffer_release(b));
   TU_OK(cusafe_context_release(c0));
   TU_OK(cusafe_context_release(c1));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -883,7 +852,7 @@ START_TEST(test_memory_limit) {
   TU_OK(cusafe_buffer_alloc(&b, c, CUSAFE_MEMORY_DEVICE, 40 * KIB));
   TU_OK(cusafe_buffer_release(b));
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -914,7 +883,7 @@ START_TEST(test_sticky_error) {
   cusafe_status st = cusafe_shutdown();
   ck_assert_msg(st == CUSAFE_SUCCESS || st == CUSAFE_ERROR_CUDA,
                 "shutdown returned %d", (int)st);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -928,7 +897,7 @@ START_TEST(test_sticky_error_then_shutdown) {
   cusafe_status st = cusafe_shutdown();
   ck_assert_msg(st == CUSAFE_SUCCESS || st == CUSAFE_ERROR_CUDA,
                 "shutdown returned %d", (int)st);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   check_every_release_noop(&w);
 }
 END_TEST
@@ -1013,16 +982,6 @@ static void composite_release(struct composite *c) {
     TU_OK(cusafe_release(all[i]));
 }
 
-/* The name of call number n (from 1) in the log, or "?". */
-static const char *call_name(unsigned long n) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
-    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
-      return name;
-  return "?";
-}
-
 static int is_init_call(const char *name) {
   static const char *const init[] = {
       "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
@@ -1087,7 +1046,7 @@ static void fault_child(void *arg) {
   tu_copy_message(msg, sizeof msg);
   int cuda_err = cusafe_last_cuda_error();
   fake_fail_clear();
-  const char *failed_call = call_name(start + a->n);
+  const char *failed_call = tu_call_name(start + a->n);
   if (st != CUSAFE_SUCCESS) {
     TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
               step, (int)st, msg, start + a->n);
@@ -1115,7 +1074,7 @@ static void fault_child(void *arg) {
       int named = strcmp(msg, want) == 0;
       for (unsigned long k = start + a->n + 1; a->persistent && !named &&
                                                k <= end; k++) {
-        snprintf(want, sizeof want, "%s failed: unknown error", call_name(k));
+        snprintf(want, sizeof want, "%s failed: unknown error", tu_call_name(k));
         named = strcmp(msg, want) == 0;
       }
       TU_ASSERT(named,
@@ -1130,7 +1089,7 @@ static void fault_child(void *arg) {
                                start + a->n, a->persistent ? end : start + a->n);
   composite_release(&c);
   if (!excused)
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
 
   /* CUDA works again: so must the library, from scratch. */
   int reusable = 1;
@@ -1149,11 +1108,11 @@ static void fault_child(void *arg) {
     }
     composite_release(&again);
     if (!excused)
-      CHECK_NOTHING_LIVE();
+      TU_NOTHING_LIVE();
   }
   TU_OK(cusafe_shutdown());
   if (!excused)
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
   if (st != CUSAFE_SUCCESS)
     exit(!reusable ? FAULT_NOT_REUSABLE
                    : excused ? FAULT_EXCUSED : FAULT_FAILED);
@@ -1169,7 +1128,7 @@ static void fault_loop(int persistent) {
   size_t bad_len = 0;
   for (n = 1; n <= max_n; n++) {
     struct fault_args a = {n, persistent};
-    int status = run_in_child(fault_child, &a);
+    int status = tu_run_in_child(fault_child, &a, NULL, 0);
     ck_assert_msg(!WIFSIGNALED(status),
                   "failing call %lu%s: child killed by signal %d (%s)", n,
                   persistent ? " and after" : "", WTERMSIG(status),
@@ -1223,7 +1182,7 @@ START_TEST(test_shutdown_destroys_everything) {
   TU_OK(cusafe_retain(w.dev));
   TU_OK(cusafe_retain(w.ctx));
   TU_OK(cusafe_shutdown());
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   check_every_call_refused(&w, CUSAFE_ERROR_SHUTDOWN, shutdown_message);
   check_every_release_noop(&w);
   TU_OK(cusafe_shutdown());
@@ -1243,7 +1202,7 @@ START_TEST(test_shutdown_twice) {
   TU_OK(cusafe_shutdown());
   TU_OK(cusafe_shutdown());
   TU_OK(cusafe_context_release(c));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1307,7 +1266,7 @@ static void exit_with_live_objects(void *arg) {
 /* The library's exit handler runs before the runtime's teardown, destroys
  * everything, and touches nothing after it. */
 START_TEST(test_exit_with_live_handles) {
-  CHECK_CHILD_EXITED_0(run_in_child(exit_with_live_objects, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(exit_with_live_objects, NULL, NULL, 0));
 }
 END_TEST
 
@@ -1341,7 +1300,7 @@ static void exit_then_release(void *arg) {
 /* A release from a late exit handler (a binding's finaliser) is a silent
  * no-op: it must not call the runtime after its teardown. */
 START_TEST(test_release_after_exit_is_noop) {
-  CHECK_CHILD_EXITED_0(run_in_child(exit_then_release, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(exit_then_release, NULL, NULL, 0));
 }
 END_TEST
 
@@ -1355,7 +1314,7 @@ static void exit_after_shutdown(void *arg) {
 }
 
 START_TEST(test_exit_after_shutdown) {
-  CHECK_CHILD_EXITED_0(run_in_child(exit_after_shutdown, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(exit_after_shutdown, NULL, NULL, 0));
 }
 END_TEST
 
@@ -1380,13 +1339,13 @@ START_TEST(test_fork_after_init) {
   unsigned char back[4096];
   world_make(&fork_world);
   TU_OK(cusafe_stream_synchronize(fork_world.stream));
-  CHECK_CHILD_EXITED_0(run_in_child(forked_child_is_refused, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(forked_child_is_refused, NULL, NULL, 0));
   /* The parent goes on as if nothing happened. */
   TU_OK(cusafe_buffer_read(fork_world.dev1, 0, back, sizeof back));
   TU_BYTES_EQ(back, fork_world.data, sizeof back);
   TU_OK(cusafe_buffer_write(fork_world.view, 0, back, 256));
   world_release(&fork_world);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1402,7 +1361,7 @@ static void forked_child_device_count(void *arg) {
 START_TEST(test_fork_after_device_count) {
   int n = 0;
   TU_OK(cusafe_device_count(&n));
-  CHECK_CHILD_EXITED_0(run_in_child(forked_child_device_count, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(forked_child_device_count, NULL, NULL, 0));
   TU_OK(cusafe_device_count(&n));
   ck_assert_int_eq(n, 2);
 }
@@ -1415,7 +1374,7 @@ static void child_uses_library(void *arg) {
   memset(&c, 0, sizeof c);
   TU_OK(composite_run(&c, &step));
   composite_release(&c);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 
 /* A child forked before CUDA was initialised is an ordinary process. */
@@ -1425,11 +1384,11 @@ START_TEST(test_fork_before_init) {
   /* Stateless calls do not initialise CUDA. */
   ck_assert_str_eq(cusafe_version_string(), "0.1.0");
   (void)cusafe_status_string(CUSAFE_SUCCESS);
-  CHECK_CHILD_EXITED_0(run_in_child(child_uses_library, NULL));
+  CHECK_CHILD_EXITED_0(tu_run_in_child(child_uses_library, NULL, NULL, 0));
   memset(&c, 0, sizeof c);
   TU_OK(composite_run(&c, &step));
   composite_release(&c);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 

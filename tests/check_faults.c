@@ -54,6 +54,7 @@
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "testutil.h"
+#include "fakeutil.h"
 
 #define KIB ((size_t)1024)
 #define SIZE 4096                /* bytes of every buffer */
@@ -330,45 +331,14 @@ static int is_sticky_immune(const char *name) {
 /* The fake's log                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* The name of call number n (from 1) of this process, or "?". */
-static const char *call_name(unsigned long n) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
-    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
-      return name;
-  return "?";
-}
-
 /* Whether one of the calls numbered first..last was a cleanup call that
  * is not retried. */
 static int failure_hit_cleanup(unsigned long first, unsigned long last) {
   for (unsigned long k = first; k <= last; k++)
-    if (is_cleanup_call(call_name(k), 0))
+    if (is_cleanup_call(tu_call_name(k), 0))
       return 1;
   return 0;
 }
-
-/* Nothing of CUDA is left: no memory, stream, event, library or NVRTC
- * program, and the primary contexts of both devices are released. */
-#define CHECK_NOTHING_LIVE(what)                                            \
-  do {                                                                      \
-    TU_ASSERT(fake_live_allocations(-1) == 0, "%s: %zu allocations alive",  \
-              (what), fake_live_allocations(-1));                           \
-    TU_ASSERT(fake_live_streams(-1) == 0, "%s: %zu streams alive", (what),  \
-              fake_live_streams(-1));                                       \
-    TU_ASSERT(fake_live_events(-1) == 0, "%s: %zu events alive", (what),    \
-              fake_live_events(-1));                                        \
-    TU_ASSERT(fake_live_libraries(-1) == 0, "%s: %zu libraries alive",      \
-              (what), fake_live_libraries(-1));                             \
-    TU_ASSERT(fake_live_programs() == 0, "%s: %zu NVRTC programs alive",    \
-              (what), fake_live_programs());                                \
-    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
-      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
-                "%s: primary context of device %d still retained %d "       \
-                "time(s)",                                                  \
-                (what), cnl_d_, fake_primary_ctx_refcount(cnl_d_));         \
-  } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* The operations                                                             */
@@ -1008,43 +978,6 @@ static void run_clean(const struct op *op, struct world *w, const char *when) {
 /* Children                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Runs fn in a forked child, whose stderr goes into err (NUL-terminated,
- * cut at n bytes); returns its wait status.  The child starts as the test
- * process is: no cusafe call has been made there. */
-static int run_in_child(void (*fn)(void *), void *arg, char *err, size_t n) {
-  int fds[2];
-  ck_assert_int_eq(pipe(fds), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ne(pid, -1);
-  if (pid == 0) {
-    tu_in_child = 1;
-    close(fds[0]);
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[1]);
-    fn(arg);
-    exit(0);
-  }
-  close(fds[1]);
-  size_t len = 0;
-  for (;;) {
-    char buf[4096];
-    ssize_t got = read(fds[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      break;
-    size_t take = (size_t)got < n - 1 - len ? (size_t)got : n - 1 - len;
-    memcpy(err + len, buf, take);
-    len += take;
-  }
-  err[len] = '\0';
-  close(fds[0]);
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  return status;
-}
-
 /* The clean run: the names of the operation's calls, written to a pipe. */
 struct clean_args {
   const struct op *op;
@@ -1066,11 +999,11 @@ static void clean_child(void *arg) {
   FILE *f = fdopen(a->fd, "w");
   TU_ASSERT(f != NULL, "fdopen failed");
   for (unsigned long k = start + 1; k <= end; k++)
-    fprintf(f, "%s\n", call_name(k));
+    fprintf(f, "%s\n", tu_call_name(k));
   fclose(f);
   world_release(&w, (a->op->flags & OP_SHUTDOWN) ? RELEASE_SHUT_DOWN
                                                  : RELEASE_STRICT);
-  CHECK_NOTHING_LIVE("after a clean run");
+  TU_NOTHING_LIVE_AT("after a clean run");
   TU_OK(cusafe_shutdown());
 }
 
@@ -1111,13 +1044,6 @@ static void record_clean(const struct op *op, struct clean_log *log) {
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "%s: the clean run failed (its message is above)", op->name);
 }
-
-enum fault_result {
-  FAULT_COMPLETED = 0,  /* the injected failure was never reached */
-  FAULT_FAILED = 10,    /* the operation failed, as it should */
-  FAULT_ABSORBED = 11,  /* reached, yet the operation succeeded */
-  FAULT_EXCUSED = 12    /* a free failed: its leak not counted */
-};
 
 struct fault_args {
   const struct op *op;
@@ -1196,11 +1122,11 @@ static void fault_child(void *arg) {
               cusafe_status_string(st), msg);
     world_release(&w, (op->flags & OP_SHUTDOWN) ? RELEASE_SHUT_DOWN
                                                 : RELEASE_STRICT);
-    CHECK_NOTHING_LIVE("after the operation");
+    TU_NOTHING_LIVE_AT("after the operation");
     TU_OK(cusafe_shutdown());
-    exit(FAULT_COMPLETED);
+    exit(TU_FAULT_COMPLETED);
   }
-  const char *failed = call_name(first);
+  const char *failed = tu_call_name(first);
   TU_ASSERT(a->name != NULL && strcmp(failed, a->name) == 0,
             "call %lu of the operation is %s, in the clean run %s", a->n,
             failed, a->name ? a->name : "(none)");
@@ -1218,7 +1144,7 @@ static void fault_child(void *arg) {
   } else if (st != CUSAFE_SUCCESS) {
     int named = 0;
     for (unsigned long k = first; k <= last && !named; k++)
-      named = is_failure_of(call_name(k), err, st, msg, cuda_err, want,
+      named = is_failure_of(tu_call_name(k), err, st, msg, cuda_err, want,
                             sizeof want);
     if (!named)
       is_failure_of(failed, err, st, msg, cuda_err, want, sizeof want);
@@ -1254,9 +1180,9 @@ static void fault_child(void *arg) {
     world_release(&w, RELEASE_SHUT_DOWN);
     TU_ASSERT(fake_call_count() == calls, "calls after the shutdown");
     if (!excused)
-      CHECK_NOTHING_LIVE("after the shutdown");
-    exit(excused ? FAULT_EXCUSED
-                 : st == CUSAFE_SUCCESS ? FAULT_ABSORBED : FAULT_FAILED);
+      TU_NOTHING_LIVE_AT("after the shutdown");
+    exit(excused ? TU_FAULT_EXCUSED
+                 : st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED : TU_FAULT_FAILED);
   }
 
   if (!sticky) {
@@ -1283,20 +1209,20 @@ static void fault_child(void *arg) {
     world_release(&w, RELEASE_CHILDREN);
     fake_set_strict_teardown(0);
     fake_teardown_now();
-    exit(FAULT_EXCUSED);
+    exit(TU_FAULT_EXCUSED);
   }
   world_release(&w, sticky ? RELEASE_BROKEN : RELEASE_STRICT);
-  CHECK_NOTHING_LIVE("after releasing everything");
+  TU_NOTHING_LIVE_AT("after releasing everything");
   if (sticky) {
     /* The broken primary context went with its last reference; a new one
      * works. */
     fake_set_sticky_error(a->sticky_device, cudaSuccess);
     check_usable(op, "after the device was broken and everything released");
-    CHECK_NOTHING_LIVE("after releasing everything again");
+    TU_NOTHING_LIVE_AT("after releasing everything again");
   }
   TU_OK(cusafe_shutdown());
-  CHECK_NOTHING_LIVE("after the shutdown");
-  exit(st == CUSAFE_SUCCESS ? FAULT_ABSORBED : FAULT_FAILED);
+  TU_NOTHING_LIVE_AT("after the shutdown");
+  exit(st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED : TU_FAULT_FAILED);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1353,7 +1279,7 @@ static void fault_loop(const struct op *op, int persistent) {
       if (name && inj[i]->sticky)
         place_sticky(op, &log, n, &a.sticky_device, &a.sticky_before);
       char err[16384], line[600], what[800] = "";
-      int status = run_in_child(fault_child, &a, err, sizeof err);
+      int status = tu_run_in_child(fault_child, &a, err, sizeof err);
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       int aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
       first_line(err, line, sizeof line);
@@ -1363,7 +1289,7 @@ static void fault_loop(const struct op *op, int persistent) {
           strstr(err, "VIOLATION: primary context of device")) {
         /* A free that failed leaves its object alive; where the operation
          * itself then releases the primary context, the fake aborts. */
-        code = FAULT_EXCUSED;
+        code = TU_FAULT_EXCUSED;
       } else if (aborted && name && inj[i]->sticky && !a.sticky_before &&
                  strstr(err, "fakecuda: VIOLATION: ")) {
         /* A sync that fails by number leaves its work queued in the fake,
@@ -1377,14 +1303,14 @@ static void fault_loop(const struct op *op, int persistent) {
         snprintf(what, sizeof what, "killed by signal %d: %s",
                  WTERMSIG(status), line);
       }
-      if (!what[0] && !name && code != FAULT_COMPLETED)
+      if (!what[0] && !name && code != TU_FAULT_COMPLETED)
         snprintf(what, sizeof what, "past the %zu calls of the clean run: "
                  "exit %d: %s", log.ncalls, code, line);
       if (!what[0] && name) {
         switch (code) {
-        case FAULT_FAILED: failed++; break;
-        case FAULT_EXCUSED: excused++; break;
-        case FAULT_ABSORBED:
+        case TU_FAULT_FAILED: failed++; break;
+        case TU_FAULT_EXCUSED: excused++; break;
+        case TU_FAULT_ABSORBED:
           absorbed++;
           if (!strstr(absorbed_names, name))
             append(absorbed_names, sizeof absorbed_names, "%s%s",
@@ -1395,7 +1321,7 @@ static void fault_loop(const struct op *op, int persistent) {
             snprintf(what, sizeof what, "the operation succeeded all the "
                      "same");
           break;
-        case FAULT_COMPLETED:
+        case TU_FAULT_COMPLETED:
           snprintf(what, sizeof what, "never reached");
           break;
         default:
@@ -1449,14 +1375,14 @@ static void clean_all(void *arg) {
       continue;
     run_clean(&ops[i], &w, "run");
     world_release(&w, RELEASE_STRICT);
-    CHECK_NOTHING_LIVE(ops[i].name);
+    TU_NOTHING_LIVE_AT(ops[i].name);
   }
   TU_OK(cusafe_shutdown());
 }
 
 START_TEST(test_operations_succeed) {
   char err[16384];
-  int status = run_in_child(clean_all, NULL, err, sizeof err);
+  int status = tu_run_in_child(clean_all, NULL, err, sizeof err);
   fputs(err, stderr);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "a clean run failed; its message is above");

@@ -22,6 +22,7 @@
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "testutil.h"
+#include "fakeutil.h"
 
 #define KIB ((size_t)1024)
 
@@ -43,26 +44,6 @@ static const char fake_image[] =
     "\n"
     "# every kind of argument\n"
     "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
-
-/* Nothing of CUDA is left: no memory, stream, event, library or NVRTC
- * program, and the primary contexts of both devices are released. */
-#define CHECK_NOTHING_LIVE()                                                \
-  do {                                                                      \
-    TU_ASSERT(fake_live_allocations(-1) == 0, "%zu allocations alive",      \
-              fake_live_allocations(-1));                                   \
-    TU_ASSERT(fake_live_streams(-1) == 0, "%zu streams alive",              \
-              fake_live_streams(-1));                                       \
-    TU_ASSERT(fake_live_events(-1) == 0, "%zu events alive",                \
-              fake_live_events(-1));                                        \
-    TU_ASSERT(fake_live_libraries(-1) == 0, "%zu libraries alive",          \
-              fake_live_libraries(-1));                                     \
-    TU_ASSERT(fake_live_programs() == 0, "%zu NVRTC programs alive",        \
-              fake_live_programs());                                        \
-    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
-      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
-                "primary context of device %d still retained %d time(s)",   \
-                cnl_d_, fake_primary_ctx_refcount(cnl_d_));                 \
-  } while (0)
 
 /* A one-block launch on the context's default stream. */
 static cusafe_launch_config config1(void) {
@@ -92,21 +73,6 @@ static char *write_temp(const void *data, size_t size) {
   TU_ASSERT(write(fd, data, size) == (ssize_t)size, "write failed");
   close(fd);
   return path;
-}
-
-/* Runs fn in a forked child and returns its wait status. */
-static int run_in_child(void (*fn)(void *), void *arg) {
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ne(pid, -1);
-  if (pid == 0) {
-    tu_in_child = 1;
-    fn(arg);
-    exit(0);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  return status;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -188,7 +154,7 @@ START_TEST(test_load_data) {
   TU_ERR(cusafe_module_release(m), CUSAFE_ERROR_INVALID_HANDLE,
          "module 0x%016llx is stale: its object was released", TU_HX(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -212,7 +178,7 @@ START_TEST(test_load_file) {
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   free(path);
 }
 END_TEST
@@ -290,7 +256,7 @@ START_TEST(test_load_errors) {
          CUSAFE_ERROR_INVALID_HANDLE,
          "context 0x%016llx is stale: its object was released", TU_HX(ctx));
   ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -320,7 +286,7 @@ START_TEST(test_not_found_names_module) {
   TU_OK(cusafe_module_release(m));
 
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -359,7 +325,7 @@ static void fixture_release(struct fixture *f) {
                                f->buf,  f->buf1, f->s1};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 
 START_TEST(test_argument_checks) {
@@ -666,7 +632,7 @@ START_TEST(test_many_parameters) {
   TU_OK(cusafe_kernel_release(k17));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -719,7 +685,7 @@ START_TEST(test_parameter_size_limit) {
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
   fake_set_param_space(32764);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1067,7 +1033,7 @@ START_TEST(test_compile) {
   TU_ERR(cusafe_module_compile(NULL, ctx, saxpy_source, "x.cu", NULL, 0),
          CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1132,7 +1098,7 @@ START_TEST(test_compile_errors) {
   free(src);
   free(log);
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1305,7 +1271,7 @@ START_TEST(test_builtin_kernels) {
 
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1336,7 +1302,7 @@ START_TEST(test_builtin_other_memory) {
   TU_OK(cusafe_release(k));
   TU_OK(cusafe_release(m));
   TU_OK(cusafe_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1363,7 +1329,7 @@ START_TEST(test_builtin_misaligned_faults) {
   cusafe_release(m);
   cusafe_release(ctx);
   TU_OK(cusafe_shutdown());
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1429,7 +1395,7 @@ START_TEST(test_release_all_while_launch_queued) {
   ck_assert_msg(unloaded > ran, "module unloaded at log entry %ld, the "
                                "kernel ran at %ld", unloaded, ran);
   fake_set_paused(0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1488,7 +1454,7 @@ START_TEST(test_buffer_moves_during_launch) {
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1515,7 +1481,7 @@ START_TEST(test_shutdown_with_launch_queued) {
                 "memory freed before the kernel ran");
   ck_assert_msg(fake_log_find("cudaLibraryUnload", 0) > ran,
                 "module unloaded before the kernel ran");
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1554,7 +1520,7 @@ START_TEST(test_kernel_keeps_module) {
   ck_assert_uint_eq(fake_live_libraries(0), 0);
   TU_OK(cusafe_buffer_release(a));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1577,7 +1543,7 @@ START_TEST(test_module_keeps_context) {
   TU_OK(cusafe_kernel_release(k));
   /* The kernel went last: with it the module, then the context. */
   ck_assert_uint_eq(fake_live_libraries(1), 0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1595,7 +1561,7 @@ START_TEST(test_shutdown_unloads_everything) {
   unsigned long calls = fake_call_count();
   TU_OK(cusafe_shutdown());
   ck_assert_uint_gt(fake_call_count(), calls);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 
   /* Afterwards every call is refused without calling CUDA, and every
    * release is a silent no-op. */
@@ -1735,16 +1701,6 @@ static void composite_release(struct composite *c) {
     TU_OK(cusafe_release(all[i]));
 }
 
-/* The name of call number n (from 1) in the log, or "?". */
-static const char *call_name(unsigned long n) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
-    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
-      return name;
-  return "?";
-}
-
 static int is_init_call(const char *name) {
   static const char *const init[] = {
       "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
@@ -1787,7 +1743,7 @@ static int names_failed_call(const char *msg, unsigned long first,
                              unsigned long last) {
   char want[160];
   for (unsigned long k = first; k <= last; k++) {
-    const char *name = call_name(k);
+    const char *name = tu_call_name(k);
     if (strncmp(name, "nvrtc", 5) == 0)
       snprintf(want, sizeof want, "%s failed: NVRTC_ERROR_INTERNAL_ERROR",
                name);
@@ -1827,7 +1783,7 @@ static void fault_child(void *arg) {
   tu_copy_message(msg, sizeof msg);
   int cuda_err = cusafe_last_cuda_error();
   fake_fail_clear();
-  const char *failed_call = call_name(start + a->n);
+  const char *failed_call = tu_call_name(start + a->n);
   if (st != CUSAFE_SUCCESS) {
     TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
               step, (int)st, msg, start + a->n);
@@ -1861,7 +1817,7 @@ static void fault_child(void *arg) {
                                start + a->n, a->persistent ? end : start + a->n);
   composite_release(&c);
   if (!excused)
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
 
   /* CUDA works again: so must the library. */
   int reusable = 1;
@@ -1880,11 +1836,11 @@ static void fault_child(void *arg) {
     }
     composite_release(&again);
     if (!excused)
-      CHECK_NOTHING_LIVE();
+      TU_NOTHING_LIVE();
   }
   TU_OK(cusafe_shutdown());
   if (!excused)
-    CHECK_NOTHING_LIVE();
+    TU_NOTHING_LIVE();
   if (st != CUSAFE_SUCCESS)
     exit(!reusable ? FAULT_NOT_REUSABLE
                    : excused ? FAULT_EXCUSED : FAULT_FAILED);
@@ -1901,7 +1857,7 @@ static void fault_loop(cusafe_status (*run)(struct composite *, int *),
   size_t bad_len = 0;
   for (n = 1; n <= max_n; n++) {
     struct fault_args a = {n, persistent, run};
-    int status = run_in_child(fault_child, &a);
+    int status = tu_run_in_child(fault_child, &a, NULL, 0);
     ck_assert_msg(!WIFSIGNALED(status),
                   "failing call %lu%s: child killed by signal %d (%s)", n,
                   persistent ? " and after" : "", WTERMSIG(status),
@@ -1954,11 +1910,11 @@ START_TEST(test_composites_succeed) {
   memset(&c, 0, sizeof c);
   TU_OK(composite_builtin(&c, &step));
   composite_release(&c);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   memset(&c, 0, sizeof c);
   TU_OK(composite_compiled(&c, &step));
   composite_release(&c);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
