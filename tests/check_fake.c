@@ -20,6 +20,7 @@
 #include "fakecuda.h"
 #include "testutil.h"
 #include "fakeutil.h"
+#include "faultutil.h"
 
 #define KIB ((size_t)1024)
 
@@ -915,66 +916,47 @@ struct composite {
 };
 
 /* Runs the steps of a typical use until one fails; returns its status and
- * counts the steps started in *step.  A failed create must leave its
- * output NULL. */
-static cusafe_status composite_run(struct composite *c, int *step) {
+ * counts the steps started in *step. */
+static cusafe_status composite_run(void *state, int *step) {
+  struct composite *c = state;
   unsigned char data[3000], back[3000];
-  cusafe_status st;
   tu_pattern(data, sizeof data, 9);
-#define STEP(expr)                                                          \
-  do {                                                                      \
-    ++*step;                                                                \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS)                                               \
-      return st;                                                            \
-  } while (0)
-#define STEP_NEW(out, expr)                                                 \
-  do {                                                                      \
-    ++*step;                                                                \
-    (out) = (cusafe_handle)0x1234;                                          \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS) {                                             \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "step %d (%s) failed but left handle 0x%016llx", *step,     \
-                #expr, TU_HX(out));                                         \
-      return st;                                                            \
-    }                                                                       \
-  } while (0)
-  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
-  STEP_NEW(c->s, cusafe_stream_create(&c->s, c->ctx,
-                                      CUSAFE_STREAM_NON_BLOCKING, -1));
-  STEP_NEW(c->e, cusafe_event_create(&c->e, c->ctx, 0));
-  STEP_NEW(c->dev, cusafe_buffer_alloc(&c->dev, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                       4096));
-  STEP_NEW(c->pinned, cusafe_buffer_alloc(&c->pinned, c->ctx,
-                                          CUSAFE_MEMORY_HOST_PINNED, 4096));
-  STEP_NEW(c->managed, cusafe_buffer_alloc(&c->managed, c->ctx,
-                                           CUSAFE_MEMORY_MANAGED, 4096));
-  STEP_NEW(c->view, cusafe_buffer_view(&c->view, c->dev, 100, 3000));
-  STEP_NEW(c->async, cusafe_buffer_alloc_async(&c->async, c->s, 4096));
-  STEP_NEW(c->ctx1, cusafe_context_create(&c->ctx1, 1));
-  STEP_NEW(c->dev1, cusafe_buffer_alloc(&c->dev1, c->ctx1,
-                                        CUSAFE_MEMORY_DEVICE, 4096));
-  STEP(cusafe_buffer_write(c->view, 0, data, sizeof data));
-  STEP(cusafe_buffer_copy(c->pinned, 0, c->dev, 100, 3000, c->s));
-  STEP(cusafe_buffer_copy(c->managed, 0, c->pinned, 0, 3000,
-                          CUSAFE_STREAM_DEFAULT));
-  STEP(cusafe_buffer_copy(c->async, 0, c->managed, 0, 3000, c->s));
-  STEP(cusafe_buffer_fill(c->async, 3000, 1096, 0x11, c->s));
-  STEP(cusafe_buffer_copy(c->dev1, 0, c->async, 0, 4096, c->s));
-  STEP(cusafe_event_record(c->e, c->s));
-  STEP(cusafe_event_synchronize(c->e));
-  STEP(cusafe_buffer_read(c->dev1, 0, back, sizeof back));
+  TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
+  TU_STEP_NEW(step, c->s, cusafe_stream_create(&c->s, c->ctx,
+                                               CUSAFE_STREAM_NON_BLOCKING, -1));
+  TU_STEP_NEW(step, c->e, cusafe_event_create(&c->e, c->ctx, 0));
+  TU_STEP_NEW(step, c->dev, cusafe_buffer_alloc(&c->dev, c->ctx,
+                                                CUSAFE_MEMORY_DEVICE, 4096));
+  TU_STEP_NEW(step, c->pinned,
+              cusafe_buffer_alloc(&c->pinned, c->ctx,
+                                  CUSAFE_MEMORY_HOST_PINNED, 4096));
+  TU_STEP_NEW(step, c->managed,
+              cusafe_buffer_alloc(&c->managed, c->ctx, CUSAFE_MEMORY_MANAGED,
+                                  4096));
+  TU_STEP_NEW(step, c->view, cusafe_buffer_view(&c->view, c->dev, 100, 3000));
+  TU_STEP_NEW(step, c->async, cusafe_buffer_alloc_async(&c->async, c->s, 4096));
+  TU_STEP_NEW(step, c->ctx1, cusafe_context_create(&c->ctx1, 1));
+  TU_STEP_NEW(step, c->dev1, cusafe_buffer_alloc(&c->dev1, c->ctx1,
+                                                 CUSAFE_MEMORY_DEVICE, 4096));
+  TU_STEP(step, cusafe_buffer_write(c->view, 0, data, sizeof data));
+  TU_STEP(step, cusafe_buffer_copy(c->pinned, 0, c->dev, 100, 3000, c->s));
+  TU_STEP(step, cusafe_buffer_copy(c->managed, 0, c->pinned, 0, 3000,
+                                   CUSAFE_STREAM_DEFAULT));
+  TU_STEP(step, cusafe_buffer_copy(c->async, 0, c->managed, 0, 3000, c->s));
+  TU_STEP(step, cusafe_buffer_fill(c->async, 3000, 1096, 0x11, c->s));
+  TU_STEP(step, cusafe_buffer_copy(c->dev1, 0, c->async, 0, 4096, c->s));
+  TU_STEP(step, cusafe_event_record(c->e, c->s));
+  TU_STEP(step, cusafe_event_synchronize(c->e));
+  TU_STEP(step, cusafe_buffer_read(c->dev1, 0, back, sizeof back));
   TU_ASSERT(memcmp(back, data, sizeof back) == 0,
             "every step succeeded but the data arrived corrupted");
-  STEP(cusafe_stream_synchronize(c->s));
-#undef STEP
-#undef STEP_NEW
+  TU_STEP(step, cusafe_stream_synchronize(c->s));
   return CUSAFE_SUCCESS;
 }
 
 /* The context first: children keep it. */
-static void composite_release(struct composite *c) {
+static void composite_release(void *state) {
+  struct composite *c = state;
   const cusafe_handle all[] = {c->ctx,     c->ctx1,  c->view, c->dev,
                                c->pinned,  c->managed, c->async, c->dev1,
                                c->e,       c->s};
@@ -982,193 +964,13 @@ static void composite_release(struct composite *c) {
     TU_OK(cusafe_release(all[i]));
 }
 
-static int is_init_call(const char *name) {
-  static const char *const init[] = {
-      "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
-      "cudaGetDriverEntryPointByVersion"};
-  for (size_t i = 0; i < sizeof init / sizeof init[0]; i++)
-    if (strcmp(name, init[i]) == 0)
-      return 1;
-  return 0;
-}
+static const struct tu_composite composite = {
+    sizeof(struct composite), composite_run, composite_release};
 
-static int is_cleanup_call(const char *name) {
-  static const char *const cleanup[] = {
-      "cudaFreeAsync",     "cudaFreeHost",     "cudaFree",
-      "cudaStreamDestroy", "cudaEventDestroy", "cuDevicePrimaryCtxRelease"};
-  for (size_t i = 0; i < sizeof cleanup / sizeof cleanup[0]; i++)
-    if (strcmp(name, cleanup[i]) == 0)
-      return 1;
-  return 0;
-}
-
-/* Whether an injected failure hit a call that frees something: calls
- * numbered from `first` to `last` in the log (which holds every call in
- * order, between the executions of queued work).  Such a failure cannot be
- * undone, so what it held is not counted as a leak. */
-static int failure_hit_cleanup(unsigned long first, unsigned long last) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++) {
-    if (strncmp(name, "exec:", 5) == 0)
-      continue;
-    call++;
-    if (call >= first && call <= last && is_cleanup_call(name))
-      return 1;
-  }
-  return 0;
-}
-
-enum fault_result {
-  FAULT_COMPLETED = 0,   /* the injected failure was never reached */
-  FAULT_FAILED = 10,     /* the operation failed, cleanly */
-  FAULT_ABSORBED = 11,   /* reached, yet the operation succeeded */
-  FAULT_EXCUSED = 12,    /* failed in a free; its leak not counted */
-  FAULT_NOT_REUSABLE = 13 /* the library failed again with CUDA healthy */
-};
-
-struct fault_args {
-  unsigned long n;
-  int persistent;
-};
-
-static void fault_child(void *arg) {
-  const struct fault_args *a = arg;
-  struct composite c;
-  int step = 0;
-  memset(&c, 0, sizeof c);
-  unsigned long start = fake_call_count();
-  fake_fail_after(a->n, cudaErrorUnknown, a->persistent);
-  cusafe_status st = composite_run(&c, &step);
-  unsigned long end = fake_call_count();
-  int reached = end >= start + a->n;
-  char msg[512];
-  tu_copy_message(msg, sizeof msg);
-  int cuda_err = cusafe_last_cuda_error();
-  fake_fail_clear();
-  const char *failed_call = tu_call_name(start + a->n);
-  if (st != CUSAFE_SUCCESS) {
-    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
-              step, (int)st, msg, start + a->n);
-    TU_ASSERT(cuda_err == cudaErrorUnknown,
-              "step %d, %s failing: last CUDA error %d, expected %d", step,
-              failed_call, cuda_err, (int)cudaErrorUnknown);
-    if (st == CUSAFE_ERROR_NO_DRIVER) {
-      /* Initialisation that fails leaves no usable driver. */
-      TU_ASSERT(is_init_call(failed_call),
-                "step %d: %s failing gave NO_DRIVER (\"%s\")", step,
-                failed_call, msg);
-      TU_ASSERT(strcmp(msg, "no CUDA driver found: unknown error") == 0,
-                "step %d, %s failing: message \"%s\"", step, failed_call,
-                msg);
-    } else {
-      /* cudaErrorUnknown is no device or memory problem. */
-      char want[128];
-      TU_ASSERT(st == CUSAFE_ERROR_CUDA,
-                "step %d, %s failing: status %s (%d), expected CUDA; \"%s\"",
-                step, failed_call, cusafe_status_string(st), (int)st, msg);
-      snprintf(want, sizeof want, "%s failed: unknown error", failed_call);
-      /* Failing persistently, an absorbed failure (restoring the current
-       * device, say) can precede the one reported: any failed call will
-       * do, but it must be named. */
-      int named = strcmp(msg, want) == 0;
-      for (unsigned long k = start + a->n + 1; a->persistent && !named &&
-                                               k <= end; k++) {
-        snprintf(want, sizeof want, "%s failed: unknown error", tu_call_name(k));
-        named = strcmp(msg, want) == 0;
-      }
-      TU_ASSERT(named,
-                "step %d, %s failing: message \"%s\" names no failed call",
-                step, failed_call, msg);
-    }
-  } else if (reached && !a->persistent) {
-    printf("fault %lu: %s failed, and the operation still succeeded\n", a->n,
-           failed_call);
-  }
-  int excused = reached && failure_hit_cleanup(
-                               start + a->n, a->persistent ? end : start + a->n);
-  composite_release(&c);
-  if (!excused)
-    TU_NOTHING_LIVE();
-
-  /* CUDA works again: so must the library, from scratch. */
-  int reusable = 1;
-  if (st != CUSAFE_SUCCESS) {
-    struct composite again;
-    int again_step = 0;
-    memset(&again, 0, sizeof again);
-    cusafe_status st2 = composite_run(&again, &again_step);
-    if (st2 != CUSAFE_SUCCESS) {
-      fprintf(stderr,
-              "fault %lu (%s): after the failure at step %d, a clean run "
-              "failed at step %d: %s\n",
-              a->n, a->persistent ? "persistent" : "single", step, again_step,
-              cusafe_last_error_message());
-      reusable = 0;
-    }
-    composite_release(&again);
-    if (!excused)
-      TU_NOTHING_LIVE();
-  }
-  TU_OK(cusafe_shutdown());
-  if (!excused)
-    TU_NOTHING_LIVE();
-  if (st != CUSAFE_SUCCESS)
-    exit(!reusable ? FAULT_NOT_REUSABLE
-                   : excused ? FAULT_EXCUSED : FAULT_FAILED);
-  exit(reached ? FAULT_ABSORBED : FAULT_COMPLETED);
-}
-
-/* SQLite's malloc test: fail call N, for N = 1, 2, ... until the operation
- * completes without reaching the failure.  Each N in a fresh process. */
-static void fault_loop(int persistent) {
-  const unsigned long max_n = 10000;
-  unsigned long n, failed = 0, absorbed = 0, excused = 0, not_reusable = 0;
-  char bad[1024] = "";
-  size_t bad_len = 0;
-  for (n = 1; n <= max_n; n++) {
-    struct fault_args a = {n, persistent};
-    int status = tu_run_in_child(fault_child, &a, NULL, 0);
-    ck_assert_msg(!WIFSIGNALED(status),
-                  "failing call %lu%s: child killed by signal %d (%s)", n,
-                  persistent ? " and after" : "", WTERMSIG(status),
-                  strsignal(WTERMSIG(status)));
-    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit",
-                  n);
-    int code = WEXITSTATUS(status);
-    if (code == FAULT_COMPLETED)
-      break;
-    switch (code) {
-    case FAULT_FAILED: failed++; break;
-    case FAULT_ABSORBED: absorbed++; break;
-    case FAULT_EXCUSED: excused++; break;
-    case FAULT_NOT_REUSABLE:
-      not_reusable++;
-      if (bad_len < sizeof bad - 16)
-        bad_len += (size_t)snprintf(bad + bad_len, sizeof bad - bad_len,
-                                    " %lu", n);
-      break;
-    default:
-      ck_abort_msg("failing call %lu%s: check failed in the child (exit %d, "
-                   "its message is above)",
-                   n, persistent ? " and after" : "", code);
-    }
-  }
-  ck_assert_msg(n <= max_n, "the operation never completed");
-  printf("fault injection (%s): %lu calls failed in turn: %lu failed cleanly, "
-         "%lu absorbed, %lu failed in a free, %lu left the library unusable\n",
-         persistent ? "persistent" : "single", n - 1, failed, absorbed,
-         excused, not_reusable);
-  ck_assert_msg(failed > 0, "no failure was ever reported");
-  ck_assert_msg(not_reusable == 0,
-                "the library stayed broken after a transient failure of "
-                "call(s)%s", bad);
-}
-
-START_TEST(test_fault_injection_single) { fault_loop(0); }
+START_TEST(test_fault_injection_single) { tu_fault_loop(&composite, 0); }
 END_TEST
 
-START_TEST(test_fault_injection_persistent) { fault_loop(1); }
+START_TEST(test_fault_injection_persistent) { tu_fault_loop(&composite, 1); }
 END_TEST
 
 /* ------------------------------------------------------------------------ */

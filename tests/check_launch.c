@@ -23,6 +23,7 @@
 #include "fakecuda.h"
 #include "testutil.h"
 #include "fakeutil.h"
+#include "faultutil.h"
 
 #define KIB ((size_t)1024)
 
@@ -1612,58 +1613,37 @@ struct composite {
   cusafe_stream s;
 };
 
-#define STEP(expr)                                                          \
-  do {                                                                      \
-    ++*step;                                                                \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS)                                               \
-      return st;                                                            \
-  } while (0)
-#define STEP_NEW(out, expr)                                                 \
-  do {                                                                      \
-    ++*step;                                                                \
-    (out) = (cusafe_handle)0x1234;                                          \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS) {                                             \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "step %d (%s) failed but left handle 0x%016llx", *step,     \
-                #expr, TU_HX(out));                                         \
-      (out) = CUSAFE_NULL_HANDLE;                                           \
-      return st;                                                            \
-    }                                                                       \
-  } while (0)
-
 /* Runs the module's kernel on a and b into out and checks the result. */
 static cusafe_status composite_work(struct composite *c, int *step,
                                     int builtin) {
   float ha[300], hb[300], back[300];
-  cusafe_status st;
   for (int i = 0; i < 300; i++) {
     ha[i] = (float)i;
     hb[i] = 0.5f * (float)i;
   }
-  STEP_NEW(c->s, cusafe_stream_create(&c->s, c->ctx,
-                                      CUSAFE_STREAM_NON_BLOCKING, 0));
-  STEP_NEW(c->a, cusafe_buffer_alloc(&c->a, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                     sizeof ha));
-  STEP_NEW(c->b, cusafe_buffer_alloc(&c->b, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                     sizeof hb));
-  STEP_NEW(c->out, cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                       sizeof back));
-  STEP(cusafe_buffer_write(c->a, 0, ha, sizeof ha));
-  STEP(cusafe_buffer_write(c->b, 0, hb, sizeof hb));
+  TU_STEP_NEW(step, c->s, cusafe_stream_create(&c->s, c->ctx,
+                                               CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_STEP_NEW(step, c->a, cusafe_buffer_alloc(&c->a, c->ctx,
+                                              CUSAFE_MEMORY_DEVICE, sizeof ha));
+  TU_STEP_NEW(step, c->b, cusafe_buffer_alloc(&c->b, c->ctx,
+                                              CUSAFE_MEMORY_DEVICE, sizeof hb));
+  TU_STEP_NEW(step, c->out,
+              cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE,
+                                  sizeof back));
+  TU_STEP(step, cusafe_buffer_write(c->a, 0, ha, sizeof ha));
+  TU_STEP(step, cusafe_buffer_write(c->b, 0, hb, sizeof hb));
   cusafe_launch_config cfg = {{2, 1, 1}, {128, 1, 1}, 64 * KIB, c->s};
   if (builtin) {
-    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
-                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_BUF(c->b),
-                       CUSAFE_ARG_U64V(300)));
+    TU_STEP(step, CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                                CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_BUF(c->b),
+                                CUSAFE_ARG_U64V(300)));
   } else {
-    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
-                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_F32V(2.0f),
-                       CUSAFE_ARG_U64V(300)));
+    TU_STEP(step, CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                                CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_F32V(2.0f),
+                                CUSAFE_ARG_U64V(300)));
   }
-  STEP(cusafe_stream_synchronize(c->s));
-  STEP(cusafe_buffer_read(c->out, 0, back, sizeof back));
+  TU_STEP(step, cusafe_stream_synchronize(c->s));
+  TU_STEP(step, cusafe_buffer_read(c->out, 0, back, sizeof back));
   if (builtin)
     for (int i = 0; i < 300; i++)
       TU_ASSERT(back[i] == 1.5f * (float)i,
@@ -1671,234 +1651,48 @@ static cusafe_status composite_work(struct composite *c, int *step,
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status composite_builtin(struct composite *c, int *step) {
-  cusafe_status st;
-  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
-  STEP_NEW(c->m, cusafe_module_load_builtin(&c->m, c->ctx));
-  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "cusafe_vecadd_f32"));
+static cusafe_status composite_builtin(void *state, int *step) {
+  struct composite *c = state;
+  TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
+  TU_STEP_NEW(step, c->m, cusafe_module_load_builtin(&c->m, c->ctx));
+  TU_STEP_NEW(step, c->k,
+              cusafe_module_get_kernel(&c->k, c->m, "cusafe_vecadd_f32"));
   return composite_work(c, step, 1);
 }
 
-static cusafe_status composite_compiled(struct composite *c, int *step) {
+static cusafe_status composite_compiled(void *state, int *step) {
   static const char source[] =
       "extern \"C\" __global__ void ax(float *y, const float *x, float a,\n"
       "                                size_t n) {}\n";
   const char *const opts[] = {"-DM=3"};
-  cusafe_status st;
-  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
-  STEP_NEW(c->m, cusafe_module_compile(&c->m, c->ctx, source, "ax.cu", opts,
-                                       1));
-  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
+  struct composite *c = state;
+  TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
+  TU_STEP_NEW(step, c->m, cusafe_module_compile(&c->m, c->ctx, source,
+                                                "ax.cu", opts, 1));
+  TU_STEP_NEW(step, c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
   return composite_work(c, step, 0);
 }
-#undef STEP
-#undef STEP_NEW
 
 /* The context and module first: their children keep them. */
-static void composite_release(struct composite *c) {
+static void composite_release(void *state) {
+  struct composite *c = state;
   const cusafe_handle all[] = {c->ctx, c->m, c->k, c->a, c->b, c->out, c->s};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
 }
 
-static int is_init_call(const char *name) {
-  static const char *const init[] = {
-      "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
-      "cudaGetDriverEntryPointByVersion"};
-  for (size_t i = 0; i < sizeof init / sizeof init[0]; i++)
-    if (strcmp(name, init[i]) == 0)
-      return 1;
-  return 0;
+static const struct tu_composite builtin_composite = {
+    sizeof(struct composite), composite_builtin, composite_release};
+static const struct tu_composite compiled_composite = {
+    sizeof(struct composite), composite_compiled, composite_release};
+
+START_TEST(test_fault_injection_builtin) {
+  tu_fault_loop(&builtin_composite, _i);
 }
-
-static int is_cleanup_call(const char *name) {
-  static const char *const cleanup[] = {
-      "cudaFreeAsync",     "cudaFreeHost",     "cudaFree",
-      "cudaStreamDestroy", "cudaEventDestroy", "cuDevicePrimaryCtxRelease",
-      "cudaLibraryUnload", "nvrtcDestroyProgram"};
-  for (size_t i = 0; i < sizeof cleanup / sizeof cleanup[0]; i++)
-    if (strcmp(name, cleanup[i]) == 0)
-      return 1;
-  return 0;
-}
-
-/* Whether an injected failure hit a call that frees something, among the
- * calls numbered first..last: what it held cannot be freed any more. */
-static int failure_hit_cleanup(unsigned long first, unsigned long last) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++) {
-    if (strncmp(name, "exec:", 5) == 0)
-      continue;
-    call++;
-    if (call >= first && call <= last && is_cleanup_call(name))
-      return 1;
-  }
-  return 0;
-}
-
-/* Whether `msg` is the message of a failure of call number k for some k in
- * first..last (just `first` unless persistent). */
-static int names_failed_call(const char *msg, unsigned long first,
-                             unsigned long last) {
-  char want[160];
-  for (unsigned long k = first; k <= last; k++) {
-    const char *name = tu_call_name(k);
-    if (strncmp(name, "nvrtc", 5) == 0)
-      snprintf(want, sizeof want, "%s failed: NVRTC_ERROR_INTERNAL_ERROR",
-               name);
-    else
-      snprintf(want, sizeof want, "%s failed: unknown error", name);
-    if (strcmp(msg, want) == 0)
-      return 1;
-  }
-  return 0;
-}
-
-enum fault_result {
-  FAULT_COMPLETED = 0,
-  FAULT_FAILED = 10,
-  FAULT_ABSORBED = 11,
-  FAULT_EXCUSED = 12,
-  FAULT_NOT_REUSABLE = 13
-};
-
-struct fault_args {
-  unsigned long n;
-  int persistent;
-  cusafe_status (*run)(struct composite *c, int *step);
-};
-
-static void fault_child(void *arg) {
-  const struct fault_args *a = arg;
-  struct composite c;
-  int step = 0;
-  memset(&c, 0, sizeof c);
-  unsigned long start = fake_call_count();
-  fake_fail_after(a->n, cudaErrorUnknown, a->persistent);
-  cusafe_status st = a->run(&c, &step);
-  unsigned long end = fake_call_count();
-  int reached = end >= start + a->n;
-  char msg[1024];
-  tu_copy_message(msg, sizeof msg);
-  int cuda_err = cusafe_last_cuda_error();
-  fake_fail_clear();
-  const char *failed_call = tu_call_name(start + a->n);
-  if (st != CUSAFE_SUCCESS) {
-    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
-              step, (int)st, msg, start + a->n);
-    if (st == CUSAFE_ERROR_NO_DRIVER) {
-      TU_ASSERT(is_init_call(failed_call),
-                "step %d: %s failing gave NO_DRIVER (\"%s\")", step,
-                failed_call, msg);
-      TU_ASSERT(strcmp(msg, "no CUDA driver found: unknown error") == 0,
-                "step %d, %s failing: message \"%s\"", step, failed_call,
-                msg);
-    } else {
-      int nvrtc = strncmp(msg, "nvrtc", 5) == 0;
-      cusafe_status want = nvrtc ? CUSAFE_ERROR_COMPILE : CUSAFE_ERROR_CUDA;
-      TU_ASSERT(st == want,
-                "step %d, %s failing: status %s (%d), expected %s; \"%s\"",
-                step, failed_call, cusafe_status_string(st), (int)st,
-                cusafe_status_string(want), msg);
-      TU_ASSERT(nvrtc || cuda_err == cudaErrorUnknown,
-                "step %d, %s failing: last CUDA error %d, expected %d", step,
-                failed_call, cuda_err, (int)cudaErrorUnknown);
-      TU_ASSERT(names_failed_call(msg, start + a->n,
-                                  a->persistent ? end : start + a->n),
-                "step %d, %s failing: message \"%s\" names no failed call",
-                step, failed_call, msg);
-    }
-  } else if (reached && !a->persistent) {
-    printf("fault %lu: %s failed, and the operation still succeeded\n", a->n,
-           failed_call);
-  }
-  int excused = reached && failure_hit_cleanup(
-                               start + a->n, a->persistent ? end : start + a->n);
-  composite_release(&c);
-  if (!excused)
-    TU_NOTHING_LIVE();
-
-  /* CUDA works again: so must the library. */
-  int reusable = 1;
-  if (st != CUSAFE_SUCCESS) {
-    struct composite again;
-    int again_step = 0;
-    memset(&again, 0, sizeof again);
-    cusafe_status st2 = a->run(&again, &again_step);
-    if (st2 != CUSAFE_SUCCESS) {
-      fprintf(stderr,
-              "fault %lu (%s): after the failure at step %d, a clean run "
-              "failed at step %d: %s\n",
-              a->n, a->persistent ? "persistent" : "single", step, again_step,
-              cusafe_last_error_message());
-      reusable = 0;
-    }
-    composite_release(&again);
-    if (!excused)
-      TU_NOTHING_LIVE();
-  }
-  TU_OK(cusafe_shutdown());
-  if (!excused)
-    TU_NOTHING_LIVE();
-  if (st != CUSAFE_SUCCESS)
-    exit(!reusable ? FAULT_NOT_REUSABLE
-                   : excused ? FAULT_EXCUSED : FAULT_FAILED);
-  exit(reached ? FAULT_ABSORBED : FAULT_COMPLETED);
-}
-
-/* Fails call N for N = 1, 2, ... until the operation completes without
- * reaching the failure; each N in a fresh process. */
-static void fault_loop(cusafe_status (*run)(struct composite *, int *),
-                       int persistent) {
-  const unsigned long max_n = 10000;
-  unsigned long n, failed = 0, absorbed = 0, excused = 0, not_reusable = 0;
-  char bad[1024] = "";
-  size_t bad_len = 0;
-  for (n = 1; n <= max_n; n++) {
-    struct fault_args a = {n, persistent, run};
-    int status = tu_run_in_child(fault_child, &a, NULL, 0);
-    ck_assert_msg(!WIFSIGNALED(status),
-                  "failing call %lu%s: child killed by signal %d (%s)", n,
-                  persistent ? " and after" : "", WTERMSIG(status),
-                  strsignal(WTERMSIG(status)));
-    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit",
-                  n);
-    int code = WEXITSTATUS(status);
-    if (code == FAULT_COMPLETED)
-      break;
-    switch (code) {
-    case FAULT_FAILED: failed++; break;
-    case FAULT_ABSORBED: absorbed++; break;
-    case FAULT_EXCUSED: excused++; break;
-    case FAULT_NOT_REUSABLE:
-      not_reusable++;
-      if (bad_len < sizeof bad - 16)
-        bad_len += (size_t)snprintf(bad + bad_len, sizeof bad - bad_len,
-                                    " %lu", n);
-      break;
-    default:
-      ck_abort_msg("failing call %lu%s: check failed in the child (exit %d, "
-                   "its message is above)",
-                   n, persistent ? " and after" : "", code);
-    }
-  }
-  ck_assert_msg(n <= max_n, "the operation never completed");
-  printf("fault injection (%s): %lu calls failed in turn: %lu failed cleanly, "
-         "%lu absorbed, %lu failed in a free, %lu left the library unusable\n",
-         persistent ? "persistent" : "single", n - 1, failed, absorbed,
-         excused, not_reusable);
-  ck_assert_msg(failed > 0, "no failure was ever reported");
-  ck_assert_msg(not_reusable == 0,
-                "the library stayed broken after a transient failure of "
-                "call(s)%s", bad);
-}
-
-START_TEST(test_fault_injection_builtin) { fault_loop(composite_builtin, _i); }
 END_TEST
 
 START_TEST(test_fault_injection_compiled) {
-  fault_loop(composite_compiled, _i);
+  tu_fault_loop(&compiled_composite, _i);
 }
 END_TEST
 
