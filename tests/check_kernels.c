@@ -79,13 +79,6 @@ static TCase *with_fixture(TCase *tc) {
   return tc;
 }
 
-static cusafe_kernel get_kernel(cusafe_module module, const char *name) {
-  cusafe_kernel k = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_get_kernel(&k, module, name));
-  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
-  return k;
-}
-
 static cusafe_buffer device_buffer(size_t size) {
   cusafe_buffer b = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, size));
@@ -361,7 +354,7 @@ static void run_builtin(cusafe_kernel k, const struct builtin_kernel *b,
  * three-dimensional grid and block; on whole buffers and through views. */
 START_TEST(test_builtin_exact) {
   const struct builtin_kernel *b = &builtins[_i];
-  cusafe_kernel k = get_kernel(builtin, b->name);
+  cusafe_kernel k = tu_get_kernel(builtin, b->name);
   cusafe_stream s = CUSAFE_STREAM_DEFAULT;
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
 
@@ -393,7 +386,7 @@ END_TEST
 /* n = 0 is a valid launch that touches nothing. */
 START_TEST(test_builtin_zero_elements) {
   const struct builtin_kernel *b = &builtins[_i];
-  cusafe_kernel k = get_kernel(builtin, b->name);
+  cusafe_kernel k = tu_get_kernel(builtin, b->name);
   const size_t count = 64;
   unsigned char *init = tu_xmalloc(count * b->elem);
   unsigned char *got = tu_xmalloc(count * b->elem);
@@ -424,8 +417,8 @@ START_TEST(test_builtin_in_place) {
   for (size_t e = 4; e <= 8; e += 4) {
     const char *axpy = e == 4 ? "cusafe_axpy_f32" : "cusafe_axpy_f64";
     const char *vecadd = e == 4 ? "cusafe_vecadd_f32" : "cusafe_vecadd_f64";
-    cusafe_kernel ka = get_kernel(builtin, axpy);
-    cusafe_kernel kv = get_kernel(builtin, vecadd);
+    cusafe_kernel ka = tu_get_kernel(builtin, axpy);
+    cusafe_kernel kv = tu_get_kernel(builtin, vecadd);
     void *init = tu_xmalloc(n * e), *want = tu_xmalloc(n * e);
     void *got = tu_xmalloc(n * e);
     cusafe_buffer y = device_buffer(n * e);
@@ -475,7 +468,7 @@ END_TEST
 START_TEST(test_builtin_params) {
   for (size_t i = 0; i < NBUILTINS; i++) {
     const struct builtin_kernel *b = &builtins[i];
-    cusafe_kernel k = get_kernel(builtin, b->name);
+    cusafe_kernel k = tu_get_kernel(builtin, b->name);
     size_t count = 0, got[8];
     for (size_t j = 0; j < 8; j++)
       got[j] = 12345;
@@ -522,7 +515,7 @@ END_TEST
 START_TEST(test_kernel_keeps_module_alive) {
   cusafe_module m = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_module_release(m));
   TU_STALE(m);
 
@@ -563,7 +556,7 @@ static void check_factor(int factor) {
   TU_OK(cusafe_module_compile(&m, ctx, factor_source, "factor.cu", options,
                               1));
   TU_LIVE(m, CUSAFE_TYPE_MODULE);
-  cusafe_kernel k = get_kernel(m, "times_factor");
+  cusafe_kernel k = tu_get_kernel(m, "times_factor");
   size_t count = 0, psizes[4] = {0};
   TU_OK(cusafe_kernel_get_params(&count, psizes, 4, k));
   TU_ASSERT(count == 2 && psizes[0] == 8 && psizes[1] == 8,
@@ -824,7 +817,7 @@ static void spin_setup(void) {
   spin_module = spin_kernel = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_compile(&spin_module, ctx, spin_source, "spin.cu",
                               NULL, 0));
-  spin_kernel = get_kernel(spin_module, "spin_then_fill");
+  spin_kernel = tu_get_kernel(spin_module, "spin_then_fill");
   cusafe_device_properties p;
   TU_OK(cusafe_device_get_properties(&p, 0));
   spin_grid = (uint32_t)p.multiprocessor_count;
@@ -917,7 +910,7 @@ END_TEST
 /* ------------------------------------------------------------------------ */
 
 START_TEST(test_block_too_large) {
-  cusafe_kernel k = get_kernel(builtin, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(builtin, "cusafe_fill_f32");
   cusafe_buffer x = device_buffer(4096 * 4);
   static const uint32_t blocks[][3] = {{2048, 1, 1}, {1024, 2, 1},
                                        {32, 32, 2}, {1, 1, 128}};
@@ -984,7 +977,7 @@ START_TEST(test_dynamic_shared_memory) {
   const size_t dflt = 48 * 1024;
   cusafe_module m = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_compile(&m, ctx, shared_source, "shared.cu", NULL, 0));
-  cusafe_kernel k = get_kernel(m, "shared_reverse");
+  cusafe_kernel k = tu_get_kernel(m, "shared_reverse");
   cusafe_buffer out = device_buffer(4096);
   uint32_t block, grid;
 

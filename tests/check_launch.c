@@ -58,13 +58,6 @@ static cusafe_module load_fake_image(cusafe_context ctx) {
   return m;
 }
 
-static cusafe_kernel get_kernel(cusafe_module m, const char *name) {
-  cusafe_kernel k = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_get_kernel(&k, m, name));
-  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
-  return k;
-}
-
 /* Writes `text` to a new temporary file; returns its path (malloc'd). */
 static char *write_temp(const void *data, size_t size) {
   char *path = strdup("/tmp/cusafe-check-launch-XXXXXX");
@@ -96,7 +89,7 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(fake_live_libraries(0), 1);
   ck_assert_uint_eq(fake_live_libraries(1), 0);
 
-  k = get_kernel(m, "k1");
+  k = tu_get_kernel(m, "k1");
   TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
   ck_assert_uint_eq(count, 3);
   memset(sizes, 0, sizeof sizes);
@@ -111,7 +104,7 @@ START_TEST(test_load_data) {
   TU_OK(cusafe_kernel_release(k));
 
   /* Only `capacity` sizes are written. */
-  k = get_kernel(m, "kall");
+  k = tu_get_kernel(m, "kall");
   for (size_t i = 0; i < 16; i++)
     sizes[i] = 777;
   TU_OK(cusafe_kernel_get_params(&count, sizes, 4, k));
@@ -122,12 +115,12 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(sizes[4], 777);
   TU_OK(cusafe_kernel_release(k));
 
-  k = get_kernel(m, "k0");
+  k = tu_get_kernel(m, "k0");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 16, k));
   ck_assert_uint_eq(count, 0);
 
   /* Two kernels of one name are two handles. */
-  cusafe_kernel k0b = get_kernel(m, "k0");
+  cusafe_kernel k0b = tu_get_kernel(m, "k0");
   ck_assert_uint_ne(k0b, k);
   TU_OK(cusafe_kernel_release(k0b));
   TU_OK(cusafe_kernel_release(k));
@@ -170,7 +163,7 @@ START_TEST(test_load_file) {
   ck_assert_uint_eq(fake_live_libraries(0), 0);
   /* The file may go once loaded. */
   unlink(path);
-  cusafe_kernel k = get_kernel(m, "two");
+  cusafe_kernel k = tu_get_kernel(m, "two");
   TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
   ck_assert_uint_eq(count, 3);
   cusafe_kernel out = CUSAFE_NULL_HANDLE;
@@ -308,11 +301,11 @@ static void fixture_make(struct fixture *f) {
   TU_OK(cusafe_context_create(&f->ctx, 0));
   TU_OK(cusafe_context_create(&f->ctx1, 1));
   f->m = load_fake_image(f->ctx);
-  f->k1 = get_kernel(f->m, "k1");
-  f->k0 = get_kernel(f->m, "k0");
-  f->small = get_kernel(f->m, "small");
-  f->two = get_kernel(f->m, "two");
-  f->kall = get_kernel(f->m, "kall");
+  f->k1 = tu_get_kernel(f->m, "k1");
+  f->k0 = tu_get_kernel(f->m, "k0");
+  f->small = tu_get_kernel(f->m, "small");
+  f->two = tu_get_kernel(f->m, "two");
+  f->kall = tu_get_kernel(f->m, "kall");
   TU_OK(cusafe_buffer_alloc(&f->buf, f->ctx, CUSAFE_MEMORY_DEVICE, 4 * KIB));
   TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE,
                             4 * KIB));
@@ -538,9 +531,9 @@ START_TEST(test_many_parameters) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_module_load_data(&m, ctx, wide_image, sizeof wide_image));
-  cusafe_kernel wide = get_kernel(m, "wide");
-  cusafe_kernel k16 = get_kernel(m, "k16");
-  cusafe_kernel k17 = get_kernel(m, "k17");
+  cusafe_kernel wide = tu_get_kernel(m, "wide");
+  cusafe_kernel k16 = tu_get_kernel(m, "k16");
+  cusafe_kernel k17 = tu_get_kernel(m, "k17");
 
   /* The sizes come back as read, on both sides of the inline limit. */
   TU_OK(cusafe_kernel_get_params(&count, sizes, WIDE_PARAMS + 1, wide));
@@ -651,7 +644,7 @@ START_TEST(test_parameter_size_limit) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_data(&m, ctx, image, sizeof image));
 
-  k = get_kernel(m, "big");
+  k = tu_get_kernel(m, "big");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 2, k));
   ck_assert_uint_eq(count, 2);
   ck_assert_uint_eq(sizes[0], 4);
@@ -974,14 +967,14 @@ START_TEST(test_compile) {
                    "-DN=4 -std=c++17 -I/tmp -arch=sm_90");
   ck_assert_str_eq(cusafe_last_compile_log(), "");
   ck_assert_uint_eq(fake_live_programs(), 0);
-  cusafe_kernel k = get_kernel(m, "saxpy");
+  cusafe_kernel k = tu_get_kernel(m, "saxpy");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
   ck_assert_uint_eq(count, 4);
   ck_assert_uint_eq(sizes[0], 8);
   ck_assert_uint_eq(sizes[1], 4);
   ck_assert_uint_eq(sizes[2], 8);
   ck_assert_uint_eq(sizes[3], 8);
-  cusafe_kernel b = get_kernel(m, "bytes");
+  cusafe_kernel b = tu_get_kernel(m, "bytes");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, b));
   ck_assert_uint_eq(count, 5);
   ck_assert_uint_eq(sizes[0], 1);
@@ -1200,7 +1193,7 @@ START_TEST(test_builtin_kernels) {
   ck_assert_uint_eq(fake_live_libraries(0), 1);
 
   snprintf(name, sizeof name, "cusafe_fill_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
   ck_assert_uint_eq(count, 3);
   ck_assert_uint_eq(sizes[1], f64 ? 8 : 4);
@@ -1212,7 +1205,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_half);
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, f64),
                       CUSAFE_ARG_U64V(NELEM)));
@@ -1221,7 +1214,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_axpy_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&y, ctx, f64, f_index);
   vec_make(&x, ctx, f64, f_quarter);
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(y.view), scalar(2.0, f64),
@@ -1233,7 +1226,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_vecadd_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_index);
   vec_make(&y, ctx, f64, f_twice);
   vec_make(&z, ctx, f64, f_half);
@@ -1260,7 +1253,7 @@ START_TEST(test_builtin_kernels) {
 
   /* A scalar of the other width is refused. */
   snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_half);
   TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, !f64),
                        CUSAFE_ARG_U64V(NELEM)),
@@ -1286,7 +1279,7 @@ START_TEST(test_builtin_other_memory) {
   TU_OK(cusafe_context_create(&ctx, 1));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
   ck_assert_uint_eq(fake_live_libraries(1), 1);
-  cusafe_kernel k = get_kernel(m, "cusafe_axpy_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_axpy_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_HOST_PINNED, sizeof host));
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_MANAGED, sizeof host));
   for (int i = 0; i < 64; i++)
@@ -1316,7 +1309,7 @@ START_TEST(test_builtin_misaligned_faults) {
   cusafe_launch_config c = config1();
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 1024));
   TU_OK(cusafe_buffer_view(&v, a, 2, 512));
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(v), CUSAFE_ARG_F32V(1.0f),
@@ -1357,7 +1350,7 @@ START_TEST(test_release_all_while_launch_queued) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_vecadd_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_vecadd_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
   TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
@@ -1424,7 +1417,7 @@ START_TEST(test_buffer_moves_during_launch) {
   TU_OK(cusafe_stream_create(&s1, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_stream_create(&s2, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   cusafe_module m = load_fake_image(ctx);
-  cusafe_kernel k = get_kernel(m, "k1");
+  cusafe_kernel k = tu_get_kernel(m, "k1");
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 64));
   fake_set_paused(1);
   cusafe_launch_config c = config1();
@@ -1466,7 +1459,7 @@ START_TEST(test_shutdown_with_launch_queued) {
   cusafe_buffer a = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f64");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f64");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 8000));
   fake_set_paused(1);
   cusafe_launch_config c = config1();
@@ -1496,7 +1489,7 @@ START_TEST(test_kernel_keeps_module) {
   float back[4];
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_module_release(m));
   TU_STALE(m);
   ck_assert_uint_eq(fake_live_libraries(0), 1);
@@ -1534,7 +1527,7 @@ START_TEST(test_module_keeps_context) {
   TU_OK(cusafe_context_release(ctx));
   TU_STALE(ctx);
   ck_assert_int_gt(fake_primary_ctx_refcount(1), 0);
-  cusafe_kernel k = get_kernel(m, "k0");
+  cusafe_kernel k = tu_get_kernel(m, "k0");
   /* The context's default stream still works. */
   TU_OK(cusafe_kernel_launch(k, &c, NULL, 0));
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
@@ -1553,9 +1546,9 @@ START_TEST(test_shutdown_unloads_everything) {
   cusafe_module b = CUSAFE_NULL_HANDLE, comp = CUSAFE_NULL_HANDLE;
   fixture_make(&f);
   TU_OK(cusafe_module_load_builtin(&b, f.ctx1));
-  cusafe_kernel kb = get_kernel(b, "cusafe_scale_f64");
+  cusafe_kernel kb = tu_get_kernel(b, "cusafe_scale_f64");
   TU_OK(cusafe_module_compile(&comp, f.ctx, saxpy_source, NULL, NULL, 0));
-  cusafe_kernel kc = get_kernel(comp, "saxpy");
+  cusafe_kernel kc = tu_get_kernel(comp, "saxpy");
   TU_OK(cusafe_module_release(b)); /* the kernel keeps it */
   TU_OK(cusafe_kernel_retain(f.k1));
   ck_assert_uint_eq(fake_live_libraries(-1), 3);

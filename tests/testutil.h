@@ -182,6 +182,15 @@ static inline void *tu_xmalloc(size_t n) {
   return p;
 }
 
+/* The kernel `name` of `module`, checked to be a live kernel. */
+static inline cusafe_kernel tu_get_kernel(cusafe_module module,
+                                          const char *name) {
+  cusafe_kernel k = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_get_kernel(&k, module, name));
+  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
+  return k;
+}
+
 static const char *const tu_kind_names[] = {"device", "pinned", "managed"};
 
 /* Runs the suite, each test in a process of its own (CK_FORK) or all in
