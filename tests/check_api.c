@@ -1319,6 +1319,7 @@ static struct {
   cusafe_module module;
   cusafe_kernel kernel;
   cusafe_handle stale[BAD_TYPE_LAST + 1]; /* by cusafe_handle_type */
+  cusafe_handle created; /* by the last call that creates an object */
   unsigned char host[64];
 } L;
 
@@ -1380,19 +1381,8 @@ static void bad_handles_teardown(void) {
   memset(&L, 0, sizeof L);
 }
 
-/* A create that failed must not hand out a handle; one that succeeded
- * (a default stream accepted) is released again. */
-#define NO_HANDLE_ON_FAILURE(st, out)                                       \
-  do {                                                                      \
-    if ((st) == CUSAFE_SUCCESS)                                             \
-      (void)cusafe_release(out);                                            \
-    else                                                                    \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "failed call returned handle 0x%016llx", TU_HX(out));       \
-  } while (0)
-
-static cusafe_status c_retain(cusafe_handle h) { return cusafe_retain(h); }
-static cusafe_status c_release(cusafe_handle h) { return cusafe_release(h); }
+/* The calls of the functions that take more than the handle; those that
+ * create an object store its handle in L.created. */
 static cusafe_status c_get_type(cusafe_handle h) {
   cusafe_handle_type t = CUSAFE_TYPE_BUFFER;
   cusafe_status st = cusafe_handle_get_type(&t, h);
@@ -1400,52 +1390,22 @@ static cusafe_status c_get_type(cusafe_handle h) {
     TU_ASSERT(t == CUSAFE_TYPE_INVALID, "type of a bad handle is %d", (int)t);
   return st;
 }
-static cusafe_status c_context_retain(cusafe_handle h) {
-  return cusafe_context_retain(h);
-}
-static cusafe_status c_context_release(cusafe_handle h) {
-  return cusafe_context_release(h);
-}
 static cusafe_status c_context_get_device(cusafe_handle h) {
   int d;
   return cusafe_context_get_device(&d, h);
-}
-static cusafe_status c_context_synchronize(cusafe_handle h) {
-  return cusafe_context_synchronize(h);
 }
 static cusafe_status c_context_priority_range(cusafe_handle h) {
   int l, g;
   return cusafe_context_stream_priority_range(&l, &g, h);
 }
 static cusafe_status c_stream_create(cusafe_handle h) {
-  cusafe_stream out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_stream_create(&out, h, 0, 0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_stream_create(&L.created, h, 0, 0);
 }
 static cusafe_status c_event_create(cusafe_handle h) {
-  cusafe_event out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_event_create(&out, h, 0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_event_create(&L.created, h, 0);
 }
 static cusafe_status c_buffer_alloc(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_alloc(&out, h, CUSAFE_MEMORY_DEVICE, 64);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_stream_retain(cusafe_handle h) {
-  return cusafe_stream_retain(h);
-}
-static cusafe_status c_stream_release(cusafe_handle h) {
-  return cusafe_stream_release(h);
-}
-static cusafe_status c_stream_synchronize(cusafe_handle h) {
-  return cusafe_stream_synchronize(h);
-}
-static cusafe_status c_stream_query(cusafe_handle h) {
-  return cusafe_stream_query(h);
+  return cusafe_buffer_alloc(&L.created, h, CUSAFE_MEMORY_DEVICE, 64);
 }
 static cusafe_status c_stream_wait_event_stream(cusafe_handle h) {
   return cusafe_stream_wait_event(h, L.start);
@@ -1461,23 +1421,11 @@ static cusafe_status c_stream_interop(cusafe_handle h) {
   void *p;
   return cusafe_stream_interop_handle(&p, h);
 }
-static cusafe_status c_event_retain(cusafe_handle h) {
-  return cusafe_event_retain(h);
-}
-static cusafe_status c_event_release(cusafe_handle h) {
-  return cusafe_event_release(h);
-}
 static cusafe_status c_event_record_event(cusafe_handle h) {
   return cusafe_event_record(h, L.stream);
 }
 static cusafe_status c_event_record_stream(cusafe_handle h) {
   return cusafe_event_record(L.end, h);
-}
-static cusafe_status c_event_synchronize(cusafe_handle h) {
-  return cusafe_event_synchronize(h);
-}
-static cusafe_status c_event_query(cusafe_handle h) {
-  return cusafe_event_query(h);
 }
 static cusafe_status c_elapsed_start(cusafe_handle h) {
   float ms;
@@ -1488,22 +1436,10 @@ static cusafe_status c_elapsed_end(cusafe_handle h) {
   return cusafe_event_elapsed_ms(&ms, L.start, h);
 }
 static cusafe_status c_alloc_async(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_alloc_async(&out, h, 64);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_buffer_alloc_async(&L.created, h, 64);
 }
 static cusafe_status c_view(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_view(&out, h, 0, 16);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_buffer_retain(cusafe_handle h) {
-  return cusafe_buffer_retain(h);
-}
-static cusafe_status c_buffer_release(cusafe_handle h) {
-  return cusafe_buffer_release(h);
+  return cusafe_buffer_view(&L.created, h, 0, 16);
 }
 static cusafe_status c_get_size(cusafe_handle h) {
   size_t n;
@@ -1558,49 +1494,22 @@ static cusafe_status c_set_label(cusafe_handle h) {
   return cusafe_handle_set_label(h, "bad handle test");
 }
 static cusafe_status c_load_builtin(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_builtin(&out, h);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_builtin(&L.created, h);
 }
 static cusafe_status c_load_file(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_file(&out, h, "/nonexistent.cubin");
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_file(&L.created, h, "/nonexistent.cubin");
 }
 static cusafe_status c_load_data(cusafe_handle h) {
   static const char image[] = "not an image";
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_data(&out, h, image, sizeof image);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_data(&L.created, h, image, sizeof image);
 }
 static cusafe_status c_compile(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_compile(
-      &out, h, "extern \"C\" __global__ void k(int *x) {}\n", "k.cu", NULL,
+  return cusafe_module_compile(
+      &L.created, h, "extern \"C\" __global__ void k(int *x) {}\n", "k.cu", NULL,
       0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
 }
 static cusafe_status c_get_kernel(cusafe_handle h) {
-  cusafe_kernel out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_get_kernel(&out, h, "cusafe_fill_f32");
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_module_retain(cusafe_handle h) {
-  return cusafe_module_retain(h);
-}
-static cusafe_status c_module_release(cusafe_handle h) {
-  return cusafe_module_release(h);
-}
-static cusafe_status c_kernel_retain(cusafe_handle h) {
-  return cusafe_kernel_retain(h);
-}
-static cusafe_status c_kernel_release(cusafe_handle h) {
-  return cusafe_kernel_release(h);
+  return cusafe_module_get_kernel(&L.created, h, "cusafe_fill_f32");
 }
 static cusafe_status c_kernel_get_params(cusafe_handle h) {
   size_t count, sizes[4];
@@ -1641,18 +1550,18 @@ static const struct handle_param {
   enum null_rule on_null;
   cusafe_status (*call)(cusafe_handle h);
 } handle_params[] = {
-    {"cusafe_retain", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR, c_retain},
-    {"cusafe_release", "handle", CUSAFE_TYPE_INVALID, NULL_IS_NOOP, c_release},
+    {"cusafe_retain", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR, cusafe_retain},
+    {"cusafe_release", "handle", CUSAFE_TYPE_INVALID, NULL_IS_NOOP, cusafe_release},
     {"cusafe_handle_get_type", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR,
      c_get_type},
     {"cusafe_context_retain", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
-     c_context_retain},
+     cusafe_context_retain},
     {"cusafe_context_release", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_NOOP,
-     c_context_release},
+     cusafe_context_release},
     {"cusafe_context_get_device", "context", CUSAFE_TYPE_CONTEXT,
      NULL_IS_ERROR, c_context_get_device},
     {"cusafe_context_synchronize", "context", CUSAFE_TYPE_CONTEXT,
-     NULL_IS_ERROR, c_context_synchronize},
+     NULL_IS_ERROR, cusafe_context_synchronize},
     {"cusafe_context_stream_priority_range", "context", CUSAFE_TYPE_CONTEXT,
      NULL_IS_ERROR, c_context_priority_range},
     {"cusafe_stream_create", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
@@ -1662,13 +1571,13 @@ static const struct handle_param {
     {"cusafe_buffer_alloc", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
      c_buffer_alloc},
     {"cusafe_stream_retain", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_retain},
+     cusafe_stream_retain},
     {"cusafe_stream_release", "stream", CUSAFE_TYPE_STREAM, NULL_IS_NOOP,
-     c_stream_release},
+     cusafe_stream_release},
     {"cusafe_stream_synchronize", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_synchronize},
+     cusafe_stream_synchronize},
     {"cusafe_stream_query", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_query},
+     cusafe_stream_query},
     {"cusafe_stream_wait_event(stream)", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_ERROR, c_stream_wait_event_stream},
     {"cusafe_stream_wait_event(event)", "event", CUSAFE_TYPE_EVENT,
@@ -1678,17 +1587,17 @@ static const struct handle_param {
     {"cusafe_stream_interop_handle", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_ERROR, c_stream_interop},
     {"cusafe_event_retain", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_retain},
+     cusafe_event_retain},
     {"cusafe_event_release", "event", CUSAFE_TYPE_EVENT, NULL_IS_NOOP,
-     c_event_release},
+     cusafe_event_release},
     {"cusafe_event_record(event)", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
      c_event_record_event},
     {"cusafe_event_record(stream)", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_DEFAULT, c_event_record_stream},
     {"cusafe_event_synchronize", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_synchronize},
+     cusafe_event_synchronize},
     {"cusafe_event_query", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_query},
+     cusafe_event_query},
     {"cusafe_event_elapsed_ms(start)", "start", CUSAFE_TYPE_EVENT,
      NULL_IS_ERROR, c_elapsed_start},
     {"cusafe_event_elapsed_ms(end)", "end", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
@@ -1699,9 +1608,9 @@ static const struct handle_param {
     {"cusafe_buffer_view", "parent", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
      c_view},
     {"cusafe_buffer_retain", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
-     c_buffer_retain},
+     cusafe_buffer_retain},
     {"cusafe_buffer_release", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_NOOP,
-     c_buffer_release},
+     cusafe_buffer_release},
     {"cusafe_buffer_get_size", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
      c_get_size},
     {"cusafe_buffer_get_memory", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
@@ -1745,13 +1654,13 @@ static const struct handle_param {
     {"cusafe_module_get_kernel", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
      c_get_kernel},
     {"cusafe_module_retain", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
-     c_module_retain},
+     cusafe_module_retain},
     {"cusafe_module_release", "module", CUSAFE_TYPE_MODULE, NULL_IS_NOOP,
-     c_module_release},
+     cusafe_module_release},
     {"cusafe_kernel_retain", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
-     c_kernel_retain},
+     cusafe_kernel_retain},
     {"cusafe_kernel_release", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_NOOP,
-     c_kernel_release},
+     cusafe_kernel_release},
     {"cusafe_kernel_get_params", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
      c_kernel_get_params},
     {"cusafe_kernel_launch(kernel)", "kernel", CUSAFE_TYPE_KERNEL,
@@ -1773,10 +1682,25 @@ static const char *const type_names[] = {
 static const cusafe_handle forged_handles[] = {
     0x7f00000012345678ULL, 0xdeadbeefcafef00dULL, 0xffffffffffffffffULL};
 
+/* Calls p's function with h.  A create that failed must not hand out a
+ * handle; one that succeeded (a default stream accepted) is released
+ * again. */
+static cusafe_status call_param(const struct handle_param *p,
+                                cusafe_handle h) {
+  L.created = CUSAFE_NULL_HANDLE;
+  cusafe_status st = p->call(h);
+  if (st != CUSAFE_SUCCESS)
+    TU_ASSERT(L.created == CUSAFE_NULL_HANDLE,
+              "failed call returned handle 0x%016llx", TU_HX(L.created));
+  else if (L.created != CUSAFE_NULL_HANDLE)
+    (void)cusafe_release(L.created);
+  return st;
+}
+
 /* Runs one call with a bad handle and checks status and message. */
 #define BAD_CALL(p, h, ...)                                                 \
   do {                                                                      \
-    cusafe_status bc_st_ = (p)->call(h);                                    \
+    cusafe_status bc_st_ = call_param((p), (h));                            \
     char bc_msg_[512], bc_exp_[512];                                        \
     tu_copy_message(bc_msg_, sizeof bc_msg_);                               \
     snprintf(bc_exp_, sizeof bc_exp_, __VA_ARGS__);                         \
@@ -1802,7 +1726,7 @@ START_TEST(test_bad_handle) {
     break;
   case NULL_IS_NOOP:
   case NULL_IS_DEFAULT:
-    TU_ASSERT(p->call(CUSAFE_NULL_HANDLE) == CUSAFE_SUCCESS,
+    TU_ASSERT(call_param(p, CUSAFE_NULL_HANDLE) == CUSAFE_SUCCESS,
               "%s with the NULL handle failed: %s", p->function,
               cusafe_last_error_message());
     break;
