@@ -43,7 +43,6 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,23 +51,13 @@
 
 #include "cusafe.h"
 #include "fakecuda.h"
+#include "../abortutil.h"
 
 /* ------------------------------------------------------------------------ */
 /* Failing                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static void die(const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...) {
-  va_list ap;
-  fputs("fuzz_api: FAILED: ", stderr);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
-  abort();
-}
+#define die(...) tu_abortf("fuzz_api", __VA_ARGS__)
 
 /* ------------------------------------------------------------------------ */
 /* Input                                                                      */

@@ -36,7 +36,6 @@
  * library shuts down. */
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +45,7 @@
 
 #include "cusafe.h"
 #include "fakecuda.h"
+#include "../abortutil.h"
 
 #define NDEV 2
 #define NBUF 3
@@ -78,18 +78,7 @@ static _Atomic long iterations_done;
 static int iterations, nthreads, racy_only;
 static pthread_barrier_t start;
 
-static void fail(const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 1, 2)));
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  fputs("stress: FAILED: ", stderr);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
-  abort();
-}
+#define fail(...) tu_abortf("stress", __VA_ARGS__)
 
 /* C_RACY: a call whose handles another thread may release meanwhile. */
 enum { C_CALL, C_RELEASE, C_QUERY, C_RACY };
