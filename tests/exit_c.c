@@ -283,7 +283,9 @@ static void *worker(void *arg)
   }
 }
 
-static int thread(void)
+/* Makes the live handles and starts the worker; returns once it has been
+ * round its loop a few times. */
+static pthread_t start_worker(void)
 {
   pthread_t t;
   make_live(&L);
@@ -291,17 +293,18 @@ static int thread(void)
     fail("pthread_create failed");
   while (__atomic_load_n(&iterations, __ATOMIC_SEQ_CST) < 3)
     usleep(100);
+  return t;
+}
+
+static int thread(void)
+{
+  (void)start_worker();
   return 0; /* exit() runs while the worker is inside cusafe calls */
 }
 
 static int thread_shutdown(void)
 {
-  pthread_t t;
-  make_live(&L);
-  if (pthread_create(&t, NULL, worker, &L.ctx) != 0)
-    fail("pthread_create failed");
-  while (__atomic_load_n(&iterations, __ATOMIC_SEQ_CST) < 3)
-    usleep(100);
+  pthread_t t = start_worker();
   OK(cusafe_shutdown()); /* while the worker is inside cusafe calls */
   if (pthread_join(t, NULL) != 0)
     fail("pthread_join failed");
