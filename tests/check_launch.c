@@ -1688,16 +1688,8 @@ END_TEST
 /* Without fault injection the composite operations succeed and leave
  * nothing behind. */
 START_TEST(test_composites_succeed) {
-  struct composite c;
-  int step = 0;
-  memset(&c, 0, sizeof c);
-  TU_OK(composite_builtin(&c, &step));
-  composite_release(&c);
-  TU_NOTHING_LIVE();
-  memset(&c, 0, sizeof c);
-  TU_OK(composite_compiled(&c, &step));
-  composite_release(&c);
-  TU_NOTHING_LIVE();
+  tu_composite_succeeds(&builtin_composite);
+  tu_composite_succeeds(&compiled_composite);
 }
 END_TEST
 

@@ -46,6 +46,17 @@ struct tu_composite {
   void (*release)(void *state);
 };
 
+/* Without failures the operation succeeds and leaves nothing behind. */
+static inline void tu_composite_succeeds(const struct tu_composite *op) {
+  void *state = tu_xmalloc(op->size);
+  int step = 0;
+  memset(state, 0, op->size);
+  TU_OK(op->run(state, &step));
+  op->release(state);
+  free(state);
+  TU_NOTHING_LIVE();
+}
+
 static inline int tu_is_init_call(const char *name) {
   static const char *const init[] = {
       "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
