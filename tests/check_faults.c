@@ -224,25 +224,25 @@ static size_t injections_of(const char *function,
 
 /* Whether `msg`, status `st` and CUDA error `cuda_err` are what `function`
  * failing with err gives. */
-/* Writes `template` with "{fn}" replaced by the failed function's name and
+/* Writes `format` with "{fn}" replaced by the failed function's name and
  * "{cuda}" by CUDA's words for the error. */
-static void expand(char *out, size_t n, const char *template,
+static void expand(char *out, size_t n, const char *format,
                    const char *fn, const char *cuda) {
   size_t len = 0;
   out[0] = '\0';
-  while (*template && len + 1 < n) {
+  while (*format && len + 1 < n) {
     const char *sub = NULL;
-    if (!strncmp(template, "{fn}", 4))
+    if (!strncmp(format, "{fn}", 4))
       sub = fn;
-    else if (!strncmp(template, "{cuda}", 6))
+    else if (!strncmp(format, "{cuda}", 6))
       sub = cuda;
     if (sub) {
       len += (size_t)snprintf(out + len, n - len, "%s", sub);
       if (len >= n)
         len = n - 1;
-      template += sub == fn ? 4 : 6;
+      format += sub == fn ? 4 : 6;
     } else {
-      out[len++] = *template++;
+      out[len++] = *format++;
       out[len] = '\0';
     }
   }
