@@ -28,13 +28,13 @@ static const char shutdown_message[] = "cusafe has been shut down";
 static const char forked_message[] =
     "cusafe cannot be used in a process forked after CUDA was initialised";
 
-#define CHECK_CHILD_EXITED_0(status)                                        \
-  do {                                                                      \
-    int cc_s_ = (status);                                                   \
-    ck_assert_msg(!WIFSIGNALED(cc_s_), "child killed by signal %d (%s)",    \
-                  WTERMSIG(cc_s_), strsignal(WTERMSIG(cc_s_)));             \
-    ck_assert_msg(WIFEXITED(cc_s_) && WEXITSTATUS(cc_s_) == 0,              \
-                  "child exited with status %d", WEXITSTATUS(cc_s_));       \
+#define CHECK_CHILD_EXITED_0(status)                                           \
+  do {                                                                         \
+    int cc_s_ = (status);                                                      \
+    ck_assert_msg(!WIFSIGNALED(cc_s_), "child killed by signal %d (%s)",       \
+                  WTERMSIG(cc_s_), strsignal(WTERMSIG(cc_s_)));                \
+    ck_assert_msg(WIFEXITED(cc_s_) && WEXITSTATUS(cc_s_) == 0,                 \
+                  "child exited with status %d", WEXITSTATUS(cc_s_));          \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -55,13 +55,13 @@ static void world_make(struct world *w) {
   tu_pattern(w->data, sizeof w->data, 42);
   TU_OK(cusafe_context_create(&w->ctx, 0));
   TU_OK(cusafe_context_create(&w->ctx1, 1));
-  TU_OK(cusafe_stream_create(&w->stream, w->ctx, CUSAFE_STREAM_NON_BLOCKING,
-                             0));
+  TU_OK(
+      cusafe_stream_create(&w->stream, w->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_event_create(&w->start, w->ctx, 0));
   TU_OK(cusafe_event_create(&w->end, w->ctx, CUSAFE_EVENT_BLOCKING_SYNC));
   TU_OK(cusafe_buffer_alloc(&w->dev, w->ctx, CUSAFE_MEMORY_DEVICE, 4096));
-  TU_OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                            4096));
+  TU_OK(
+      cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED, 4096));
   TU_OK(cusafe_buffer_alloc(&w->managed, w->ctx, CUSAFE_MEMORY_MANAGED, 4096));
   TU_OK(cusafe_buffer_view(&w->view, w->dev, 16, 256));
   TU_OK(cusafe_buffer_alloc_async(&w->async, w->stream, 4096));
@@ -77,9 +77,11 @@ static void world_make(struct world *w) {
 }
 
 /* Every handle of the world, children before their parents. */
-#define WORLD_HANDLES(w)                                                    \
-  {(w)->view, (w)->dev, (w)->pinned, (w)->managed, (w)->async, (w)->dev1,   \
-   (w)->start, (w)->end, (w)->stream, (w)->ctx, (w)->ctx1}
+#define WORLD_HANDLES(w)                                                       \
+  {                                                                            \
+    (w)->view, (w)->dev, (w)->pinned, (w)->managed, (w)->async, (w)->dev1,     \
+        (w)->start, (w)->end, (w)->stream, (w)->ctx, (w)->ctx1                 \
+  }
 #define WORLD_NHANDLES 11
 
 static void world_release(struct world *w) {
@@ -90,8 +92,8 @@ static void world_release(struct world *w) {
 
 /* Every function that is not a release refuses to work, with `want` and
  * `msg`, and without calling CUDA. */
-static void check_every_call_refused(const struct world *w,
-                                     cusafe_status want, const char *msg) {
+static void check_every_call_refused(const struct world *w, cusafe_status want,
+                                     const char *msg) {
   int n = 0, least = 0, greatest = 0;
   cusafe_device_properties props;
   cusafe_context c = CUSAFE_NULL_HANDLE;
@@ -148,8 +150,7 @@ static void check_every_call_refused(const struct world *w,
   REFUSED(cusafe_buffer_get_context(&c, w->managed));
   REFUSED(cusafe_buffer_write(w->dev, 0, host, sizeof host));
   REFUSED(cusafe_buffer_read(w->dev, 0, host, sizeof host));
-  REFUSED(cusafe_buffer_write_async(w->dev, 0, host, sizeof host,
-                                    w->stream));
+  REFUSED(cusafe_buffer_write_async(w->dev, 0, host, sizeof host, w->stream));
   REFUSED(cusafe_buffer_read_async(w->dev, 0, host, sizeof host,
                                    CUSAFE_STREAM_DEFAULT));
   REFUSED(cusafe_buffer_copy(w->pinned, 0, w->dev, 0, 64, w->stream));
@@ -158,8 +159,8 @@ static void check_every_call_refused(const struct world *w,
   /* Whatever the handle: the state is checked first. */
   REFUSED(cusafe_buffer_get_size(&size, (cusafe_buffer)0x7f00000012345678ULL));
 #undef REFUSED
-  TU_ASSERT(fake_call_count() == calls,
-            "refused calls made %lu CUDA call(s)", fake_call_count() - calls);
+  TU_ASSERT(fake_call_count() == calls, "refused calls made %lu CUDA call(s)",
+            fake_call_count() - calls);
 }
 
 /* Every release succeeds and does nothing, also a second time. */
@@ -179,8 +180,8 @@ static void check_every_release_noop(const struct world *w) {
   TU_OK(cusafe_release(CUSAFE_NULL_HANDLE));
   TU_OK(cusafe_buffer_release(CUSAFE_NULL_HANDLE));
   TU_OK(cusafe_release((cusafe_handle)0xdeadbeefcafef00dULL));
-  TU_ASSERT(fake_call_count() == calls,
-            "no-op releases made %lu CUDA call(s)", fake_call_count() - calls);
+  TU_ASSERT(fake_call_count() == calls, "no-op releases made %lu CUDA call(s)",
+            fake_call_count() - calls);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -319,7 +320,8 @@ START_TEST(test_release_in_every_order) {
     }
     TU_ASSERT(fake_primary_ctx_refcount(0) == 0,
               "order %lu: primary context still retained after the last "
-              "release", k);
+              "release",
+              k);
     TU_NOTHING_LIVE();
   }
   printf("release order: %lu orders checked\n", nperms);
@@ -545,10 +547,12 @@ START_TEST(test_moving_to_another_stream_waits) {
   long wait = fake_log_find("cudaStreamWaitEvent", (size_t)set);
   ck_assert_msg(record > set && record < copy,
                 "no cudaEventRecord between the fill on A (%ld) and the copy "
-                "on B (%ld): %ld", set, copy, record);
+                "on B (%ld): %ld",
+                set, copy, record);
   ck_assert_msg(wait > record && wait < copy,
                 "no cudaStreamWaitEvent after the record (%ld) and before the "
-                "copy on B (%ld): %ld", record, copy, wait);
+                "copy on B (%ld): %ld",
+                record, copy, wait);
   /* B alone is synchronised: it must run A's fill first. */
   TU_OK(cusafe_stream_synchronize(sb));
   fake_set_paused(0);
@@ -719,8 +723,8 @@ START_TEST(test_allocation_failure_is_out_of_memory) {
     ck_assert_uint_eq(b, CUSAFE_NULL_HANDLE);
     if (cases[i].kind == CUSAFE_MEMORY_DEVICE) {
       b = (cusafe_buffer)0x1234;
-      TU_ERR(cusafe_buffer_alloc_async(&b, s, 4096),
-             CUSAFE_ERROR_OUT_OF_MEMORY, "cudaMallocAsync failed: out of memory");
+      TU_ERR(cusafe_buffer_alloc_async(&b, s, 4096), CUSAFE_ERROR_OUT_OF_MEMORY,
+             "cudaMallocAsync failed: out of memory");
       ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorMemoryAllocation);
       ck_assert_uint_eq(b, CUSAFE_NULL_HANDLE);
     }
@@ -826,8 +830,8 @@ START_TEST(test_memory_limit) {
   TU_OK(cusafe_context_create(&c, 0));
   TU_ERR(cusafe_buffer_alloc(&b, c, CUSAFE_MEMORY_DEVICE, limit + 1),
          CUSAFE_ERROR_OUT_OF_MEMORY,
-         "allocation of %zu bytes exceeds the %zu bytes of device 0",
-         limit + 1, limit);
+         "allocation of %zu bytes exceeds the %zu bytes of device 0", limit + 1,
+         limit);
   ck_assert_int_eq(cusafe_last_cuda_error(), 0);
   ck_assert_uint_eq(b, CUSAFE_NULL_HANDLE);
   TU_OK(cusafe_buffer_alloc(&a, c, CUSAFE_MEMORY_DEVICE, 40 * KIB));
@@ -911,22 +915,24 @@ static cusafe_status composite_run(void *state, int *step) {
   unsigned char data[3000], back[3000];
   tu_pattern(data, sizeof data, 9);
   TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
-  TU_STEP_NEW(step, c->s, cusafe_stream_create(&c->s, c->ctx,
-                                               CUSAFE_STREAM_NON_BLOCKING, -1));
+  TU_STEP_NEW(
+      step, c->s,
+      cusafe_stream_create(&c->s, c->ctx, CUSAFE_STREAM_NON_BLOCKING, -1));
   TU_STEP_NEW(step, c->e, cusafe_event_create(&c->e, c->ctx, 0));
-  TU_STEP_NEW(step, c->dev, cusafe_buffer_alloc(&c->dev, c->ctx,
-                                                CUSAFE_MEMORY_DEVICE, 4096));
-  TU_STEP_NEW(step, c->pinned,
-              cusafe_buffer_alloc(&c->pinned, c->ctx,
-                                  CUSAFE_MEMORY_HOST_PINNED, 4096));
-  TU_STEP_NEW(step, c->managed,
-              cusafe_buffer_alloc(&c->managed, c->ctx, CUSAFE_MEMORY_MANAGED,
-                                  4096));
+  TU_STEP_NEW(step, c->dev,
+              cusafe_buffer_alloc(&c->dev, c->ctx, CUSAFE_MEMORY_DEVICE, 4096));
+  TU_STEP_NEW(
+      step, c->pinned,
+      cusafe_buffer_alloc(&c->pinned, c->ctx, CUSAFE_MEMORY_HOST_PINNED, 4096));
+  TU_STEP_NEW(
+      step, c->managed,
+      cusafe_buffer_alloc(&c->managed, c->ctx, CUSAFE_MEMORY_MANAGED, 4096));
   TU_STEP_NEW(step, c->view, cusafe_buffer_view(&c->view, c->dev, 100, 3000));
   TU_STEP_NEW(step, c->async, cusafe_buffer_alloc_async(&c->async, c->s, 4096));
   TU_STEP_NEW(step, c->ctx1, cusafe_context_create(&c->ctx1, 1));
-  TU_STEP_NEW(step, c->dev1, cusafe_buffer_alloc(&c->dev1, c->ctx1,
-                                                 CUSAFE_MEMORY_DEVICE, 4096));
+  TU_STEP_NEW(
+      step, c->dev1,
+      cusafe_buffer_alloc(&c->dev1, c->ctx1, CUSAFE_MEMORY_DEVICE, 4096));
   TU_STEP(step, cusafe_buffer_write(c->view, 0, data, sizeof data));
   TU_STEP(step, cusafe_buffer_copy(c->pinned, 0, c->dev, 100, 3000, c->s));
   TU_STEP(step, cusafe_buffer_copy(c->managed, 0, c->pinned, 0, 3000,
@@ -946,15 +952,14 @@ static cusafe_status composite_run(void *state, int *step) {
 /* The context first: children keep it. */
 static void composite_release(void *state) {
   struct composite *c = state;
-  const cusafe_handle all[] = {c->ctx,     c->ctx1,  c->view, c->dev,
-                               c->pinned,  c->managed, c->async, c->dev1,
-                               c->e,       c->s};
+  const cusafe_handle all[] = {c->ctx,     c->ctx1,  c->view, c->dev, c->pinned,
+                               c->managed, c->async, c->dev1, c->e,   c->s};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
 }
 
-static const struct tu_composite composite = {
-    sizeof(struct composite), composite_run, composite_release};
+static const struct tu_composite composite = {sizeof(struct composite),
+                                              composite_run, composite_release};
 
 START_TEST(test_fault_injection_single) { tu_fault_loop(&composite, 0); }
 END_TEST
@@ -980,8 +985,8 @@ START_TEST(test_shutdown_destroys_everything) {
   /* The stateless functions still work. */
   ck_assert_str_eq(cusafe_version_string(), "0.1.0");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)999), "unknown status");
-  TU_ERR(cusafe_buffer_read(w.dev, 0, w.data, 1), CUSAFE_ERROR_SHUTDOWN,
-         "%s", shutdown_message);
+  TU_ERR(cusafe_buffer_read(w.dev, 0, w.data, 1), CUSAFE_ERROR_SHUTDOWN, "%s",
+         shutdown_message);
   ck_assert_str_eq(cusafe_last_error_message(), shutdown_message);
   ck_assert_int_eq(cusafe_last_cuda_error(), 0);
 }
@@ -1152,7 +1157,8 @@ static void forked_child_device_count(void *arg) {
 START_TEST(test_fork_after_device_count) {
   int n = 0;
   TU_OK(cusafe_device_count(&n));
-  CHECK_CHILD_EXITED_0(tu_run_in_child(forked_child_device_count, NULL, NULL, 0));
+  CHECK_CHILD_EXITED_0(
+      tu_run_in_child(forked_child_device_count, NULL, NULL, 0));
   TU_OK(cusafe_device_count(&n));
   ck_assert_int_eq(n, 2);
 }

@@ -57,18 +57,17 @@
 #include "fakeutil.h"
 
 #define KIB ((size_t)1024)
-#define SIZE 4096                /* bytes of every buffer */
+#define SIZE 4096 /* bytes of every buffer */
 #define NFLOATS (SIZE / sizeof(float))
 #define SENTINEL ((cusafe_handle)0x1234)
-#define MAX_CALLS 512            /* CUDA calls of one operation, at most */
+#define MAX_CALLS 512 /* CUDA calls of one operation, at most */
 #define NAME_MAX_LEN 64
 
 /* A fake image (see fakecuda.h): k1 (p, 4, 8), small (p; at most 128
  * threads, 1 KiB of static shared memory). */
-static const char fake_image[] =
-    "FAKECUBIN\n"
-    "kernel k1 p 4 8\n"
-    "kernel small maxthreads=128 shared=1024 p\n";
+static const char fake_image[] = "FAKECUBIN\n"
+                                 "kernel k1 p 4 8\n"
+                                 "kernel small maxthreads=128 shared=1024 p\n";
 
 static const char compile_source[] =
     "extern \"C\" __global__ void ax(float *y, const float *x, float a,\n"
@@ -112,7 +111,7 @@ struct expectation {
   const char *function; /* NULL: any function */
   cudaError_t err;
   int inject;
-  int sticky;           /* a sticky error: the device is broken after it */
+  int sticky; /* a sticky error: the device is broken after it */
   cusafe_status status;
   const char *message;
   int cuda_error;
@@ -138,15 +137,15 @@ static const struct expectation injections[] = {
     {"cudaMallocManaged", cudaErrorMemoryAllocation, 1, 0,
      CUSAFE_ERROR_OUT_OF_MEMORY, FAILED_MSG, -1},
     /* A launch asks for more registers or threads than there are. */
-    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* Synchronisations report a kernel fault, which breaks the device. */
-    {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {"cudaEventSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {"cudaDeviceSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaEventSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaDeviceSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* Queries find work pending, or the fault. */
     {"cudaStreamQuery", cudaErrorNotReady, 1, 0, CUSAFE_ERROR_NOT_READY,
      "work is still pending", -1},
@@ -158,8 +157,8 @@ static const struct expectation injections[] = {
      FAILED_MSG, -1},
     {"cudaEventElapsedTime", cudaErrorNotReady, 1, 0, CUSAFE_ERROR_NOT_READY,
      "work is still pending", -1},
-    {"cudaEventElapsedTime", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaEventElapsedTime", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* NVRTC: out of memory, or an internal error of the compiler. */
     {"nvrtcCreateProgram", cudaErrorMemoryAllocation, 1, 0,
      CUSAFE_ERROR_OUT_OF_MEMORY, "{fn} failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
@@ -176,8 +175,8 @@ static const struct expectation injections[] = {
     {NULL, cudaErrorMemoryAllocation, 0, 0, CUSAFE_ERROR_OUT_OF_MEMORY,
      FAILED_MSG, -1},
     {NULL, cudaErrorIllegalAddress, 0, 0, CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {NULL, cudaErrorLaunchOutOfResources, 0, 0, CUSAFE_ERROR_CUDA,
-     FAILED_MSG, -1},
+    {NULL, cudaErrorLaunchOutOfResources, 0, 0, CUSAFE_ERROR_CUDA, FAILED_MSG,
+     -1},
     {NULL, cudaErrorNotReady, 0, 0, CUSAFE_ERROR_NOT_READY, FAILED_MSG, -1},
 };
 #define NINJECTIONS (sizeof injections / sizeof injections[0])
@@ -226,8 +225,8 @@ static size_t injections_of(const char *function,
  * failing with err gives. */
 /* Writes `format` with "{fn}" replaced by the failed function's name and
  * "{cuda}" by CUDA's words for the error. */
-static void expand(char *out, size_t n, const char *format,
-                   const char *fn, const char *cuda) {
+static void expand(char *out, size_t n, const char *format, const char *fn,
+                   const char *cuda) {
   size_t len = 0;
   out[0] = '\0';
   while (*format && len + 1 < n) {
@@ -253,8 +252,8 @@ static int is_failure_of(const char *function, cudaError_t err,
                          char *want, size_t nwant) {
   const struct expectation *e = expectation_of(function, err);
   if (!e) {
-    snprintf(want, nwant, "(no expectation for %s failing with %d)",
-             function, (int)err);
+    snprintf(want, nwant, "(no expectation for %s failing with %d)", function,
+             (int)err);
     return 0;
   }
   expand(want, nwant, e->message, function, cuda_words(err));
@@ -268,9 +267,9 @@ static int is_failure_of(const char *function, cudaError_t err,
  * point (cuLibraryGetModule) is optional; a stream-ordered free that
  * cannot be queued is done synchronously.  Frees and destroys are
  * counted as "failed in a free" instead. */
-static const char *const absorbable[] = {
-    "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
-    "cudaFreeAsync"};
+static const char *const absorbable[] = {"cudaSetDevice", "cudaGetLastError",
+                                         "cudaGetDriverEntryPointByVersion",
+                                         "cudaFreeAsync"};
 
 static int is_absorbable(const char *name) {
   for (size_t i = 0; i < sizeof absorbable / sizeof absorbable[0]; i++)
@@ -293,10 +292,15 @@ static int is_absorbable_in(const char *name, int teardown) {
  * primary context goes, so those two excuse a leak only where the retry
  * fails too: failing persistently. */
 static const char *const cleanup_calls[] = {
-    "cudaFree",         "cudaFreeHost",
-    "cudaStreamDestroy", "cudaEventDestroy",
-    "cuDevicePrimaryCtxRelease", "nvrtcDestroyProgram",
-    "cudaFreeAsync",    "cudaLibraryUnload"};
+    "cudaFree",
+    "cudaFreeHost",
+    "cudaStreamDestroy",
+    "cudaEventDestroy",
+    "cuDevicePrimaryCtxRelease",
+    "nvrtcDestroyProgram",
+    "cudaFreeAsync",
+    "cudaLibraryUnload",
+};
 #define NCLEANUP_RETRIED 2 /* the last two */
 
 static int is_cleanup_call(const char *name, int retried_too) {
@@ -311,14 +315,19 @@ static int is_cleanup_call(const char *name, int retried_too) {
 
 /* Calls that a sticky error leaves working (fakecuda.h): device queries,
  * the current device, and everything that frees or destroys. */
-static const char *const sticky_immune[] = {
-    "cudaGetDevice",          "cudaSetDevice",
-    "cudaGetDeviceCount",     "cudaGetDeviceProperties",
-    "cudaDeviceGetAttribute", "cudaGetDriverEntryPointByVersion",
-    "cuDevicePrimaryCtxRelease", "cudaFree",
-    "cudaFreeAsync",          "cudaFreeHost",
-    "cudaStreamDestroy",      "cudaEventDestroy",
-    "cudaLibraryUnload"};
+static const char *const sticky_immune[] = {"cudaGetDevice",
+                                            "cudaSetDevice",
+                                            "cudaGetDeviceCount",
+                                            "cudaGetDeviceProperties",
+                                            "cudaDeviceGetAttribute",
+                                            "cudaGetDriverEntryPointByVersion",
+                                            "cuDevicePrimaryCtxRelease",
+                                            "cudaFree",
+                                            "cudaFreeAsync",
+                                            "cudaFreeHost",
+                                            "cudaStreamDestroy",
+                                            "cudaEventDestroy",
+                                            "cudaLibraryUnload"};
 
 static int is_sticky_immune(const char *name) {
   for (size_t i = 0; i < sizeof sticky_immune / sizeof sticky_immune[0]; i++)
@@ -363,12 +372,13 @@ struct world {
 
 /* Children before parents, so that a failure to release names the first
  * object that would not go. */
-#define WORLD_HANDLES(w)                                                    \
-  {&(w)->out,    &(w)->k,     &(w)->k1,      &(w)->m,     &(w)->m1,        \
-   &(w)->view,   &(w)->a,     &(w)->b,       &(w)->c,     &(w)->pinned,    \
-   &(w)->managed, &(w)->async, &(w)->d1,     &(w)->tmp,   &(w)->e1,        \
-   &(w)->e2,     &(w)->e11,   &(w)->s1,      &(w)->s2,    &(w)->s3,        \
-   &(w)->s11,    &(w)->ctx,   &(w)->ctx1}
+#define WORLD_HANDLES(w)                                                       \
+  {                                                                            \
+    &(w)->out, &(w)->k, &(w)->k1, &(w)->m, &(w)->m1, &(w)->view, &(w)->a,      \
+        &(w)->b, &(w)->c, &(w)->pinned, &(w)->managed, &(w)->async, &(w)->d1,  \
+        &(w)->tmp, &(w)->e1, &(w)->e2, &(w)->e11, &(w)->s1, &(w)->s2,          \
+        &(w)->s3, &(w)->s11, &(w)->ctx, &(w)->ctx1                             \
+  }
 #define WORLD_NHANDLES 23
 
 /* Releases what the world holds.  Strictly (every release must succeed),
@@ -500,8 +510,7 @@ static cusafe_status op_context_release(struct world *w) {
 
 static cusafe_status op_stream_create(struct world *w) {
   w->out = SENTINEL;
-  return cusafe_stream_create(&w->out, w->ctx, CUSAFE_STREAM_NON_BLOCKING,
-                              -1);
+  return cusafe_stream_create(&w->out, w->ctx, CUSAFE_STREAM_NON_BLOCKING, -1);
 }
 
 static void su_stream_synchronize(struct world *w) {
@@ -611,8 +620,7 @@ static cusafe_status op_alloc_device(struct world *w) {
 
 static cusafe_status op_alloc_pinned(struct world *w) {
   w->out = SENTINEL;
-  return cusafe_buffer_alloc(&w->out, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                             SIZE);
+  return cusafe_buffer_alloc(&w->out, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE);
 }
 
 static cusafe_status op_alloc_managed(struct world *w) {
@@ -677,8 +685,7 @@ static cusafe_status op_copy_peer(struct world *w) {
  * stream of device 0: it runs on device 1. */
 static void su_copy_pinned_other(struct world *w) {
   su_two_devices(w);
-  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                         SIZE));
+  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE));
 }
 
 static cusafe_status op_copy_pinned_other(struct world *w) {
@@ -768,8 +775,8 @@ static cusafe_status op_load_file(struct world *w) {
 static cusafe_status op_compile(struct world *w) {
   const char *const opts[] = {"-DM=3"};
   w->out = SENTINEL;
-  return cusafe_module_compile(&w->out, w->ctx, compile_source, "ax.cu",
-                               opts, 1);
+  return cusafe_module_compile(&w->out, w->ctx, compile_source, "ax.cu", opts,
+                               1);
 }
 
 static cusafe_status op_get_kernel(struct world *w) {
@@ -819,8 +826,7 @@ static void su_kernel_release(struct world *w) {
   OK(cusafe_module_release(w->m));
   w->m = CUSAFE_NULL_HANDLE;
   fake_set_paused(1);
-  cusafe_launch_config cfg = {{1, 1, 1}, {256, 1, 1}, 0,
-                              CUSAFE_STREAM_DEFAULT};
+  cusafe_launch_config cfg = {{1, 1, 1}, {256, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
   OK(CUSAFE_LAUNCH(w->k, &cfg, CUSAFE_ARG_BUF(w->a), CUSAFE_ARG_F32V(1.5f),
                    CUSAFE_ARG_U64V(NFLOATS)));
 }
@@ -841,8 +847,7 @@ static void su_shutdown(struct world *w) {
   OK(cusafe_event_create(&w->e2, w->ctx, CUSAFE_EVENT_DISABLE_TIMING));
   OK(cusafe_event_create(&w->e11, w->ctx1, 0));
   OK(cusafe_buffer_alloc(&w->a, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
-  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                         SIZE));
+  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE));
   OK(cusafe_buffer_alloc(&w->managed, w->ctx, CUSAFE_MEMORY_MANAGED, SIZE));
   OK(cusafe_buffer_alloc_async(&w->async, w->s1, SIZE));
   OK(cusafe_buffer_view(&w->view, w->a, 64, 1024));
@@ -904,17 +909,15 @@ static const struct op ops[] = {
     {"cusafe_context_release (last reference)", su_context_release,
      op_context_release, OP_CONSUMES},
     {"cusafe_stream_create", su_ctx, op_stream_create, OP_CREATES},
-    {"cusafe_stream_synchronize", su_stream_synchronize,
-     op_stream_synchronize, 0},
-    {"cusafe_stream_query", su_handoff, op_stream_query, 0},
-    {"cusafe_stream_wait_event", su_stream_wait_event, op_stream_wait_event,
+    {"cusafe_stream_synchronize", su_stream_synchronize, op_stream_synchronize,
      0},
+    {"cusafe_stream_query", su_handoff, op_stream_query, 0},
+    {"cusafe_stream_wait_event", su_stream_wait_event, op_stream_wait_event, 0},
     {"cusafe_stream_release (last reference, work queued)", su_stream_release,
      op_stream_release, OP_CONSUMES},
     {"cusafe_event_create", su_ctx, op_event_create, OP_CREATES},
     {"cusafe_event_record", su_event, op_event_record, 0},
-    {"cusafe_event_synchronize", su_event_synchronize, op_event_synchronize,
-     0},
+    {"cusafe_event_synchronize", su_event_synchronize, op_event_synchronize, 0},
     {"cusafe_event_query", su_event_recorded, op_event_query, 0},
     {"cusafe_event_elapsed_ms", su_event_elapsed, op_event_elapsed, 0},
     {"cusafe_event_release (last reference)", su_event_recorded,
@@ -938,10 +941,10 @@ static const struct op ops[] = {
      op_release_a, OP_CONSUMES},
     {"cusafe_buffer_release (pinned memory, work queued)", su_release_pinned,
      op_release_tmp, OP_CONSUMES},
-    {"cusafe_buffer_release (managed memory, work queued)",
-     su_release_managed, op_release_tmp, OP_CONSUMES},
-    {"cusafe_buffer_release (last used by a peer copy)",
-     su_release_after_peer, op_release_d1, OP_CONSUMES},
+    {"cusafe_buffer_release (managed memory, work queued)", su_release_managed,
+     op_release_tmp, OP_CONSUMES},
+    {"cusafe_buffer_release (last used by a peer copy)", su_release_after_peer,
+     op_release_d1, OP_CONSUMES},
     {"cusafe_module_load_builtin", su_ctx, op_load_builtin, OP_CREATES},
     {"cusafe_module_load_data", su_ctx, op_load_data, OP_CREATES},
     {"cusafe_module_load_file", su_module_file, op_load_file, OP_CREATES},
@@ -966,8 +969,8 @@ static void run_clean(const struct op *op, struct world *w, const char *when) {
   if (op->setup)
     op->setup(w);
   cusafe_status st = op->run(w);
-  TU_ASSERT(st == CUSAFE_SUCCESS, "%s: %s %s returned %s: %s", op->name,
-            when, "without failures", cusafe_status_string(st),
+  TU_ASSERT(st == CUSAFE_SUCCESS, "%s: %s %s returned %s: %s", op->name, when,
+            "without failures", cusafe_status_string(st),
             cusafe_last_error_message());
   if (op->flags & OP_CREATES)
     TU_ASSERT(w->out != CUSAFE_NULL_HANDLE && w->out != SENTINEL,
@@ -994,8 +997,7 @@ static void clean_child(void *arg) {
   cusafe_status st = a->op->run(&w);
   unsigned long end = fake_call_count();
   TU_ASSERT(st == CUSAFE_SUCCESS, "%s without failures returned %s: %s",
-            a->op->name, cusafe_status_string(st),
-            cusafe_last_error_message());
+            a->op->name, cusafe_status_string(st), cusafe_last_error_message());
   FILE *f = fdopen(a->fd, "w");
   TU_ASSERT(f != NULL, "fdopen failed");
   for (unsigned long k = start + 1; k <= end; k++)
@@ -1033,10 +1035,10 @@ static void record_clean(const struct op *op, struct clean_log *log) {
   char line[256];
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = '\0';
-    ck_assert_msg(log->ncalls < MAX_CALLS, "%s: more than %d calls",
-                  op->name, MAX_CALLS);
-    snprintf(log->names[log->ncalls++], NAME_MAX_LEN, "%.*s",
-             NAME_MAX_LEN - 1, line);
+    ck_assert_msg(log->ncalls < MAX_CALLS, "%s: more than %d calls", op->name,
+                  MAX_CALLS);
+    snprintf(log->names[log->ncalls++], NAME_MAX_LEN, "%.*s", NAME_MAX_LEN - 1,
+             line);
   }
   fclose(f);
   int status = 0;
@@ -1116,8 +1118,8 @@ static void fault_child(void *arg) {
 
   if (!reached) {
     TU_ASSERT(a->name == NULL,
-              "failing call %lu (%s): the operation made only %lu calls",
-              a->n, a->name, end - start);
+              "failing call %lu (%s): the operation made only %lu calls", a->n,
+              a->name, end - start);
     TU_ASSERT(st == CUSAFE_SUCCESS, "the operation returned %s: %s",
               cusafe_status_string(st), msg);
     world_release(&w, (op->flags & OP_SHUTDOWN) ? RELEASE_SHUT_DOWN
@@ -1156,8 +1158,8 @@ static void fault_child(void *arg) {
               a->persistent ? " (or the same of a later failed call)" : "");
     if (op->flags & OP_CREATES)
       TU_ASSERT(w.out == CUSAFE_NULL_HANDLE,
-                "%s failing: the failed operation handed out 0x%016llx",
-                failed, TU_HX(w.out));
+                "%s failing: the failed operation handed out 0x%016llx", failed,
+                TU_HX(w.out));
   } else if (op->flags & OP_CREATES) {
     cusafe_handle_type type = CUSAFE_TYPE_INVALID;
     TU_ASSERT(cusafe_handle_get_type(&type, w.out) == CUSAFE_SUCCESS,
@@ -1181,8 +1183,9 @@ static void fault_child(void *arg) {
     TU_ASSERT(fake_call_count() == calls, "calls after the shutdown");
     if (!excused)
       TU_NOTHING_LIVE_AT("after the shutdown");
-    exit(excused ? TU_FAULT_EXCUSED
-                 : st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED : TU_FAULT_FAILED);
+    exit(excused                ? TU_FAULT_EXCUSED
+         : st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED
+                                : TU_FAULT_FAILED);
   }
 
   if (!sticky) {
@@ -1300,12 +1303,14 @@ static void fault_loop(const struct op *op, int persistent) {
         printf("  not modelled: call %lu (%s) failing: %s\n", n, name, line);
         continue;
       } else if (WIFSIGNALED(status)) {
-        snprintf(what, sizeof what, "killed by signal %d: %s",
-                 WTERMSIG(status), line);
+        snprintf(what, sizeof what, "killed by signal %d: %s", WTERMSIG(status),
+                 line);
       }
       if (!what[0] && !name && code != TU_FAULT_COMPLETED)
-        snprintf(what, sizeof what, "past the %zu calls of the clean run: "
-                 "exit %d: %s", log.ncalls, code, line);
+        snprintf(what, sizeof what,
+                 "past the %zu calls of the clean run: "
+                 "exit %d: %s",
+                 log.ncalls, code, line);
       if (!what[0] && name) {
         switch (code) {
         case TU_FAULT_FAILED: failed++; break;
@@ -1318,20 +1323,22 @@ static void fault_loop(const struct op *op, int persistent) {
           if (!(op->flags & OP_SHUTDOWN) &&
               !is_absorbable_in(name, (op->flags & OP_CONSUMES) != 0) &&
               !is_cleanup_call(name, 1))
-            snprintf(what, sizeof what, "the operation succeeded all the "
+            snprintf(what, sizeof what,
+                     "the operation succeeded all the "
                      "same");
           break;
         case TU_FAULT_COMPLETED:
           snprintf(what, sizeof what, "never reached");
           break;
-        default:
-          snprintf(what, sizeof what, "exit %d: %s", code, line);
+        default: snprintf(what, sizeof what, "exit %d: %s", code, line);
         }
       }
       if (what[0]) {
         bad++;
-        append(problems, sizeof problems, "  call %lu (%s) failing with %d: "
-               "%s\n", n, name ? name : "-", (int)inj[i]->err, what);
+        append(problems, sizeof problems,
+               "  call %lu (%s) failing with %d: "
+               "%s\n",
+               n, name ? name : "-", (int)inj[i]->err, what);
         fprintf(stderr, "[%s (%s), call %lu (%s) failing with %d]\n%s",
                 op->name, mode, n, name ? name : "-", (int)inj[i]->err, err);
       }
@@ -1355,8 +1362,10 @@ static void fault_loop(const struct op *op, int persistent) {
   if (bad)
     fprintf(stderr, "%s (%s): %lu wrong run(s):\n%s", op->name, mode, bad,
             problems);
-  ck_assert_msg(bad == 0, "%s (%s): %lu of %lu runs went wrong (listed on "
-                "stderr)", op->name, mode, bad, runs);
+  ck_assert_msg(bad == 0,
+                "%s (%s): %lu of %lu runs went wrong (listed on "
+                "stderr)",
+                op->name, mode, bad, runs);
 }
 
 /* _i: the operation, twice: failing one call, then persistently. */

@@ -36,15 +36,14 @@ static const char shutdown_message[] = "cusafe has been shut down";
  *   two    (p, p, 8)
  *   kall   (p, 1, 1, 2, 2, 4, 4, 8, 8, 4, 8, 16)
  *          at 0, 8, 9, 10, 12, 16, 20, 24, 32, 40, 48, 56; 72 bytes */
-static const char fake_image[] =
-    "FAKECUBIN\n"
-    "kernel k1 p 4 8\n"
-    "kernel k0\n"
-    "kernel small maxthreads=128 shared=1024 p\n"
-    "kernel two p p 8\n"
-    "\n"
-    "# every kind of argument\n"
-    "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
+static const char fake_image[] = "FAKECUBIN\n"
+                                 "kernel k1 p 4 8\n"
+                                 "kernel k0\n"
+                                 "kernel small maxthreads=128 shared=1024 p\n"
+                                 "kernel two p p 8\n"
+                                 "\n"
+                                 "# every kind of argument\n"
+                                 "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
 
 /* A one-block launch on the context's default stream. */
 static cusafe_launch_config config1(void) {
@@ -55,8 +54,7 @@ static cusafe_launch_config config1(void) {
 /* A launch of grid (gx, gy, gz) and block (bx, by, bz) on the context's
  * default stream. */
 static cusafe_launch_config config_dims(uint32_t gx, uint32_t gy, uint32_t gz,
-                                        uint32_t bx, uint32_t by,
-                                        uint32_t bz) {
+                                        uint32_t bx, uint32_t by, uint32_t bz) {
   cusafe_launch_config c = {
       {gx, gy, gz}, {bx, by, bz}, 0, CUSAFE_STREAM_DEFAULT};
   return c;
@@ -146,8 +144,7 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(out, CUSAFE_NULL_HANDLE);
   TU_ERR(cusafe_module_get_kernel(NULL, m, "k1"), CUSAFE_ERROR_INVALID_VALUE,
          "out is NULL");
-  TU_ERR(cusafe_module_get_kernel(&out, ctx, "k1"),
-         CUSAFE_ERROR_INVALID_HANDLE,
+  TU_ERR(cusafe_module_get_kernel(&out, ctx, "k1"), CUSAFE_ERROR_INVALID_HANDLE,
          "module 0x%016llx is a context, not a module", TU_HX(ctx));
   TU_ERR(cusafe_module_get_kernel(&out, CUSAFE_NULL_HANDLE, "k1"),
          CUSAFE_ERROR_INVALID_HANDLE, "module is the NULL handle");
@@ -318,16 +315,15 @@ static void fixture_make(struct fixture *f) {
   f->two = tu_get_kernel(f->m, "two");
   f->kall = tu_get_kernel(f->m, "kall");
   TU_OK(cusafe_buffer_alloc(&f->buf, f->ctx, CUSAFE_MEMORY_DEVICE, 4 * KIB));
-  TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE,
-                            4 * KIB));
+  TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE, 4 * KIB));
   TU_OK(cusafe_stream_create(&f->s1, f->ctx1, CUSAFE_STREAM_NON_BLOCKING, 0));
 }
 
 static void fixture_release(struct fixture *f) {
   /* Parents first: children keep them. */
-  const cusafe_handle all[] = {f->ctx,  f->ctx1, f->m,    f->k1,
-                               f->k0,   f->small, f->two, f->kall,
-                               f->buf,  f->buf1, f->s1};
+  const cusafe_handle all[] = {f->ctx, f->ctx1,  f->m,   f->k1,
+                               f->k0,  f->small, f->two, f->kall,
+                               f->buf, f->buf1,  f->s1};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
   TU_NOTHING_LIVE();
@@ -341,14 +337,18 @@ START_TEST(test_argument_checks) {
   fake_log_clear();
 
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 2 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 2 given");
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1),
                        CUSAFE_ARG_U64V(1), CUSAFE_ARG_U64V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 4 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 4 given");
   TU_ERR(cusafe_kernel_launch(f.k1, &c, NULL, 0),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 0 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 0 given");
   TU_ERR(CUSAFE_LAUNCH(f.k0, &c, CUSAFE_ARG_U64V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k0 takes 0 arguments, 1 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k0 takes 0 arguments, 1 given");
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_I32V(1), CUSAFE_ARG_F32V(1),
                        CUSAFE_ARG_U64V(1)),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
@@ -366,16 +366,14 @@ START_TEST(test_argument_checks) {
          CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 1 of kernel k1 is 2 bytes, parameter 1 is 4 bytes");
   {
-    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
-                                {(uint32_t)99, 0, {.u = 1}},
-                                CUSAFE_ARG_U64V(1)};
+    const cusafe_arg args[3] = {
+        CUSAFE_ARG_BUF(f.buf), {(uint32_t)99, 0, {.u = 1}}, CUSAFE_ARG_U64V(1)};
     TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
            CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 1 has unknown kind 99");
   }
   {
-    const cusafe_arg args[3] = {{0, 0, {.u = 0}},
-                                CUSAFE_ARG_F32V(1),
-                                CUSAFE_ARG_U64V(1)};
+    const cusafe_arg args[3] = {
+        {0, 0, {.u = 0}}, CUSAFE_ARG_F32V(1), CUSAFE_ARG_U64V(1)};
     TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
            CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 0 has unknown kind 0");
   }
@@ -383,8 +381,8 @@ START_TEST(test_argument_checks) {
     const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
                                 {CUSAFE_ARG_BYTES, 4, {.bytes = NULL}},
                                 CUSAFE_ARG_U64V(1)};
-    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
-           CUSAFE_ERROR_INVALID_VALUE, "argument 1 has no bytes");
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3), CUSAFE_ERROR_INVALID_VALUE,
+           "argument 1 has no bytes");
   }
   {
     const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
@@ -616,12 +614,10 @@ START_TEST(test_many_parameters) {
   a[0] = CUSAFE_ARG_BUF(bufs[0]);
   a[15] = CUSAFE_ARG_I64V(-15);
   TU_OK(cusafe_kernel_launch(k16, &c, a, 16));
-  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
-         CUSAFE_ERROR_INVALID_ARGUMENTS,
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17), CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 15 of kernel k17 is 8 bytes, parameter 15 is 4 bytes");
   a[15] = CUSAFE_ARG_I32V(15);
-  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
-         CUSAFE_ERROR_INVALID_ARGUMENTS,
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17), CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 16 of kernel k17 is 4 bytes, parameter 16 is 8 bytes");
   a[16] = CUSAFE_ARG_I64V(-16);
   TU_OK(cusafe_kernel_launch(k17, &c, a, 17));
@@ -664,16 +660,17 @@ START_TEST(test_parameter_size_limit) {
   for (size_t i = 0; i < 65535; i++)
     blob[i] = (unsigned char)(i * 7);
   cusafe_launch_config c = config1();
-  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
-                      ((cusafe_arg){CUSAFE_ARG_BYTES, 65535, {.bytes = blob}})));
+  TU_OK(
+      CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
+                    ((cusafe_arg){CUSAFE_ARG_BYTES, 65535, {.bytes = blob}})));
   ck_assert_uint_eq(fake_last_launch_args(got, 65539), 65539);
   int32_t first = 0;
   memcpy(&first, got, 4);
   ck_assert_int_eq(first, -9);
   TU_BYTES_EQ(got + 4, blob, 65535);
-  TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
-                       ((cusafe_arg){CUSAFE_ARG_BYTES, 65536 + 4,
-                                     {.bytes = blob}})),
+  TU_ERR(CUSAFE_LAUNCH(
+             k, &c, CUSAFE_ARG_I32V(-9),
+             ((cusafe_arg){CUSAFE_ARG_BYTES, 65536 + 4, {.bytes = blob}})),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 1 of kernel big is 65540 bytes, parameter 1 is 65535 "
          "bytes");
@@ -698,10 +695,11 @@ END_TEST
 /* Configuration                                                              */
 /* ------------------------------------------------------------------------ */
 
-#define LAUNCH_K1(f, c)                                                      \
-  CUSAFE_LAUNCH((f).k1, &(c), CUSAFE_ARG_BUF((f).buf), CUSAFE_ARG_F32V(1),   \
+#define LAUNCH_K1(f, c)                                                        \
+  CUSAFE_LAUNCH((f).k1, &(c), CUSAFE_ARG_BUF((f).buf), CUSAFE_ARG_F32V(1),     \
                 CUSAFE_ARG_U64V(1))
-#define LAUNCH_SMALL(f, c) CUSAFE_LAUNCH((f).small, &(c), CUSAFE_ARG_BUF((f).buf))
+#define LAUNCH_SMALL(f, c)                                                     \
+  CUSAFE_LAUNCH((f).small, &(c), CUSAFE_ARG_BUF((f).buf))
 
 START_TEST(test_config_checks) {
   struct fixture f;
@@ -798,8 +796,7 @@ START_TEST(test_suggest_config) {
   TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.small, 100000, 1000));
   ck_assert_uint_eq(block, 128);
   ck_assert_uint_eq(grid, 8);
-  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.small, 227 * KIB,
-                                      1000),
+  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.small, 227 * KIB, 1000),
          CUSAFE_ERROR_INVALID_CONFIGURATION,
          "%zu bytes of shared memory exceed the device's limit of %zu",
          227 * KIB, 227 * KIB - 1024);
@@ -846,8 +843,7 @@ START_TEST(test_invalid_handles) {
   TU_ERR(CUSAFE_LAUNCH(f.two, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_BUF(gone),
                        CUSAFE_ARG_U64V(1)),
          CUSAFE_ERROR_INVALID_HANDLE,
-         "argument 1 0x%016llx is stale: its object was released",
-         TU_HX(gone));
+         "argument 1 0x%016llx is stale: its object was released", TU_HX(gone));
   TU_ERR(CUSAFE_LAUNCH(f.small, &c, CUSAFE_ARG_BUF(f.s1)),
          CUSAFE_ERROR_INVALID_HANDLE,
          "argument 0 0x%016llx is a stream, not a buffer", TU_HX(f.s1));
@@ -1034,8 +1030,9 @@ START_TEST(test_compile_errors) {
   TU_OK(cusafe_context_create(&ctx, 0));
 
   TU_ERR(cusafe_module_compile(&m, ctx, bad, "bad.cu", NULL, 0),
-         CUSAFE_ERROR_COMPILE, "compilation of bad.cu failed: bad.cu(2): "
-                               "error: boom");
+         CUSAFE_ERROR_COMPILE,
+         "compilation of bad.cu failed: bad.cu(2): "
+         "error: boom");
   ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
   ck_assert_str_eq(cusafe_last_compile_log(), "bad.cu(2): error: boom");
   ck_assert_uint_eq(fake_live_programs(), 0);
@@ -1079,8 +1076,8 @@ START_TEST(test_compile_errors) {
             "the message does not hold the start of the log");
   ck_assert_str_eq(cusafe_last_compile_log(), log);
   /* Other calls leave the log alone; a successful compile clears it. */
-  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 1),
-         CUSAFE_ERROR_INVALID_VALUE, "image is NULL");
+  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "image is NULL");
   ck_assert_str_eq(cusafe_last_compile_log(), log);
   TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, NULL, 0));
   ck_assert_str_eq(cusafe_last_compile_log(), "");
@@ -1169,7 +1166,10 @@ static double f_index(size_t i) { return (double)i; }
 static double f_half(size_t i) { return 0.5 * (double)i; }
 static double f_twice(size_t i) { return 2.0 * (double)i; }
 static double f_thrice(size_t i) { return 3.0 * (double)i; }
-static double f_fill(size_t i) { (void)i; return 2.5; }
+static double f_fill(size_t i) {
+  (void)i;
+  return 2.5;
+}
 static double f_axpy(size_t i) { return 1.5 * (double)i; } /* 2 * i/4 + i */
 static double f_quarter(size_t i) { return 0.25 * (double)i; }
 
@@ -1380,10 +1380,14 @@ START_TEST(test_release_all_while_launch_queued) {
   long freed = fake_log_find("exec:cudaFreeAsync", 0);
   long unloaded = fake_log_find("cudaLibraryUnload", 0);
   ck_assert_msg(ran >= 0, "the queued kernel never ran");
-  ck_assert_msg(freed > ran, "a buffer freed at log entry %ld, the kernel ran "
-                            "at %ld", freed, ran);
-  ck_assert_msg(unloaded > ran, "module unloaded at log entry %ld, the "
-                               "kernel ran at %ld", unloaded, ran);
+  ck_assert_msg(freed > ran,
+                "a buffer freed at log entry %ld, the kernel ran "
+                "at %ld",
+                freed, ran);
+  ck_assert_msg(unloaded > ran,
+                "module unloaded at log entry %ld, the "
+                "kernel ran at %ld",
+                unloaded, ran);
   fake_set_paused(0);
   TU_NOTHING_LIVE();
 }
@@ -1436,8 +1440,10 @@ START_TEST(test_buffer_moves_during_launch) {
   ck_assert_msg(memset_at >= 0 && second >= 0 && freed >= 0,
                 "fill at %ld, kernel at %ld, free at %ld", memset_at, second,
                 freed);
-  ck_assert_msg(freed > second, "b freed at log entry %ld, the kernel ran at "
-                                "%ld", freed, second);
+  ck_assert_msg(freed > second,
+                "b freed at log entry %ld, the kernel ran at "
+                "%ld",
+                freed, second);
   fake_set_paused(0);
   TU_OK(cusafe_stream_release(s1));
   TU_OK(cusafe_stream_release(s2));
@@ -1576,8 +1582,8 @@ START_TEST(test_shutdown_unloads_everything) {
          shutdown_message);
   TU_ERR(cusafe_kernel_retain(f.k1), CUSAFE_ERROR_SHUTDOWN, "%s",
          shutdown_message);
-  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, f.k1),
-         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, f.k1), CUSAFE_ERROR_SHUTDOWN,
+         "%s", shutdown_message);
   TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
   TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.k1, 0, 10),
          CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
@@ -1610,15 +1616,18 @@ static cusafe_status composite_work(struct composite *c, int *step,
     ha[i] = (float)i;
     hb[i] = 0.5f * (float)i;
   }
-  TU_STEP_NEW(step, c->s, cusafe_stream_create(&c->s, c->ctx,
-                                               CUSAFE_STREAM_NON_BLOCKING, 0));
-  TU_STEP_NEW(step, c->a, cusafe_buffer_alloc(&c->a, c->ctx,
-                                              CUSAFE_MEMORY_DEVICE, sizeof ha));
-  TU_STEP_NEW(step, c->b, cusafe_buffer_alloc(&c->b, c->ctx,
-                                              CUSAFE_MEMORY_DEVICE, sizeof hb));
-  TU_STEP_NEW(step, c->out,
-              cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                  sizeof back));
+  TU_STEP_NEW(
+      step, c->s,
+      cusafe_stream_create(&c->s, c->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_STEP_NEW(
+      step, c->a,
+      cusafe_buffer_alloc(&c->a, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof ha));
+  TU_STEP_NEW(
+      step, c->b,
+      cusafe_buffer_alloc(&c->b, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof hb));
+  TU_STEP_NEW(
+      step, c->out,
+      cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof back));
   TU_STEP(step, cusafe_buffer_write(c->a, 0, ha, sizeof ha));
   TU_STEP(step, cusafe_buffer_write(c->b, 0, hb, sizeof hb));
   cusafe_launch_config cfg = {{2, 1, 1}, {128, 1, 1}, 64 * KIB, c->s};
@@ -1656,8 +1665,8 @@ static cusafe_status composite_compiled(void *state, int *step) {
   const char *const opts[] = {"-DM=3"};
   struct composite *c = state;
   TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
-  TU_STEP_NEW(step, c->m, cusafe_module_compile(&c->m, c->ctx, source,
-                                                "ax.cu", opts, 1));
+  TU_STEP_NEW(step, c->m,
+              cusafe_module_compile(&c->m, c->ctx, source, "ax.cu", opts, 1));
   TU_STEP_NEW(step, c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
   return composite_work(c, step, 0);
 }

@@ -14,26 +14,26 @@
 
 /* A step of a composite operation, counted in *step: returns the status
  * of expr from the enclosing function unless it succeeded. */
-#define TU_STEP(step, expr)                                                 \
-  do {                                                                      \
-    ++*(step);                                                              \
-    cusafe_status tu_step_st_ = (expr);                                     \
-    if (tu_step_st_ != CUSAFE_SUCCESS)                                      \
-      return tu_step_st_;                                                   \
+#define TU_STEP(step, expr)                                                    \
+  do {                                                                         \
+    ++*(step);                                                                 \
+    cusafe_status tu_step_st_ = (expr);                                        \
+    if (tu_step_st_ != CUSAFE_SUCCESS)                                         \
+      return tu_step_st_;                                                      \
   } while (0)
 
 /* A step that creates `out`: a failure must leave it NULL. */
-#define TU_STEP_NEW(step, out, expr)                                        \
-  do {                                                                      \
-    ++*(step);                                                              \
-    (out) = (cusafe_handle)0x1234;                                          \
-    cusafe_status tu_step_st_ = (expr);                                     \
-    if (tu_step_st_ != CUSAFE_SUCCESS) {                                    \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "step %d (%s) failed but left handle 0x%016llx", *(step),   \
-                #expr, TU_HX(out));                                         \
-      return tu_step_st_;                                                   \
-    }                                                                       \
+#define TU_STEP_NEW(step, out, expr)                                           \
+  do {                                                                         \
+    ++*(step);                                                                 \
+    (out) = (cusafe_handle)0x1234;                                             \
+    cusafe_status tu_step_st_ = (expr);                                        \
+    if (tu_step_st_ != CUSAFE_SUCCESS) {                                       \
+      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                   \
+                "step %d (%s) failed but left handle 0x%016llx", *(step),      \
+                #expr, TU_HX(out));                                            \
+      return tu_step_st_;                                                      \
+    }                                                                          \
   } while (0)
 
 /* An operation of several steps on the handles of a `size`-byte state.
@@ -69,8 +69,8 @@ static inline int tu_is_init_call(const char *name) {
 
 static inline int tu_is_cleanup_call(const char *name) {
   static const char *const cleanup[] = {
-      "cudaFreeAsync",     "cudaFreeHost",     "cudaFree",
-      "cudaStreamDestroy", "cudaEventDestroy", "cuDevicePrimaryCtxRelease",
+      "cudaFreeAsync",     "cudaFreeHost",       "cudaFree",
+      "cudaStreamDestroy", "cudaEventDestroy",   "cuDevicePrimaryCtxRelease",
       "cudaLibraryUnload", "nvrtcDestroyProgram"};
   for (size_t i = 0; i < sizeof cleanup / sizeof cleanup[0]; i++)
     if (strcmp(name, cleanup[i]) == 0)
@@ -134,8 +134,8 @@ static inline void tu_fault_child(void *arg) {
   fake_fail_clear();
   const char *failed_call = tu_call_name(first);
   if (st != CUSAFE_SUCCESS) {
-    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
-              step, (int)st, msg, first);
+    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu", step,
+              (int)st, msg, first);
     if (st == CUSAFE_ERROR_NO_DRIVER) {
       /* Initialisation that fails leaves no usable driver. */
       TU_ASSERT(cuda_err == cudaErrorUnknown,
@@ -145,8 +145,7 @@ static inline void tu_fault_child(void *arg) {
                 "step %d: %s failing gave NO_DRIVER (\"%s\")", step,
                 failed_call, msg);
       TU_ASSERT(strcmp(msg, "no CUDA driver found: unknown error") == 0,
-                "step %d, %s failing: message \"%s\"", step, failed_call,
-                msg);
+                "step %d, %s failing: message \"%s\"", step, failed_call, msg);
     } else {
       /* cudaErrorUnknown is no device or memory problem; in NVRTC, an
        * internal error of the compiler.  Failing persistently, an absorbed
@@ -198,7 +197,8 @@ static inline void tu_fault_child(void *arg) {
   free(state);
   if (st != CUSAFE_SUCCESS)
     exit(!reusable ? TU_FAULT_NOT_REUSABLE
-                   : excused ? TU_FAULT_EXCUSED : TU_FAULT_FAILED);
+         : excused ? TU_FAULT_EXCUSED
+                   : TU_FAULT_FAILED);
   exit(reached ? TU_FAULT_ABSORBED : TU_FAULT_COMPLETED);
 }
 
@@ -217,8 +217,7 @@ static inline void tu_fault_loop(const struct tu_composite *op,
                   "failing call %lu%s: child killed by signal %d (%s)", n,
                   persistent ? " and after" : "", WTERMSIG(status),
                   strsignal(WTERMSIG(status)));
-    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit",
-                  n);
+    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit", n);
     int code = WEXITSTATUS(status);
     if (code == TU_FAULT_COMPLETED)
       break;
@@ -229,8 +228,8 @@ static inline void tu_fault_loop(const struct tu_composite *op,
     case TU_FAULT_NOT_REUSABLE:
       not_reusable++;
       if (bad_len < sizeof bad - 16)
-        bad_len += (size_t)snprintf(bad + bad_len, sizeof bad - bad_len,
-                                    " %lu", n);
+        bad_len +=
+            (size_t)snprintf(bad + bad_len, sizeof bad - bad_len, " %lu", n);
       break;
     default:
       ck_abort_msg("failing call %lu%s: check failed in the child (exit %d, "
@@ -241,12 +240,13 @@ static inline void tu_fault_loop(const struct tu_composite *op,
   ck_assert_msg(n <= max_n, "the operation never completed");
   printf("fault injection (%s): %lu calls failed in turn: %lu failed cleanly, "
          "%lu absorbed, %lu failed in a free, %lu left the library unusable\n",
-         persistent ? "persistent" : "single", n - 1, failed, absorbed,
-         excused, not_reusable);
+         persistent ? "persistent" : "single", n - 1, failed, absorbed, excused,
+         not_reusable);
   ck_assert_msg(failed > 0, "no failure was ever reported");
   ck_assert_msg(not_reusable == 0,
                 "the library stayed broken after a transient failure of "
-                "call(s)%s", bad);
+                "call(s)%s",
+                bad);
 }
 
 #endif /* CUSAFE_FAULTUTIL_H */

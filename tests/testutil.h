@@ -48,114 +48,113 @@ static inline void tu_copy_message(char *buf, size_t n) {
 /* Prints a handle as the library's messages do. */
 #define TU_HX(h) ((unsigned long long)(h))
 
-#define TU_ASSERT(cond, ...)                                                \
-  do {                                                                      \
-    if (!(cond))                                                            \
-      tu_fail(__FILE__, __LINE__, __VA_ARGS__);                             \
+#define TU_ASSERT(cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      tu_fail(__FILE__, __LINE__, __VA_ARGS__);                                \
   } while (0)
 
-#define TU_OK(expr)                                                         \
-  do {                                                                      \
-    cusafe_status tu_st_ = (expr);                                          \
-    if (tu_st_ != CUSAFE_SUCCESS) {                                         \
-      char tu_msg_[512];                                                    \
-      tu_copy_message(tu_msg_, sizeof tu_msg_);                             \
-      tu_fail(__FILE__, __LINE__,                                           \
-              "%s returned %s (%d), expected success; message \"%s\"",      \
-              #expr, cusafe_status_string(tu_st_), (int)tu_st_, tu_msg_);   \
-    }                                                                       \
+#define TU_OK(expr)                                                            \
+  do {                                                                         \
+    cusafe_status tu_st_ = (expr);                                             \
+    if (tu_st_ != CUSAFE_SUCCESS) {                                            \
+      char tu_msg_[512];                                                       \
+      tu_copy_message(tu_msg_, sizeof tu_msg_);                                \
+      tu_fail(__FILE__, __LINE__,                                              \
+              "%s returned %s (%d), expected success; message \"%s\"", #expr,  \
+              cusafe_status_string(tu_st_), (int)tu_st_, tu_msg_);             \
+    }                                                                          \
   } while (0)
 
 /* Checks the status only: for results whose message is not promised. */
-#define TU_STATUS(expr, want)                                               \
-  do {                                                                      \
-    cusafe_status tu_st_ = (expr);                                          \
-    cusafe_status tu_want_ = (want);                                        \
-    if (tu_st_ != tu_want_) {                                               \
-      char tu_msg_[512];                                                    \
-      tu_copy_message(tu_msg_, sizeof tu_msg_);                             \
-      tu_fail(__FILE__, __LINE__,                                           \
-              "%s returned %s (%d), expected %s (%d); message \"%s\"",      \
-              #expr, cusafe_status_string(tu_st_), (int)tu_st_,             \
-              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);      \
-    }                                                                       \
+#define TU_STATUS(expr, want)                                                  \
+  do {                                                                         \
+    cusafe_status tu_st_ = (expr);                                             \
+    cusafe_status tu_want_ = (want);                                           \
+    if (tu_st_ != tu_want_) {                                                  \
+      char tu_msg_[512];                                                       \
+      tu_copy_message(tu_msg_, sizeof tu_msg_);                                \
+      tu_fail(__FILE__, __LINE__,                                              \
+              "%s returned %s (%d), expected %s (%d); message \"%s\"", #expr,  \
+              cusafe_status_string(tu_st_), (int)tu_st_,                       \
+              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);         \
+    }                                                                          \
   } while (0)
 
 /* Checks the status and the exact message; the message is a printf format
  * and its arguments. */
-#define TU_ERR(expr, want, ...)                                             \
-  do {                                                                      \
-    cusafe_status tu_st_ = (expr);                                          \
-    cusafe_status tu_want_ = (want);                                        \
-    char tu_msg_[512], tu_exp_[512];                                        \
-    tu_copy_message(tu_msg_, sizeof tu_msg_);                               \
-    snprintf(tu_exp_, sizeof tu_exp_, __VA_ARGS__);                         \
-    if (tu_st_ != tu_want_)                                                 \
-      tu_fail(__FILE__, __LINE__,                                           \
-              "%s returned %s (%d), expected %s (%d); message \"%s\"",      \
-              #expr, cusafe_status_string(tu_st_), (int)tu_st_,             \
-              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);      \
-    if (strcmp(tu_msg_, tu_exp_) != 0)                                      \
-      tu_fail(__FILE__, __LINE__, "%s: message \"%s\", expected \"%s\"",    \
-              #expr, tu_msg_, tu_exp_);                                     \
+#define TU_ERR(expr, want, ...)                                                \
+  do {                                                                         \
+    cusafe_status tu_st_ = (expr);                                             \
+    cusafe_status tu_want_ = (want);                                           \
+    char tu_msg_[512], tu_exp_[512];                                           \
+    tu_copy_message(tu_msg_, sizeof tu_msg_);                                  \
+    snprintf(tu_exp_, sizeof tu_exp_, __VA_ARGS__);                            \
+    if (tu_st_ != tu_want_)                                                    \
+      tu_fail(__FILE__, __LINE__,                                              \
+              "%s returned %s (%d), expected %s (%d); message \"%s\"", #expr,  \
+              cusafe_status_string(tu_st_), (int)tu_st_,                       \
+              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);         \
+    if (strcmp(tu_msg_, tu_exp_) != 0)                                         \
+      tu_fail(__FILE__, __LINE__, "%s: message \"%s\", expected \"%s\"",       \
+              #expr, tu_msg_, tu_exp_);                                        \
   } while (0)
 
 /* Checks the status and that the message starts with `prefix`: for
  * messages that end in text of the CUDA runtime. */
-#define TU_ERR_PREFIX(expr, want, prefix)                                   \
-  do {                                                                      \
-    cusafe_status tu_st_ = (expr);                                          \
-    cusafe_status tu_want_ = (want);                                        \
-    const char *tu_pre_ = (prefix);                                         \
-    char tu_msg_[512];                                                      \
-    tu_copy_message(tu_msg_, sizeof tu_msg_);                               \
-    if (tu_st_ != tu_want_)                                                 \
-      tu_fail(__FILE__, __LINE__,                                           \
-              "%s returned %s (%d), expected %s (%d); message \"%s\"",      \
-              #expr, cusafe_status_string(tu_st_), (int)tu_st_,             \
-              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);      \
-    if (strncmp(tu_msg_, tu_pre_, strlen(tu_pre_)) != 0 ||                  \
-        strlen(tu_msg_) <= strlen(tu_pre_))                                 \
-      tu_fail(__FILE__, __LINE__,                                           \
-              "%s: message \"%s\", expected \"%s\" and CUDA's words",       \
-              #expr, tu_msg_, tu_pre_);                                     \
+#define TU_ERR_PREFIX(expr, want, prefix)                                      \
+  do {                                                                         \
+    cusafe_status tu_st_ = (expr);                                             \
+    cusafe_status tu_want_ = (want);                                           \
+    const char *tu_pre_ = (prefix);                                            \
+    char tu_msg_[512];                                                         \
+    tu_copy_message(tu_msg_, sizeof tu_msg_);                                  \
+    if (tu_st_ != tu_want_)                                                    \
+      tu_fail(__FILE__, __LINE__,                                              \
+              "%s returned %s (%d), expected %s (%d); message \"%s\"", #expr,  \
+              cusafe_status_string(tu_st_), (int)tu_st_,                       \
+              cusafe_status_string(tu_want_), (int)tu_want_, tu_msg_);         \
+    if (strncmp(tu_msg_, tu_pre_, strlen(tu_pre_)) != 0 ||                     \
+        strlen(tu_msg_) <= strlen(tu_pre_))                                    \
+      tu_fail(__FILE__, __LINE__,                                              \
+              "%s: message \"%s\", expected \"%s\" and CUDA's words", #expr,   \
+              tu_msg_, tu_pre_);                                               \
   } while (0)
 
 /* Checks that `h` is no longer a live handle (type lookup fails as stale). */
-#define TU_STALE(h)                                                         \
-  do {                                                                      \
-    cusafe_handle tu_h_ = (h);                                              \
-    cusafe_handle_type tu_t_ = CUSAFE_TYPE_BUFFER;                          \
-    TU_ERR(cusafe_handle_get_type(&tu_t_, tu_h_),                           \
-           CUSAFE_ERROR_INVALID_HANDLE,                                     \
-           "handle 0x%016llx is stale: its object was released",            \
-           TU_HX(tu_h_));                                                   \
-    TU_ASSERT(tu_t_ == CUSAFE_TYPE_INVALID,                                 \
-              "type of stale handle %s is %d, expected CUSAFE_TYPE_INVALID",\
-              #h, (int)tu_t_);                                              \
+#define TU_STALE(h)                                                            \
+  do {                                                                         \
+    cusafe_handle tu_h_ = (h);                                                 \
+    cusafe_handle_type tu_t_ = CUSAFE_TYPE_BUFFER;                             \
+    TU_ERR(cusafe_handle_get_type(&tu_t_, tu_h_), CUSAFE_ERROR_INVALID_HANDLE, \
+           "handle 0x%016llx is stale: its object was released",               \
+           TU_HX(tu_h_));                                                      \
+    TU_ASSERT(tu_t_ == CUSAFE_TYPE_INVALID,                                    \
+              "type of stale handle %s is %d, expected CUSAFE_TYPE_INVALID",   \
+              #h, (int)tu_t_);                                                 \
   } while (0)
 
 /* Checks that `h` is a live handle of type `want`. */
-#define TU_LIVE(h, want)                                                    \
-  do {                                                                      \
-    cusafe_handle_type tu_t_ = CUSAFE_TYPE_INVALID;                         \
-    TU_OK(cusafe_handle_get_type(&tu_t_, (h)));                             \
-    TU_ASSERT(tu_t_ == (want), "type of %s is %d, expected %d", #h,         \
-              (int)tu_t_, (int)(want));                                     \
+#define TU_LIVE(h, want)                                                       \
+  do {                                                                         \
+    cusafe_handle_type tu_t_ = CUSAFE_TYPE_INVALID;                            \
+    TU_OK(cusafe_handle_get_type(&tu_t_, (h)));                                \
+    TU_ASSERT(tu_t_ == (want), "type of %s is %d, expected %d", #h,            \
+              (int)tu_t_, (int)(want));                                        \
   } while (0)
 
 /* Compares two byte ranges and names the first difference. */
-#define TU_BYTES_EQ(got, want, n)                                           \
-  do {                                                                      \
-    const unsigned char *tu_g_ = (const unsigned char *)(got);              \
-    const unsigned char *tu_w_ = (const unsigned char *)(want);             \
-    size_t tu_n_ = (n);                                                     \
-    for (size_t tu_i_ = 0; tu_i_ < tu_n_; tu_i_++)                          \
-      if (tu_g_[tu_i_] != tu_w_[tu_i_])                                     \
-        tu_fail(__FILE__, __LINE__,                                         \
-                "%s differs from %s at byte %zu of %zu: 0x%02x, "           \
-                "expected 0x%02x", #got, #want, tu_i_, tu_n_,               \
-                tu_g_[tu_i_], tu_w_[tu_i_]);                                \
+#define TU_BYTES_EQ(got, want, n)                                              \
+  do {                                                                         \
+    const unsigned char *tu_g_ = (const unsigned char *)(got);                 \
+    const unsigned char *tu_w_ = (const unsigned char *)(want);                \
+    size_t tu_n_ = (n);                                                        \
+    for (size_t tu_i_ = 0; tu_i_ < tu_n_; tu_i_++)                             \
+      if (tu_g_[tu_i_] != tu_w_[tu_i_])                                        \
+        tu_fail(__FILE__, __LINE__,                                            \
+                "%s differs from %s at byte %zu of %zu: 0x%02x, "              \
+                "expected 0x%02x",                                             \
+                #got, #want, tu_i_, tu_n_, tu_g_[tu_i_], tu_w_[tu_i_]);        \
   } while (0)
 
 /* A byte pattern that does not repeat every 256 bytes, so that data copied
