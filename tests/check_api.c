@@ -101,14 +101,14 @@ static cusafe_buffer make_buffer(cusafe_context c, cusafe_memory kind,
 }
 
 /* Reads `size` bytes at `offset` of b and compares them with `want`. */
-#define CHECK_CONTENT(b, offset, want, size)                                \
-  do {                                                                      \
-    size_t cc_n_ = (size);                                                  \
-    unsigned char *cc_got_ = tu_xmalloc(cc_n_);                             \
-    memset(cc_got_, 0xee, cc_n_);                                           \
-    TU_OK(cusafe_buffer_read((b), (offset), cc_got_, cc_n_));               \
-    TU_BYTES_EQ(cc_got_, (want), cc_n_);                                    \
-    free(cc_got_);                                                          \
+#define CHECK_CONTENT(b, offset, want, size)                                   \
+  do {                                                                         \
+    size_t cc_n_ = (size);                                                     \
+    unsigned char *cc_got_ = tu_xmalloc(cc_n_);                                \
+    memset(cc_got_, 0xee, cc_n_);                                              \
+    TU_OK(cusafe_buffer_read((b), (offset), cc_got_, cc_n_));                  \
+    TU_BYTES_EQ(cc_got_, (want), cc_n_);                                       \
+    free(cc_got_);                                                             \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -135,7 +135,8 @@ static const cusafe_status all_statuses[] = {
     CUSAFE_ERROR_INVALID_CONFIGURATION,
     CUSAFE_ERROR_INVALID_IMAGE,
     CUSAFE_ERROR_COMPILE,
-    CUSAFE_ERROR_NOT_FOUND};
+    CUSAFE_ERROR_NOT_FOUND,
+};
 #define NSTATUSES (sizeof all_statuses / sizeof all_statuses[0])
 
 START_TEST(test_status_strings_are_distinct_and_nonempty) {
@@ -154,12 +155,11 @@ START_TEST(test_status_strings_are_distinct_and_nonempty) {
 END_TEST
 
 START_TEST(test_status_string_of_unknown_value) {
-  ck_assert_str_eq(cusafe_status_string(
-                       (cusafe_status)(CUSAFE_ERROR_NOT_FOUND + 1)),
-                   "unknown status");
+  ck_assert_str_eq(
+      cusafe_status_string((cusafe_status)(CUSAFE_ERROR_NOT_FOUND + 1)),
+      "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)-1), "unknown status");
-  ck_assert_str_eq(cusafe_status_string((cusafe_status)1000),
-                   "unknown status");
+  ck_assert_str_eq(cusafe_status_string((cusafe_status)1000), "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)INT_MAX),
                    "unknown status");
 }
@@ -422,8 +422,8 @@ START_TEST(test_stream_bad_flags) {
   const unsigned int bad[] = {0x2u, 0x4u, 0x80000000u, 0xfffffffeu};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cusafe_stream s = (cusafe_stream)0x1234;
-    TU_ERR(cusafe_stream_create(&s, ctx, bad[i], 0),
-           CUSAFE_ERROR_INVALID_VALUE, "unknown stream flags 0x%x", bad[i]);
+    TU_ERR(cusafe_stream_create(&s, ctx, bad[i], 0), CUSAFE_ERROR_INVALID_VALUE,
+           "unknown stream flags 0x%x", bad[i]);
     ck_assert_uint_eq(s, CUSAFE_NULL_HANDLE);
   }
   TU_ERR(cusafe_stream_create(NULL, ctx, 0, 0), CUSAFE_ERROR_INVALID_VALUE,
@@ -444,8 +444,7 @@ START_TEST(test_stream_priorities) {
   const int bad[] = {least + 1, greatest - 1, INT_MAX, INT_MIN};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cusafe_stream s = (cusafe_stream)0x1234;
-    TU_ERR(cusafe_stream_create(&s, ctx, 0, bad[i]),
-           CUSAFE_ERROR_INVALID_VALUE,
+    TU_ERR(cusafe_stream_create(&s, ctx, 0, bad[i]), CUSAFE_ERROR_INVALID_VALUE,
            "priority %d is outside the device's range [%d, %d]", bad[i],
            greatest, least);
     ck_assert_uint_eq(s, CUSAFE_NULL_HANDLE);
@@ -1034,10 +1033,8 @@ static const char *const access_names[] = {"write", "read", "fill", "write",
 static cusafe_status access_op(enum access_op op, cusafe_buffer b,
                                size_t offset, size_t size, void *host) {
   switch (op) {
-  case OP_WRITE:
-    return cusafe_buffer_write(b, offset, host, size);
-  case OP_READ:
-    return cusafe_buffer_read(b, offset, host, size);
+  case OP_WRITE: return cusafe_buffer_write(b, offset, host, size);
+  case OP_READ: return cusafe_buffer_read(b, offset, host, size);
   case OP_FILL:
     return cusafe_buffer_fill(b, offset, size, 0x21, CUSAFE_STREAM_DEFAULT);
   case OP_WRITE_ASYNC:
@@ -1070,9 +1067,8 @@ START_TEST(test_access_bounds) {
     size_t lim = targets[t].limit;
     const struct {
       size_t offset, size;
-    } bad[] = {{0, lim + 1},        {lim, 1},
-               {lim + 1, 0},        {lim - 1, 2},
-               {SIZE_MAX - 1, 4},   {4, SIZE_MAX},
+    } bad[] = {{0, lim + 1},        {lim, 1},          {lim + 1, 0},
+               {lim - 1, 2},        {SIZE_MAX - 1, 4}, {4, SIZE_MAX},
                {SIZE_MAX, SIZE_MAX}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
       TU_ERR(access_op(op, x, bad[i].offset, bad[i].size, host),
@@ -1159,8 +1155,8 @@ START_TEST(test_view_bounds) {
   cusafe_buffer p = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 64, 21, NULL);
   const struct {
     size_t offset, size;
-  } bad[] = {{60, 5}, {64, 1}, {0, 65}, {65, 1}, {SIZE_MAX - 1, 4},
-             {4, SIZE_MAX}};
+  } bad[] = {{60, 5}, {64, 1},           {0, 65},
+             {65, 1}, {SIZE_MAX - 1, 4}, {4, SIZE_MAX}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cusafe_buffer v = CUSAFE_NULL_HANDLE;
     TU_ERR(cusafe_buffer_view(&v, p, bad[i].offset, bad[i].size),
@@ -1261,8 +1257,7 @@ START_TEST(test_overlapping_copy_rejected) {
   cusafe_buffer v1 = CUSAFE_NULL_HANDLE, v2 = CUSAFE_NULL_HANDLE;
   const struct {
     size_t dst, src, size;
-  } bad[] = {{10, 0, 20}, {0, 10, 20}, {0, 0, 1}, {100, 100, 156},
-             {0, 19, 20}};
+  } bad[] = {{10, 0, 20}, {0, 10, 20}, {0, 0, 1}, {100, 100, 156}, {0, 19, 20}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     TU_ERR(cusafe_buffer_copy(b, bad[i].dst, b, bad[i].src, bad[i].size,
                               CUSAFE_STREAM_DEFAULT),
@@ -1319,6 +1314,7 @@ static struct {
   cusafe_module module;
   cusafe_kernel kernel;
   cusafe_handle stale[BAD_TYPE_LAST + 1]; /* by cusafe_handle_type */
+  cusafe_handle created; /* by the last call that creates an object */
   unsigned char host[64];
 } L;
 
@@ -1380,19 +1376,8 @@ static void bad_handles_teardown(void) {
   memset(&L, 0, sizeof L);
 }
 
-/* A create that failed must not hand out a handle; one that succeeded
- * (a default stream accepted) is released again. */
-#define NO_HANDLE_ON_FAILURE(st, out)                                       \
-  do {                                                                      \
-    if ((st) == CUSAFE_SUCCESS)                                             \
-      (void)cusafe_release(out);                                            \
-    else                                                                    \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "failed call returned handle 0x%016llx", TU_HX(out));       \
-  } while (0)
-
-static cusafe_status c_retain(cusafe_handle h) { return cusafe_retain(h); }
-static cusafe_status c_release(cusafe_handle h) { return cusafe_release(h); }
+/* The calls of the functions that take more than the handle; those that
+ * create an object store its handle in L.created. */
 static cusafe_status c_get_type(cusafe_handle h) {
   cusafe_handle_type t = CUSAFE_TYPE_BUFFER;
   cusafe_status st = cusafe_handle_get_type(&t, h);
@@ -1400,52 +1385,22 @@ static cusafe_status c_get_type(cusafe_handle h) {
     TU_ASSERT(t == CUSAFE_TYPE_INVALID, "type of a bad handle is %d", (int)t);
   return st;
 }
-static cusafe_status c_context_retain(cusafe_handle h) {
-  return cusafe_context_retain(h);
-}
-static cusafe_status c_context_release(cusafe_handle h) {
-  return cusafe_context_release(h);
-}
 static cusafe_status c_context_get_device(cusafe_handle h) {
   int d;
   return cusafe_context_get_device(&d, h);
-}
-static cusafe_status c_context_synchronize(cusafe_handle h) {
-  return cusafe_context_synchronize(h);
 }
 static cusafe_status c_context_priority_range(cusafe_handle h) {
   int l, g;
   return cusafe_context_stream_priority_range(&l, &g, h);
 }
 static cusafe_status c_stream_create(cusafe_handle h) {
-  cusafe_stream out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_stream_create(&out, h, 0, 0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_stream_create(&L.created, h, 0, 0);
 }
 static cusafe_status c_event_create(cusafe_handle h) {
-  cusafe_event out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_event_create(&out, h, 0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_event_create(&L.created, h, 0);
 }
 static cusafe_status c_buffer_alloc(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_alloc(&out, h, CUSAFE_MEMORY_DEVICE, 64);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_stream_retain(cusafe_handle h) {
-  return cusafe_stream_retain(h);
-}
-static cusafe_status c_stream_release(cusafe_handle h) {
-  return cusafe_stream_release(h);
-}
-static cusafe_status c_stream_synchronize(cusafe_handle h) {
-  return cusafe_stream_synchronize(h);
-}
-static cusafe_status c_stream_query(cusafe_handle h) {
-  return cusafe_stream_query(h);
+  return cusafe_buffer_alloc(&L.created, h, CUSAFE_MEMORY_DEVICE, 64);
 }
 static cusafe_status c_stream_wait_event_stream(cusafe_handle h) {
   return cusafe_stream_wait_event(h, L.start);
@@ -1461,23 +1416,11 @@ static cusafe_status c_stream_interop(cusafe_handle h) {
   void *p;
   return cusafe_stream_interop_handle(&p, h);
 }
-static cusafe_status c_event_retain(cusafe_handle h) {
-  return cusafe_event_retain(h);
-}
-static cusafe_status c_event_release(cusafe_handle h) {
-  return cusafe_event_release(h);
-}
 static cusafe_status c_event_record_event(cusafe_handle h) {
   return cusafe_event_record(h, L.stream);
 }
 static cusafe_status c_event_record_stream(cusafe_handle h) {
   return cusafe_event_record(L.end, h);
-}
-static cusafe_status c_event_synchronize(cusafe_handle h) {
-  return cusafe_event_synchronize(h);
-}
-static cusafe_status c_event_query(cusafe_handle h) {
-  return cusafe_event_query(h);
 }
 static cusafe_status c_elapsed_start(cusafe_handle h) {
   float ms;
@@ -1488,22 +1431,10 @@ static cusafe_status c_elapsed_end(cusafe_handle h) {
   return cusafe_event_elapsed_ms(&ms, L.start, h);
 }
 static cusafe_status c_alloc_async(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_alloc_async(&out, h, 64);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_buffer_alloc_async(&L.created, h, 64);
 }
 static cusafe_status c_view(cusafe_handle h) {
-  cusafe_buffer out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_buffer_view(&out, h, 0, 16);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_buffer_retain(cusafe_handle h) {
-  return cusafe_buffer_retain(h);
-}
-static cusafe_status c_buffer_release(cusafe_handle h) {
-  return cusafe_buffer_release(h);
+  return cusafe_buffer_view(&L.created, h, 0, 16);
 }
 static cusafe_status c_get_size(cusafe_handle h) {
   size_t n;
@@ -1558,49 +1489,22 @@ static cusafe_status c_set_label(cusafe_handle h) {
   return cusafe_handle_set_label(h, "bad handle test");
 }
 static cusafe_status c_load_builtin(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_builtin(&out, h);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_builtin(&L.created, h);
 }
 static cusafe_status c_load_file(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_file(&out, h, "/nonexistent.cubin");
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_file(&L.created, h, "/nonexistent.cubin");
 }
 static cusafe_status c_load_data(cusafe_handle h) {
   static const char image[] = "not an image";
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_load_data(&out, h, image, sizeof image);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_load_data(&L.created, h, image, sizeof image);
 }
 static cusafe_status c_compile(cusafe_handle h) {
-  cusafe_module out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_compile(
-      &out, h, "extern \"C\" __global__ void k(int *x) {}\n", "k.cu", NULL,
-      0);
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
+  return cusafe_module_compile(&L.created, h,
+                               "extern \"C\" __global__ void k(int *x) {}\n",
+                               "k.cu", NULL, 0);
 }
 static cusafe_status c_get_kernel(cusafe_handle h) {
-  cusafe_kernel out = CUSAFE_NULL_HANDLE;
-  cusafe_status st = cusafe_module_get_kernel(&out, h, "cusafe_fill_f32");
-  NO_HANDLE_ON_FAILURE(st, out);
-  return st;
-}
-static cusafe_status c_module_retain(cusafe_handle h) {
-  return cusafe_module_retain(h);
-}
-static cusafe_status c_module_release(cusafe_handle h) {
-  return cusafe_module_release(h);
-}
-static cusafe_status c_kernel_retain(cusafe_handle h) {
-  return cusafe_kernel_retain(h);
-}
-static cusafe_status c_kernel_release(cusafe_handle h) {
-  return cusafe_kernel_release(h);
+  return cusafe_module_get_kernel(&L.created, h, "cusafe_fill_f32");
 }
 static cusafe_status c_kernel_get_params(cusafe_handle h) {
   size_t count, sizes[4];
@@ -1641,18 +1545,20 @@ static const struct handle_param {
   enum null_rule on_null;
   cusafe_status (*call)(cusafe_handle h);
 } handle_params[] = {
-    {"cusafe_retain", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR, c_retain},
-    {"cusafe_release", "handle", CUSAFE_TYPE_INVALID, NULL_IS_NOOP, c_release},
+    {"cusafe_retain", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR,
+     cusafe_retain},
+    {"cusafe_release", "handle", CUSAFE_TYPE_INVALID, NULL_IS_NOOP,
+     cusafe_release},
     {"cusafe_handle_get_type", "handle", CUSAFE_TYPE_INVALID, NULL_IS_ERROR,
      c_get_type},
     {"cusafe_context_retain", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
-     c_context_retain},
+     cusafe_context_retain},
     {"cusafe_context_release", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_NOOP,
-     c_context_release},
-    {"cusafe_context_get_device", "context", CUSAFE_TYPE_CONTEXT,
-     NULL_IS_ERROR, c_context_get_device},
+     cusafe_context_release},
+    {"cusafe_context_get_device", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
+     c_context_get_device},
     {"cusafe_context_synchronize", "context", CUSAFE_TYPE_CONTEXT,
-     NULL_IS_ERROR, c_context_synchronize},
+     NULL_IS_ERROR, cusafe_context_synchronize},
     {"cusafe_context_stream_priority_range", "context", CUSAFE_TYPE_CONTEXT,
      NULL_IS_ERROR, c_context_priority_range},
     {"cusafe_stream_create", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
@@ -1662,13 +1568,13 @@ static const struct handle_param {
     {"cusafe_buffer_alloc", "context", CUSAFE_TYPE_CONTEXT, NULL_IS_ERROR,
      c_buffer_alloc},
     {"cusafe_stream_retain", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_retain},
+     cusafe_stream_retain},
     {"cusafe_stream_release", "stream", CUSAFE_TYPE_STREAM, NULL_IS_NOOP,
-     c_stream_release},
+     cusafe_stream_release},
     {"cusafe_stream_synchronize", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_synchronize},
+     cusafe_stream_synchronize},
     {"cusafe_stream_query", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
-     c_stream_query},
+     cusafe_stream_query},
     {"cusafe_stream_wait_event(stream)", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_ERROR, c_stream_wait_event_stream},
     {"cusafe_stream_wait_event(event)", "event", CUSAFE_TYPE_EVENT,
@@ -1678,17 +1584,17 @@ static const struct handle_param {
     {"cusafe_stream_interop_handle", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_ERROR, c_stream_interop},
     {"cusafe_event_retain", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_retain},
+     cusafe_event_retain},
     {"cusafe_event_release", "event", CUSAFE_TYPE_EVENT, NULL_IS_NOOP,
-     c_event_release},
+     cusafe_event_release},
     {"cusafe_event_record(event)", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
      c_event_record_event},
     {"cusafe_event_record(stream)", "stream", CUSAFE_TYPE_STREAM,
      NULL_IS_DEFAULT, c_event_record_stream},
     {"cusafe_event_synchronize", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_synchronize},
+     cusafe_event_synchronize},
     {"cusafe_event_query", "event", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
-     c_event_query},
+     cusafe_event_query},
     {"cusafe_event_elapsed_ms(start)", "start", CUSAFE_TYPE_EVENT,
      NULL_IS_ERROR, c_elapsed_start},
     {"cusafe_event_elapsed_ms(end)", "end", CUSAFE_TYPE_EVENT, NULL_IS_ERROR,
@@ -1696,12 +1602,11 @@ static const struct handle_param {
     /* No buffer to take a default stream from: NULL is an error. */
     {"cusafe_buffer_alloc_async", "stream", CUSAFE_TYPE_STREAM, NULL_IS_ERROR,
      c_alloc_async},
-    {"cusafe_buffer_view", "parent", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
-     c_view},
+    {"cusafe_buffer_view", "parent", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR, c_view},
     {"cusafe_buffer_retain", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
-     c_buffer_retain},
+     cusafe_buffer_retain},
     {"cusafe_buffer_release", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_NOOP,
-     c_buffer_release},
+     cusafe_buffer_release},
     {"cusafe_buffer_get_size", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
      c_get_size},
     {"cusafe_buffer_get_memory", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
@@ -1710,8 +1615,7 @@ static const struct handle_param {
      c_get_context},
     {"cusafe_buffer_write", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
      c_write},
-    {"cusafe_buffer_read", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR,
-     c_read},
+    {"cusafe_buffer_read", "buffer", CUSAFE_TYPE_BUFFER, NULL_IS_ERROR, c_read},
     {"cusafe_buffer_write_async(buffer)", "buffer", CUSAFE_TYPE_BUFFER,
      NULL_IS_ERROR, c_write_async_buffer},
     {"cusafe_buffer_write_async(stream)", "stream", CUSAFE_TYPE_STREAM,
@@ -1745,13 +1649,13 @@ static const struct handle_param {
     {"cusafe_module_get_kernel", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
      c_get_kernel},
     {"cusafe_module_retain", "module", CUSAFE_TYPE_MODULE, NULL_IS_ERROR,
-     c_module_retain},
+     cusafe_module_retain},
     {"cusafe_module_release", "module", CUSAFE_TYPE_MODULE, NULL_IS_NOOP,
-     c_module_release},
+     cusafe_module_release},
     {"cusafe_kernel_retain", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
-     c_kernel_retain},
+     cusafe_kernel_retain},
     {"cusafe_kernel_release", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_NOOP,
-     c_kernel_release},
+     cusafe_kernel_release},
     {"cusafe_kernel_get_params", "kernel", CUSAFE_TYPE_KERNEL, NULL_IS_ERROR,
      c_kernel_get_params},
     {"cusafe_kernel_launch(kernel)", "kernel", CUSAFE_TYPE_KERNEL,
@@ -1773,21 +1677,35 @@ static const char *const type_names[] = {
 static const cusafe_handle forged_handles[] = {
     0x7f00000012345678ULL, 0xdeadbeefcafef00dULL, 0xffffffffffffffffULL};
 
+/* Calls p's function with h.  A create that failed must not hand out a
+ * handle; one that succeeded (a default stream accepted) is released
+ * again. */
+static cusafe_status call_param(const struct handle_param *p, cusafe_handle h) {
+  L.created = CUSAFE_NULL_HANDLE;
+  cusafe_status st = p->call(h);
+  if (st != CUSAFE_SUCCESS)
+    TU_ASSERT(L.created == CUSAFE_NULL_HANDLE,
+              "failed call returned handle 0x%016llx", TU_HX(L.created));
+  else if (L.created != CUSAFE_NULL_HANDLE)
+    (void)cusafe_release(L.created);
+  return st;
+}
+
 /* Runs one call with a bad handle and checks status and message. */
-#define BAD_CALL(p, h, ...)                                                 \
-  do {                                                                      \
-    cusafe_status bc_st_ = (p)->call(h);                                    \
-    char bc_msg_[512], bc_exp_[512];                                        \
-    tu_copy_message(bc_msg_, sizeof bc_msg_);                               \
-    snprintf(bc_exp_, sizeof bc_exp_, __VA_ARGS__);                         \
-    TU_ASSERT(bc_st_ == CUSAFE_ERROR_INVALID_HANDLE,                        \
-              "%s with 0x%016llx returned %d (%s), expected "               \
-              "INVALID_HANDLE; message \"%s\"",                             \
-              (p)->function, TU_HX(h), (int)bc_st_,                         \
-              cusafe_status_string(bc_st_), bc_msg_);                       \
-    TU_ASSERT(strcmp(bc_msg_, bc_exp_) == 0,                                \
-              "%s with 0x%016llx: message \"%s\", expected \"%s\"",         \
-              (p)->function, TU_HX(h), bc_msg_, bc_exp_);                   \
+#define BAD_CALL(p, h, ...)                                                    \
+  do {                                                                         \
+    cusafe_status bc_st_ = call_param((p), (h));                               \
+    char bc_msg_[512], bc_exp_[512];                                           \
+    tu_copy_message(bc_msg_, sizeof bc_msg_);                                  \
+    snprintf(bc_exp_, sizeof bc_exp_, __VA_ARGS__);                            \
+    TU_ASSERT(bc_st_ == CUSAFE_ERROR_INVALID_HANDLE,                           \
+              "%s with 0x%016llx returned %d (%s), expected "                  \
+              "INVALID_HANDLE; message \"%s\"",                                \
+              (p)->function, TU_HX(h), (int)bc_st_,                            \
+              cusafe_status_string(bc_st_), bc_msg_);                          \
+    TU_ASSERT(strcmp(bc_msg_, bc_exp_) == 0,                                   \
+              "%s with 0x%016llx: message \"%s\", expected \"%s\"",            \
+              (p)->function, TU_HX(h), bc_msg_, bc_exp_);                      \
   } while (0)
 
 /* _i indexes handle_params. */
@@ -1802,13 +1720,12 @@ START_TEST(test_bad_handle) {
     break;
   case NULL_IS_NOOP:
   case NULL_IS_DEFAULT:
-    TU_ASSERT(p->call(CUSAFE_NULL_HANDLE) == CUSAFE_SUCCESS,
+    TU_ASSERT(call_param(p, CUSAFE_NULL_HANDLE) == CUSAFE_SUCCESS,
               "%s with the NULL handle failed: %s", p->function,
               cusafe_last_error_message());
     break;
   }
-  for (size_t i = 0; i < sizeof forged_handles / sizeof forged_handles[0];
-       i++)
+  for (size_t i = 0; i < sizeof forged_handles / sizeof forged_handles[0]; i++)
     BAD_CALL(p, forged_handles[i], "%s 0x%016llx is not a cusafe handle",
              p->name, TU_HX(forged_handles[i]));
   for (int t = CUSAFE_TYPE_CONTEXT; t <= BAD_TYPE_LAST; t++) {
@@ -1829,7 +1746,7 @@ START_TEST(test_bad_handle) {
   /* None of the bad calls retained or released a live object: each dies
    * with exactly one release now, children before their context. */
   TU_OK(cusafe_stream_synchronize(L.stream)); /* launches done */
-  const cusafe_handle order[] = {L.kernel, L.module, L.buf,   L.buf2,
+  const cusafe_handle order[] = {L.kernel, L.module, L.buf,    L.buf2,
                                  L.start,  L.end,    L.stream, L.ctx};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     TU_OK(cusafe_release(order[i]));
@@ -1952,15 +1869,15 @@ START_TEST(test_counts_changed_by_other_threads) {
   cusafe_buffer b = CUSAFE_NULL_HANDLE, a = CUSAFE_NULL_HANDLE;
   cusafe_buffer later[64];
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 16));
-  TU_OK(cusafe_buffer_retain(b));              /* 2 */
-  TU_OK(counts_elsewhere(b, 2, 0));            /* 4 */
-  TU_OK(cusafe_buffer_release(b));             /* 3 */
-  TU_OK(counts_elsewhere(b, 0, 2));            /* 1 */
-  TU_OK(cusafe_buffer_retain(b));              /* 2 */
-  TU_OK(counts_elsewhere(b, 1, 1));            /* 2 */
-  TU_OK(cusafe_buffer_release(b));             /* 1 */
+  TU_OK(cusafe_buffer_retain(b));   /* 2 */
+  TU_OK(counts_elsewhere(b, 2, 0)); /* 4 */
+  TU_OK(cusafe_buffer_release(b));  /* 3 */
+  TU_OK(counts_elsewhere(b, 0, 2)); /* 1 */
+  TU_OK(cusafe_buffer_retain(b));   /* 2 */
+  TU_OK(counts_elsewhere(b, 1, 1)); /* 2 */
+  TU_OK(cusafe_buffer_release(b));  /* 1 */
   TU_LIVE(b, CUSAFE_TYPE_BUFFER);
-  TU_OK(cusafe_buffer_release(b));             /* 0: destroyed */
+  TU_OK(cusafe_buffer_release(b)); /* 0: destroyed */
   TU_STALE(b);
   TU_ERR(cusafe_buffer_retain(b), CUSAFE_ERROR_INVALID_HANDLE,
          "buffer 0x%016llx is stale: its object was released", TU_HX(b));
@@ -2087,9 +2004,9 @@ START_TEST(test_set_label_on_each_type) {
   const struct {
     cusafe_handle h;
     cusafe_handle_type type;
-  } objs[] = {{k, CUSAFE_TYPE_KERNEL}, {m, CUSAFE_TYPE_MODULE},
-              {v, CUSAFE_TYPE_BUFFER}, {b, CUSAFE_TYPE_BUFFER},
-              {e, CUSAFE_TYPE_EVENT},  {s, CUSAFE_TYPE_STREAM},
+  } objs[] = {{k, CUSAFE_TYPE_KERNEL},   {m, CUSAFE_TYPE_MODULE},
+              {v, CUSAFE_TYPE_BUFFER},   {b, CUSAFE_TYPE_BUFFER},
+              {e, CUSAFE_TYPE_EVENT},    {s, CUSAFE_TYPE_STREAM},
               {ctx, CUSAFE_TYPE_CONTEXT}};
   const size_t n = sizeof objs / sizeof objs[0];
   for (size_t i = 0; i < n; i++) {
@@ -2149,13 +2066,13 @@ END_TEST
 #else
 #define CONTEXT_ALIVE_FAKE() ((void)0)
 #endif
-#define CONTEXT_ALIVE(child, c)                                              \
-  do {                                                                       \
-    cusafe_context alive_ = CUSAFE_NULL_HANDLE;                              \
-    CONTEXT_ALIVE_FAKE();                                                    \
-    TU_OK(cusafe_buffer_get_context(&alive_, (child)));                      \
-    ck_assert_uint_eq(alive_, (c));                                          \
-    TU_OK(cusafe_context_release(alive_));                                   \
+#define CONTEXT_ALIVE(child, c)                                                \
+  do {                                                                         \
+    cusafe_context alive_ = CUSAFE_NULL_HANDLE;                                \
+    CONTEXT_ALIVE_FAKE();                                                      \
+    TU_OK(cusafe_buffer_get_context(&alive_, (child)));                        \
+    ck_assert_uint_eq(alive_, (c));                                            \
+    TU_OK(cusafe_context_release(alive_));                                     \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -2263,21 +2180,24 @@ END_TEST
 
 /* Checks a CONTEXT_MISMATCH whose message names `a` and `b` in either
  * order: the catalogue fixes the words, not which object comes first. */
-#define TU_MISMATCH(expr, a, da, b, db)                                     \
-  do {                                                                      \
-    cusafe_status mm_st_ = (expr);                                          \
-    char mm_msg_[512], mm_1_[256], mm_2_[256];                              \
-    tu_copy_message(mm_msg_, sizeof mm_msg_);                               \
-    snprintf(mm_1_, sizeof mm_1_, "%s belongs to device %d but %s "         \
-             "belongs to device %d", (a), (da), (b), (db));                 \
-    snprintf(mm_2_, sizeof mm_2_, "%s belongs to device %d but %s "         \
-             "belongs to device %d", (b), (db), (a), (da));                 \
-    TU_ASSERT(mm_st_ == CUSAFE_ERROR_CONTEXT_MISMATCH,                      \
-              "%s returned %d (%s), expected CONTEXT_MISMATCH; \"%s\"",     \
-              #expr, (int)mm_st_, cusafe_status_string(mm_st_), mm_msg_);   \
-    TU_ASSERT(strcmp(mm_msg_, mm_1_) == 0 || strcmp(mm_msg_, mm_2_) == 0,   \
-              "%s: message \"%s\", expected \"%s\"", #expr, mm_msg_,        \
-              mm_1_);                                                       \
+#define TU_MISMATCH(expr, a, da, b, db)                                        \
+  do {                                                                         \
+    cusafe_status mm_st_ = (expr);                                             \
+    char mm_msg_[512], mm_1_[256], mm_2_[256];                                 \
+    tu_copy_message(mm_msg_, sizeof mm_msg_);                                  \
+    snprintf(mm_1_, sizeof mm_1_,                                              \
+             "%s belongs to device %d but %s "                                 \
+             "belongs to device %d",                                           \
+             (a), (da), (b), (db));                                            \
+    snprintf(mm_2_, sizeof mm_2_,                                              \
+             "%s belongs to device %d but %s "                                 \
+             "belongs to device %d",                                           \
+             (b), (db), (a), (da));                                            \
+    TU_ASSERT(mm_st_ == CUSAFE_ERROR_CONTEXT_MISMATCH,                         \
+              "%s returned %d (%s), expected CONTEXT_MISMATCH; \"%s\"", #expr, \
+              (int)mm_st_, cusafe_status_string(mm_st_), mm_msg_);             \
+    TU_ASSERT(strcmp(mm_msg_, mm_1_) == 0 || strcmp(mm_msg_, mm_2_) == 0,      \
+              "%s: message \"%s\", expected \"%s\"", #expr, mm_msg_, mm_1_);   \
   } while (0)
 
 START_TEST(test_context_per_device) {
@@ -2325,10 +2245,9 @@ START_TEST(test_peer_copy_between_devices) {
         if (!kind_usable(c[to], to, all_kinds[j]))
           continue;
         uint32_t seed = (uint32_t)(100 * from + 10 * i + j);
-        cusafe_buffer src = make_buffer(c[from], all_kinds[i], n, seed,
-                                        src_data);
-        cusafe_buffer dst = make_buffer(c[to], all_kinds[j], n, seed + 1,
-                                        want);
+        cusafe_buffer src =
+            make_buffer(c[from], all_kinds[i], n, seed, src_data);
+        cusafe_buffer dst = make_buffer(c[to], all_kinds[j], n, seed + 1, want);
         memcpy(want + 5, src_data + 9, n - 20);
         for (int k = 0; k < 3; k++) {
           /* The stream may be of either buffer's context, or dst's
@@ -2337,17 +2256,16 @@ START_TEST(test_peer_copy_between_devices) {
                                                   "a stream of dst's device",
                                                   "a stream of src's device"};
           const cusafe_stream ons[3] = {CUSAFE_STREAM_DEFAULT, s[to], s[from]};
-          cusafe_status st =
-              cusafe_buffer_copy(dst, 5, src, 9, n - 20, ons[k]);
+          cusafe_status st = cusafe_buffer_copy(dst, 5, src, 9, n - 20, ons[k]);
           ntried++;
           if (st != CUSAFE_SUCCESS) {
             char line[512], msg[256];
             tu_copy_message(msg, sizeof msg);
             int len = snprintf(line, sizeof line,
                                "\n  %s on device %d -> %s on device %d, on "
-                               "%s: %s: %s", tu_kind_names[i], from,
-                               tu_kind_names[j], to, on_names[k],
-                               cusafe_status_string(st), msg);
+                               "%s: %s: %s",
+                               tu_kind_names[i], from, tu_kind_names[j], to,
+                               on_names[k], cusafe_status_string(st), msg);
             if (len > 0 && failures_len + (size_t)len < sizeof failures) {
               memcpy(failures + failures_len, line, (size_t)len + 1);
               failures_len += (size_t)len;
@@ -2402,8 +2320,7 @@ START_TEST(test_objects_of_two_devices_do_not_mix) {
 
   TU_MISMATCH(cusafe_event_record(e[0], s[1]), "stream", 1, "event", 0);
   TU_MISMATCH(cusafe_stream_wait_event(s[1], e[0]), "event", 0, "stream", 1);
-  TU_MISMATCH(cusafe_event_elapsed_ms(&ms, e[0], e[1]), "start", 0, "end",
-              1);
+  TU_MISMATCH(cusafe_event_elapsed_ms(&ms, e[0], e[1]), "start", 0, "end", 1);
   TU_ERR(cusafe_buffer_write_async(b[0], 0, host, 64, s[1]),
          CUSAFE_ERROR_CONTEXT_MISMATCH,
          "stream belongs to device 1 but buffer belongs to device 0");
@@ -2481,20 +2398,20 @@ struct worker {
   char error[512];
 };
 
-#define WK_CHECK(w, cond, ...)                                               \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      if ((w)->error[0] == '\0')                                            \
-        snprintf((w)->error, sizeof (w)->error, __VA_ARGS__);               \
-      return NULL;                                                          \
-    }                                                                       \
+#define WK_CHECK(w, cond, ...)                                                 \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      if ((w)->error[0] == '\0')                                               \
+        snprintf((w)->error, sizeof(w)->error, __VA_ARGS__);                   \
+      return NULL;                                                             \
+    }                                                                          \
   } while (0)
 
-#define WK_OK(w, expr)                                                       \
-  do {                                                                      \
-    cusafe_status w_st_ = (expr);                                           \
-    WK_CHECK(w, w_st_ == CUSAFE_SUCCESS, "thread %d: %s returned %d: %s",    \
-            (w)->index, #expr, (int)w_st_, cusafe_last_error_message());    \
+#define WK_OK(w, expr)                                                         \
+  do {                                                                         \
+    cusafe_status w_st_ = (expr);                                              \
+    WK_CHECK(w, w_st_ == CUSAFE_SUCCESS, "thread %d: %s returned %d: %s",      \
+             (w)->index, #expr, (int)w_st_, cusafe_last_error_message());      \
   } while (0)
 
 static void join_workers(struct worker *w, int n) {
@@ -2615,7 +2532,7 @@ static void *own_objects_worker(void *arg) {
     WK_OK(w, cusafe_buffer_read_async(b, 0, back, n, s));
     WK_OK(w, cusafe_stream_synchronize(s));
     WK_CHECK(w, memcmp(back, data, n) == 0,
-            "thread %d iteration %d: data differ", w->index, it);
+             "thread %d iteration %d: data differ", w->index, it);
     WK_OK(w, cusafe_buffer_release(b));
   }
   WK_OK(w, cusafe_stream_release(s));
@@ -2694,7 +2611,7 @@ static void *shared_slice_worker(void *arg) {
     WK_OK(w, cusafe_buffer_write_async(b, off, data, sizeof data, s));
     WK_OK(w, cusafe_buffer_read(b, off, back, sizeof back));
     WK_CHECK(w, memcmp(back, data, sizeof data) == 0,
-            "thread %d: slice differs", w->index);
+             "thread %d: slice differs", w->index);
   }
   WK_OK(w, cusafe_stream_release(s));
   WK_OK(w, cusafe_context_release(c));
@@ -2717,8 +2634,8 @@ static void *last_owner_worker(void *arg) {
     WK_CHECK(w, pthread_join(lo->others[i].thread, NULL) == 0, "join failed");
   for (int i = 0; i < lo->nothers; i++) {
     tu_pattern(want, sizeof want, (uint32_t)(500 + i));
-    WK_OK(w, cusafe_buffer_read(b, (size_t)i * SHARED_SLICE, back,
-                               sizeof back));
+    WK_OK(w,
+          cusafe_buffer_read(b, (size_t)i * SHARED_SLICE, back, sizeof back));
     WK_CHECK(w, memcmp(back, want, sizeof want) == 0, "slice %d differs", i);
   }
   WK_OK(w, cusafe_buffer_release(b));
@@ -2738,7 +2655,7 @@ START_TEST(test_threads_share_buffer_last_release_elsewhere) {
   /* One reference per worker and one for the last owner. */
   for (int i = 0; i < nworkers + 1; i++)
     TU_OK(cusafe_buffer_retain(b));
-  TU_OK(cusafe_buffer_release(b)); /* the test's own */
+  TU_OK(cusafe_buffer_release(b));  /* the test's own */
   TU_OK(cusafe_context_release(c)); /* the buffer keeps the context */
   ck_assert_int_eq(pthread_barrier_init(&start, NULL, (unsigned)nworkers), 0);
   memset(w, 0, sizeof w);
@@ -2886,31 +2803,13 @@ static Suite *api_suite(void) {
 }
 
 int main(void) {
-  enum fork_status fork_mode;
 #ifdef CUSAFE_TEST_FAKE
   /* Every test needs a fresh library and a fresh fake, so each runs in its
    * own process whatever CK_FORK says; no cusafe call may happen here. */
-  fork_mode = CK_FORK;
+  return tu_run_suite(api_suite(), CK_FORK);
 #else
-  int n = 0;
-  cusafe_status st = cusafe_device_count(&n);
-  if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE) {
-    printf("no CUDA device: skipping (%s)\n", cusafe_last_error_message());
-    return 77;
-  }
-  if (st != CUSAFE_SUCCESS) {
-    fprintf(stderr, "cusafe_device_count failed: %s: %s\n",
-            cusafe_status_string(st), cusafe_last_error_message());
-    return 99;
-  }
+  tu_require_gpu();
   /* CUDA is initialised now: a forked child could not use it. */
-  fork_mode = CK_NOFORK;
+  return tu_run_suite(api_suite(), CK_NOFORK);
 #endif
-  Suite *s = api_suite();
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, fork_mode);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
 }

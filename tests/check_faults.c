@@ -54,20 +54,20 @@
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "testutil.h"
+#include "fakeutil.h"
 
 #define KIB ((size_t)1024)
-#define SIZE 4096                /* bytes of every buffer */
+#define SIZE 4096 /* bytes of every buffer */
 #define NFLOATS (SIZE / sizeof(float))
 #define SENTINEL ((cusafe_handle)0x1234)
-#define MAX_CALLS 512            /* CUDA calls of one operation, at most */
+#define MAX_CALLS 512 /* CUDA calls of one operation, at most */
 #define NAME_MAX_LEN 64
 
 /* A fake image (see fakecuda.h): k1 (p, 4, 8), small (p; at most 128
  * threads, 1 KiB of static shared memory). */
-static const char fake_image[] =
-    "FAKECUBIN\n"
-    "kernel k1 p 4 8\n"
-    "kernel small maxthreads=128 shared=1024 p\n";
+static const char fake_image[] = "FAKECUBIN\n"
+                                 "kernel k1 p 4 8\n"
+                                 "kernel small maxthreads=128 shared=1024 p\n";
 
 static const char compile_source[] =
     "extern \"C\" __global__ void ax(float *y, const float *x, float a,\n"
@@ -111,7 +111,7 @@ struct expectation {
   const char *function; /* NULL: any function */
   cudaError_t err;
   int inject;
-  int sticky;           /* a sticky error: the device is broken after it */
+  int sticky; /* a sticky error: the device is broken after it */
   cusafe_status status;
   const char *message;
   int cuda_error;
@@ -137,15 +137,15 @@ static const struct expectation injections[] = {
     {"cudaMallocManaged", cudaErrorMemoryAllocation, 1, 0,
      CUSAFE_ERROR_OUT_OF_MEMORY, FAILED_MSG, -1},
     /* A launch asks for more registers or threads than there are. */
-    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* Synchronisations report a kernel fault, which breaks the device. */
-    {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {"cudaEventSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {"cudaDeviceSynchronize", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaEventSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaDeviceSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* Queries find work pending, or the fault. */
     {"cudaStreamQuery", cudaErrorNotReady, 1, 0, CUSAFE_ERROR_NOT_READY,
      "work is still pending", -1},
@@ -157,8 +157,8 @@ static const struct expectation injections[] = {
      FAILED_MSG, -1},
     {"cudaEventElapsedTime", cudaErrorNotReady, 1, 0, CUSAFE_ERROR_NOT_READY,
      "work is still pending", -1},
-    {"cudaEventElapsedTime", cudaErrorIllegalAddress, 1, 1,
-     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    {"cudaEventElapsedTime", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
     /* NVRTC: out of memory, or an internal error of the compiler. */
     {"nvrtcCreateProgram", cudaErrorMemoryAllocation, 1, 0,
      CUSAFE_ERROR_OUT_OF_MEMORY, "{fn} failed: NVRTC_ERROR_OUT_OF_MEMORY", 0},
@@ -175,8 +175,8 @@ static const struct expectation injections[] = {
     {NULL, cudaErrorMemoryAllocation, 0, 0, CUSAFE_ERROR_OUT_OF_MEMORY,
      FAILED_MSG, -1},
     {NULL, cudaErrorIllegalAddress, 0, 0, CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
-    {NULL, cudaErrorLaunchOutOfResources, 0, 0, CUSAFE_ERROR_CUDA,
-     FAILED_MSG, -1},
+    {NULL, cudaErrorLaunchOutOfResources, 0, 0, CUSAFE_ERROR_CUDA, FAILED_MSG,
+     -1},
     {NULL, cudaErrorNotReady, 0, 0, CUSAFE_ERROR_NOT_READY, FAILED_MSG, -1},
 };
 #define NINJECTIONS (sizeof injections / sizeof injections[0])
@@ -223,25 +223,25 @@ static size_t injections_of(const char *function,
 
 /* Whether `msg`, status `st` and CUDA error `cuda_err` are what `function`
  * failing with err gives. */
-/* Writes `template` with "{fn}" replaced by the failed function's name and
+/* Writes `format` with "{fn}" replaced by the failed function's name and
  * "{cuda}" by CUDA's words for the error. */
-static void expand(char *out, size_t n, const char *template,
-                   const char *fn, const char *cuda) {
+static void expand(char *out, size_t n, const char *format, const char *fn,
+                   const char *cuda) {
   size_t len = 0;
   out[0] = '\0';
-  while (*template && len + 1 < n) {
+  while (*format && len + 1 < n) {
     const char *sub = NULL;
-    if (!strncmp(template, "{fn}", 4))
+    if (!strncmp(format, "{fn}", 4))
       sub = fn;
-    else if (!strncmp(template, "{cuda}", 6))
+    else if (!strncmp(format, "{cuda}", 6))
       sub = cuda;
     if (sub) {
       len += (size_t)snprintf(out + len, n - len, "%s", sub);
       if (len >= n)
         len = n - 1;
-      template += sub == fn ? 4 : 6;
+      format += sub == fn ? 4 : 6;
     } else {
-      out[len++] = *template++;
+      out[len++] = *format++;
       out[len] = '\0';
     }
   }
@@ -252,8 +252,8 @@ static int is_failure_of(const char *function, cudaError_t err,
                          char *want, size_t nwant) {
   const struct expectation *e = expectation_of(function, err);
   if (!e) {
-    snprintf(want, nwant, "(no expectation for %s failing with %d)",
-             function, (int)err);
+    snprintf(want, nwant, "(no expectation for %s failing with %d)", function,
+             (int)err);
     return 0;
   }
   expand(want, nwant, e->message, function, cuda_words(err));
@@ -267,9 +267,9 @@ static int is_failure_of(const char *function, cudaError_t err,
  * point (cuLibraryGetModule) is optional; a stream-ordered free that
  * cannot be queued is done synchronously.  Frees and destroys are
  * counted as "failed in a free" instead. */
-static const char *const absorbable[] = {
-    "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
-    "cudaFreeAsync"};
+static const char *const absorbable[] = {"cudaSetDevice", "cudaGetLastError",
+                                         "cudaGetDriverEntryPointByVersion",
+                                         "cudaFreeAsync"};
 
 static int is_absorbable(const char *name) {
   for (size_t i = 0; i < sizeof absorbable / sizeof absorbable[0]; i++)
@@ -292,10 +292,15 @@ static int is_absorbable_in(const char *name, int teardown) {
  * primary context goes, so those two excuse a leak only where the retry
  * fails too: failing persistently. */
 static const char *const cleanup_calls[] = {
-    "cudaFree",         "cudaFreeHost",
-    "cudaStreamDestroy", "cudaEventDestroy",
-    "cuDevicePrimaryCtxRelease", "nvrtcDestroyProgram",
-    "cudaFreeAsync",    "cudaLibraryUnload"};
+    "cudaFree",
+    "cudaFreeHost",
+    "cudaStreamDestroy",
+    "cudaEventDestroy",
+    "cuDevicePrimaryCtxRelease",
+    "nvrtcDestroyProgram",
+    "cudaFreeAsync",
+    "cudaLibraryUnload",
+};
 #define NCLEANUP_RETRIED 2 /* the last two */
 
 static int is_cleanup_call(const char *name, int retried_too) {
@@ -310,14 +315,19 @@ static int is_cleanup_call(const char *name, int retried_too) {
 
 /* Calls that a sticky error leaves working (fakecuda.h): device queries,
  * the current device, and everything that frees or destroys. */
-static const char *const sticky_immune[] = {
-    "cudaGetDevice",          "cudaSetDevice",
-    "cudaGetDeviceCount",     "cudaGetDeviceProperties",
-    "cudaDeviceGetAttribute", "cudaGetDriverEntryPointByVersion",
-    "cuDevicePrimaryCtxRelease", "cudaFree",
-    "cudaFreeAsync",          "cudaFreeHost",
-    "cudaStreamDestroy",      "cudaEventDestroy",
-    "cudaLibraryUnload"};
+static const char *const sticky_immune[] = {"cudaGetDevice",
+                                            "cudaSetDevice",
+                                            "cudaGetDeviceCount",
+                                            "cudaGetDeviceProperties",
+                                            "cudaDeviceGetAttribute",
+                                            "cudaGetDriverEntryPointByVersion",
+                                            "cuDevicePrimaryCtxRelease",
+                                            "cudaFree",
+                                            "cudaFreeAsync",
+                                            "cudaFreeHost",
+                                            "cudaStreamDestroy",
+                                            "cudaEventDestroy",
+                                            "cudaLibraryUnload"};
 
 static int is_sticky_immune(const char *name) {
   for (size_t i = 0; i < sizeof sticky_immune / sizeof sticky_immune[0]; i++)
@@ -330,45 +340,14 @@ static int is_sticky_immune(const char *name) {
 /* The fake's log                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* The name of call number n (from 1) of this process, or "?". */
-static const char *call_name(unsigned long n) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
-    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
-      return name;
-  return "?";
-}
-
 /* Whether one of the calls numbered first..last was a cleanup call that
  * is not retried. */
 static int failure_hit_cleanup(unsigned long first, unsigned long last) {
   for (unsigned long k = first; k <= last; k++)
-    if (is_cleanup_call(call_name(k), 0))
+    if (is_cleanup_call(tu_call_name(k), 0))
       return 1;
   return 0;
 }
-
-/* Nothing of CUDA is left: no memory, stream, event, library or NVRTC
- * program, and the primary contexts of both devices are released. */
-#define CHECK_NOTHING_LIVE(what)                                            \
-  do {                                                                      \
-    TU_ASSERT(fake_live_allocations(-1) == 0, "%s: %zu allocations alive",  \
-              (what), fake_live_allocations(-1));                           \
-    TU_ASSERT(fake_live_streams(-1) == 0, "%s: %zu streams alive", (what),  \
-              fake_live_streams(-1));                                       \
-    TU_ASSERT(fake_live_events(-1) == 0, "%s: %zu events alive", (what),    \
-              fake_live_events(-1));                                        \
-    TU_ASSERT(fake_live_libraries(-1) == 0, "%s: %zu libraries alive",      \
-              (what), fake_live_libraries(-1));                             \
-    TU_ASSERT(fake_live_programs() == 0, "%s: %zu NVRTC programs alive",    \
-              (what), fake_live_programs());                                \
-    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
-      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
-                "%s: primary context of device %d still retained %d "       \
-                "time(s)",                                                  \
-                (what), cnl_d_, fake_primary_ctx_refcount(cnl_d_));         \
-  } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* The operations                                                             */
@@ -393,12 +372,13 @@ struct world {
 
 /* Children before parents, so that a failure to release names the first
  * object that would not go. */
-#define WORLD_HANDLES(w)                                                    \
-  {&(w)->out,    &(w)->k,     &(w)->k1,      &(w)->m,     &(w)->m1,        \
-   &(w)->view,   &(w)->a,     &(w)->b,       &(w)->c,     &(w)->pinned,    \
-   &(w)->managed, &(w)->async, &(w)->d1,     &(w)->tmp,   &(w)->e1,        \
-   &(w)->e2,     &(w)->e11,   &(w)->s1,      &(w)->s2,    &(w)->s3,        \
-   &(w)->s11,    &(w)->ctx,   &(w)->ctx1}
+#define WORLD_HANDLES(w)                                                       \
+  {                                                                            \
+    &(w)->out, &(w)->k, &(w)->k1, &(w)->m, &(w)->m1, &(w)->view, &(w)->a,      \
+        &(w)->b, &(w)->c, &(w)->pinned, &(w)->managed, &(w)->async, &(w)->d1,  \
+        &(w)->tmp, &(w)->e1, &(w)->e2, &(w)->e11, &(w)->s1, &(w)->s2,          \
+        &(w)->s3, &(w)->s11, &(w)->ctx, &(w)->ctx1                             \
+  }
 #define WORLD_NHANDLES 23
 
 /* Releases what the world holds.  Strictly (every release must succeed),
@@ -530,8 +510,7 @@ static cusafe_status op_context_release(struct world *w) {
 
 static cusafe_status op_stream_create(struct world *w) {
   w->out = SENTINEL;
-  return cusafe_stream_create(&w->out, w->ctx, CUSAFE_STREAM_NON_BLOCKING,
-                              -1);
+  return cusafe_stream_create(&w->out, w->ctx, CUSAFE_STREAM_NON_BLOCKING, -1);
 }
 
 static void su_stream_synchronize(struct world *w) {
@@ -641,8 +620,7 @@ static cusafe_status op_alloc_device(struct world *w) {
 
 static cusafe_status op_alloc_pinned(struct world *w) {
   w->out = SENTINEL;
-  return cusafe_buffer_alloc(&w->out, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                             SIZE);
+  return cusafe_buffer_alloc(&w->out, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE);
 }
 
 static cusafe_status op_alloc_managed(struct world *w) {
@@ -707,8 +685,7 @@ static cusafe_status op_copy_peer(struct world *w) {
  * stream of device 0: it runs on device 1. */
 static void su_copy_pinned_other(struct world *w) {
   su_two_devices(w);
-  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                         SIZE));
+  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE));
 }
 
 static cusafe_status op_copy_pinned_other(struct world *w) {
@@ -798,8 +775,8 @@ static cusafe_status op_load_file(struct world *w) {
 static cusafe_status op_compile(struct world *w) {
   const char *const opts[] = {"-DM=3"};
   w->out = SENTINEL;
-  return cusafe_module_compile(&w->out, w->ctx, compile_source, "ax.cu",
-                               opts, 1);
+  return cusafe_module_compile(&w->out, w->ctx, compile_source, "ax.cu", opts,
+                               1);
 }
 
 static cusafe_status op_get_kernel(struct world *w) {
@@ -849,8 +826,7 @@ static void su_kernel_release(struct world *w) {
   OK(cusafe_module_release(w->m));
   w->m = CUSAFE_NULL_HANDLE;
   fake_set_paused(1);
-  cusafe_launch_config cfg = {{1, 1, 1}, {256, 1, 1}, 0,
-                              CUSAFE_STREAM_DEFAULT};
+  cusafe_launch_config cfg = {{1, 1, 1}, {256, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
   OK(CUSAFE_LAUNCH(w->k, &cfg, CUSAFE_ARG_BUF(w->a), CUSAFE_ARG_F32V(1.5f),
                    CUSAFE_ARG_U64V(NFLOATS)));
 }
@@ -871,8 +847,7 @@ static void su_shutdown(struct world *w) {
   OK(cusafe_event_create(&w->e2, w->ctx, CUSAFE_EVENT_DISABLE_TIMING));
   OK(cusafe_event_create(&w->e11, w->ctx1, 0));
   OK(cusafe_buffer_alloc(&w->a, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
-  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED,
-                         SIZE));
+  OK(cusafe_buffer_alloc(&w->pinned, w->ctx, CUSAFE_MEMORY_HOST_PINNED, SIZE));
   OK(cusafe_buffer_alloc(&w->managed, w->ctx, CUSAFE_MEMORY_MANAGED, SIZE));
   OK(cusafe_buffer_alloc_async(&w->async, w->s1, SIZE));
   OK(cusafe_buffer_view(&w->view, w->a, 64, 1024));
@@ -934,17 +909,15 @@ static const struct op ops[] = {
     {"cusafe_context_release (last reference)", su_context_release,
      op_context_release, OP_CONSUMES},
     {"cusafe_stream_create", su_ctx, op_stream_create, OP_CREATES},
-    {"cusafe_stream_synchronize", su_stream_synchronize,
-     op_stream_synchronize, 0},
-    {"cusafe_stream_query", su_handoff, op_stream_query, 0},
-    {"cusafe_stream_wait_event", su_stream_wait_event, op_stream_wait_event,
+    {"cusafe_stream_synchronize", su_stream_synchronize, op_stream_synchronize,
      0},
+    {"cusafe_stream_query", su_handoff, op_stream_query, 0},
+    {"cusafe_stream_wait_event", su_stream_wait_event, op_stream_wait_event, 0},
     {"cusafe_stream_release (last reference, work queued)", su_stream_release,
      op_stream_release, OP_CONSUMES},
     {"cusafe_event_create", su_ctx, op_event_create, OP_CREATES},
     {"cusafe_event_record", su_event, op_event_record, 0},
-    {"cusafe_event_synchronize", su_event_synchronize, op_event_synchronize,
-     0},
+    {"cusafe_event_synchronize", su_event_synchronize, op_event_synchronize, 0},
     {"cusafe_event_query", su_event_recorded, op_event_query, 0},
     {"cusafe_event_elapsed_ms", su_event_elapsed, op_event_elapsed, 0},
     {"cusafe_event_release (last reference)", su_event_recorded,
@@ -968,10 +941,10 @@ static const struct op ops[] = {
      op_release_a, OP_CONSUMES},
     {"cusafe_buffer_release (pinned memory, work queued)", su_release_pinned,
      op_release_tmp, OP_CONSUMES},
-    {"cusafe_buffer_release (managed memory, work queued)",
-     su_release_managed, op_release_tmp, OP_CONSUMES},
-    {"cusafe_buffer_release (last used by a peer copy)",
-     su_release_after_peer, op_release_d1, OP_CONSUMES},
+    {"cusafe_buffer_release (managed memory, work queued)", su_release_managed,
+     op_release_tmp, OP_CONSUMES},
+    {"cusafe_buffer_release (last used by a peer copy)", su_release_after_peer,
+     op_release_d1, OP_CONSUMES},
     {"cusafe_module_load_builtin", su_ctx, op_load_builtin, OP_CREATES},
     {"cusafe_module_load_data", su_ctx, op_load_data, OP_CREATES},
     {"cusafe_module_load_file", su_module_file, op_load_file, OP_CREATES},
@@ -996,8 +969,8 @@ static void run_clean(const struct op *op, struct world *w, const char *when) {
   if (op->setup)
     op->setup(w);
   cusafe_status st = op->run(w);
-  TU_ASSERT(st == CUSAFE_SUCCESS, "%s: %s %s returned %s: %s", op->name,
-            when, "without failures", cusafe_status_string(st),
+  TU_ASSERT(st == CUSAFE_SUCCESS, "%s: %s %s returned %s: %s", op->name, when,
+            "without failures", cusafe_status_string(st),
             cusafe_last_error_message());
   if (op->flags & OP_CREATES)
     TU_ASSERT(w->out != CUSAFE_NULL_HANDLE && w->out != SENTINEL,
@@ -1007,43 +980,6 @@ static void run_clean(const struct op *op, struct world *w, const char *when) {
 /* ------------------------------------------------------------------------ */
 /* Children                                                                   */
 /* ------------------------------------------------------------------------ */
-
-/* Runs fn in a forked child, whose stderr goes into err (NUL-terminated,
- * cut at n bytes); returns its wait status.  The child starts as the test
- * process is: no cusafe call has been made there. */
-static int run_in_child(void (*fn)(void *), void *arg, char *err, size_t n) {
-  int fds[2];
-  ck_assert_int_eq(pipe(fds), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ne(pid, -1);
-  if (pid == 0) {
-    tu_in_child = 1;
-    close(fds[0]);
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[1]);
-    fn(arg);
-    exit(0);
-  }
-  close(fds[1]);
-  size_t len = 0;
-  for (;;) {
-    char buf[4096];
-    ssize_t got = read(fds[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      break;
-    size_t take = (size_t)got < n - 1 - len ? (size_t)got : n - 1 - len;
-    memcpy(err + len, buf, take);
-    len += take;
-  }
-  err[len] = '\0';
-  close(fds[0]);
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  return status;
-}
 
 /* The clean run: the names of the operation's calls, written to a pipe. */
 struct clean_args {
@@ -1061,16 +997,15 @@ static void clean_child(void *arg) {
   cusafe_status st = a->op->run(&w);
   unsigned long end = fake_call_count();
   TU_ASSERT(st == CUSAFE_SUCCESS, "%s without failures returned %s: %s",
-            a->op->name, cusafe_status_string(st),
-            cusafe_last_error_message());
+            a->op->name, cusafe_status_string(st), cusafe_last_error_message());
   FILE *f = fdopen(a->fd, "w");
   TU_ASSERT(f != NULL, "fdopen failed");
   for (unsigned long k = start + 1; k <= end; k++)
-    fprintf(f, "%s\n", call_name(k));
+    fprintf(f, "%s\n", tu_call_name(k));
   fclose(f);
   world_release(&w, (a->op->flags & OP_SHUTDOWN) ? RELEASE_SHUT_DOWN
                                                  : RELEASE_STRICT);
-  CHECK_NOTHING_LIVE("after a clean run");
+  TU_NOTHING_LIVE_AT("after a clean run");
   TU_OK(cusafe_shutdown());
 }
 
@@ -1100,10 +1035,10 @@ static void record_clean(const struct op *op, struct clean_log *log) {
   char line[256];
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = '\0';
-    ck_assert_msg(log->ncalls < MAX_CALLS, "%s: more than %d calls",
-                  op->name, MAX_CALLS);
-    snprintf(log->names[log->ncalls++], NAME_MAX_LEN, "%.*s",
-             NAME_MAX_LEN - 1, line);
+    ck_assert_msg(log->ncalls < MAX_CALLS, "%s: more than %d calls", op->name,
+                  MAX_CALLS);
+    snprintf(log->names[log->ncalls++], NAME_MAX_LEN, "%.*s", NAME_MAX_LEN - 1,
+             line);
   }
   fclose(f);
   int status = 0;
@@ -1111,13 +1046,6 @@ static void record_clean(const struct op *op, struct clean_log *log) {
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "%s: the clean run failed (its message is above)", op->name);
 }
-
-enum fault_result {
-  FAULT_COMPLETED = 0,  /* the injected failure was never reached */
-  FAULT_FAILED = 10,    /* the operation failed, as it should */
-  FAULT_ABSORBED = 11,  /* reached, yet the operation succeeded */
-  FAULT_EXCUSED = 12    /* a free failed: its leak not counted */
-};
 
 struct fault_args {
   const struct op *op;
@@ -1190,17 +1118,17 @@ static void fault_child(void *arg) {
 
   if (!reached) {
     TU_ASSERT(a->name == NULL,
-              "failing call %lu (%s): the operation made only %lu calls",
-              a->n, a->name, end - start);
+              "failing call %lu (%s): the operation made only %lu calls", a->n,
+              a->name, end - start);
     TU_ASSERT(st == CUSAFE_SUCCESS, "the operation returned %s: %s",
               cusafe_status_string(st), msg);
     world_release(&w, (op->flags & OP_SHUTDOWN) ? RELEASE_SHUT_DOWN
                                                 : RELEASE_STRICT);
-    CHECK_NOTHING_LIVE("after the operation");
+    TU_NOTHING_LIVE_AT("after the operation");
     TU_OK(cusafe_shutdown());
-    exit(FAULT_COMPLETED);
+    exit(TU_FAULT_COMPLETED);
   }
-  const char *failed = call_name(first);
+  const char *failed = tu_call_name(first);
   TU_ASSERT(a->name != NULL && strcmp(failed, a->name) == 0,
             "call %lu of the operation is %s, in the clean run %s", a->n,
             failed, a->name ? a->name : "(none)");
@@ -1218,7 +1146,7 @@ static void fault_child(void *arg) {
   } else if (st != CUSAFE_SUCCESS) {
     int named = 0;
     for (unsigned long k = first; k <= last && !named; k++)
-      named = is_failure_of(call_name(k), err, st, msg, cuda_err, want,
+      named = is_failure_of(tu_call_name(k), err, st, msg, cuda_err, want,
                             sizeof want);
     if (!named)
       is_failure_of(failed, err, st, msg, cuda_err, want, sizeof want);
@@ -1230,8 +1158,8 @@ static void fault_child(void *arg) {
               a->persistent ? " (or the same of a later failed call)" : "");
     if (op->flags & OP_CREATES)
       TU_ASSERT(w.out == CUSAFE_NULL_HANDLE,
-                "%s failing: the failed operation handed out 0x%016llx",
-                failed, TU_HX(w.out));
+                "%s failing: the failed operation handed out 0x%016llx", failed,
+                TU_HX(w.out));
   } else if (op->flags & OP_CREATES) {
     cusafe_handle_type type = CUSAFE_TYPE_INVALID;
     TU_ASSERT(cusafe_handle_get_type(&type, w.out) == CUSAFE_SUCCESS,
@@ -1254,9 +1182,10 @@ static void fault_child(void *arg) {
     world_release(&w, RELEASE_SHUT_DOWN);
     TU_ASSERT(fake_call_count() == calls, "calls after the shutdown");
     if (!excused)
-      CHECK_NOTHING_LIVE("after the shutdown");
-    exit(excused ? FAULT_EXCUSED
-                 : st == CUSAFE_SUCCESS ? FAULT_ABSORBED : FAULT_FAILED);
+      TU_NOTHING_LIVE_AT("after the shutdown");
+    exit(excused                ? TU_FAULT_EXCUSED
+         : st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED
+                                : TU_FAULT_FAILED);
   }
 
   if (!sticky) {
@@ -1283,20 +1212,20 @@ static void fault_child(void *arg) {
     world_release(&w, RELEASE_CHILDREN);
     fake_set_strict_teardown(0);
     fake_teardown_now();
-    exit(FAULT_EXCUSED);
+    exit(TU_FAULT_EXCUSED);
   }
   world_release(&w, sticky ? RELEASE_BROKEN : RELEASE_STRICT);
-  CHECK_NOTHING_LIVE("after releasing everything");
+  TU_NOTHING_LIVE_AT("after releasing everything");
   if (sticky) {
     /* The broken primary context went with its last reference; a new one
      * works. */
     fake_set_sticky_error(a->sticky_device, cudaSuccess);
     check_usable(op, "after the device was broken and everything released");
-    CHECK_NOTHING_LIVE("after releasing everything again");
+    TU_NOTHING_LIVE_AT("after releasing everything again");
   }
   TU_OK(cusafe_shutdown());
-  CHECK_NOTHING_LIVE("after the shutdown");
-  exit(st == CUSAFE_SUCCESS ? FAULT_ABSORBED : FAULT_FAILED);
+  TU_NOTHING_LIVE_AT("after the shutdown");
+  exit(st == CUSAFE_SUCCESS ? TU_FAULT_ABSORBED : TU_FAULT_FAILED);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1353,7 +1282,7 @@ static void fault_loop(const struct op *op, int persistent) {
       if (name && inj[i]->sticky)
         place_sticky(op, &log, n, &a.sticky_device, &a.sticky_before);
       char err[16384], line[600], what[800] = "";
-      int status = run_in_child(fault_child, &a, err, sizeof err);
+      int status = tu_run_in_child(fault_child, &a, err, sizeof err);
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       int aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
       first_line(err, line, sizeof line);
@@ -1363,7 +1292,7 @@ static void fault_loop(const struct op *op, int persistent) {
           strstr(err, "VIOLATION: primary context of device")) {
         /* A free that failed leaves its object alive; where the operation
          * itself then releases the primary context, the fake aborts. */
-        code = FAULT_EXCUSED;
+        code = TU_FAULT_EXCUSED;
       } else if (aborted && name && inj[i]->sticky && !a.sticky_before &&
                  strstr(err, "fakecuda: VIOLATION: ")) {
         /* A sync that fails by number leaves its work queued in the fake,
@@ -1374,17 +1303,19 @@ static void fault_loop(const struct op *op, int persistent) {
         printf("  not modelled: call %lu (%s) failing: %s\n", n, name, line);
         continue;
       } else if (WIFSIGNALED(status)) {
-        snprintf(what, sizeof what, "killed by signal %d: %s",
-                 WTERMSIG(status), line);
+        snprintf(what, sizeof what, "killed by signal %d: %s", WTERMSIG(status),
+                 line);
       }
-      if (!what[0] && !name && code != FAULT_COMPLETED)
-        snprintf(what, sizeof what, "past the %zu calls of the clean run: "
-                 "exit %d: %s", log.ncalls, code, line);
+      if (!what[0] && !name && code != TU_FAULT_COMPLETED)
+        snprintf(what, sizeof what,
+                 "past the %zu calls of the clean run: "
+                 "exit %d: %s",
+                 log.ncalls, code, line);
       if (!what[0] && name) {
         switch (code) {
-        case FAULT_FAILED: failed++; break;
-        case FAULT_EXCUSED: excused++; break;
-        case FAULT_ABSORBED:
+        case TU_FAULT_FAILED: failed++; break;
+        case TU_FAULT_EXCUSED: excused++; break;
+        case TU_FAULT_ABSORBED:
           absorbed++;
           if (!strstr(absorbed_names, name))
             append(absorbed_names, sizeof absorbed_names, "%s%s",
@@ -1392,20 +1323,22 @@ static void fault_loop(const struct op *op, int persistent) {
           if (!(op->flags & OP_SHUTDOWN) &&
               !is_absorbable_in(name, (op->flags & OP_CONSUMES) != 0) &&
               !is_cleanup_call(name, 1))
-            snprintf(what, sizeof what, "the operation succeeded all the "
+            snprintf(what, sizeof what,
+                     "the operation succeeded all the "
                      "same");
           break;
-        case FAULT_COMPLETED:
+        case TU_FAULT_COMPLETED:
           snprintf(what, sizeof what, "never reached");
           break;
-        default:
-          snprintf(what, sizeof what, "exit %d: %s", code, line);
+        default: snprintf(what, sizeof what, "exit %d: %s", code, line);
         }
       }
       if (what[0]) {
         bad++;
-        append(problems, sizeof problems, "  call %lu (%s) failing with %d: "
-               "%s\n", n, name ? name : "-", (int)inj[i]->err, what);
+        append(problems, sizeof problems,
+               "  call %lu (%s) failing with %d: "
+               "%s\n",
+               n, name ? name : "-", (int)inj[i]->err, what);
         fprintf(stderr, "[%s (%s), call %lu (%s) failing with %d]\n%s",
                 op->name, mode, n, name ? name : "-", (int)inj[i]->err, err);
       }
@@ -1429,8 +1362,10 @@ static void fault_loop(const struct op *op, int persistent) {
   if (bad)
     fprintf(stderr, "%s (%s): %lu wrong run(s):\n%s", op->name, mode, bad,
             problems);
-  ck_assert_msg(bad == 0, "%s (%s): %lu of %lu runs went wrong (listed on "
-                "stderr)", op->name, mode, bad, runs);
+  ck_assert_msg(bad == 0,
+                "%s (%s): %lu of %lu runs went wrong (listed on "
+                "stderr)",
+                op->name, mode, bad, runs);
 }
 
 /* _i: the operation, twice: failing one call, then persistently. */
@@ -1449,14 +1384,14 @@ static void clean_all(void *arg) {
       continue;
     run_clean(&ops[i], &w, "run");
     world_release(&w, RELEASE_STRICT);
-    CHECK_NOTHING_LIVE(ops[i].name);
+    TU_NOTHING_LIVE_AT(ops[i].name);
   }
   TU_OK(cusafe_shutdown());
 }
 
 START_TEST(test_operations_succeed) {
   char err[16384];
-  int status = run_in_child(clean_all, NULL, err, sizeof err);
+  int status = tu_run_in_child(clean_all, NULL, err, sizeof err);
   fputs(err, stderr);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "a clean run failed; its message is above");
@@ -1489,14 +1424,9 @@ int main(void) {
   else
     memset(totals, 0, sizeof *totals);
   tu_pattern(host_in, sizeof host_in, 77);
-  Suite *s = faults_suite();
-  SRunner *sr = srunner_create(s);
   /* Every test forks its own children, each with a fresh library and a
    * fresh fake; the test process itself never calls cusafe. */
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  int status = tu_run_suite(faults_suite(), CK_FORK);
   if (totals)
     printf("fault injection: %lu (operation, call) pairs over %d operations "
            "(%lu single, %lu persistent), %lu runs with each injected "
@@ -1507,5 +1437,5 @@ int main(void) {
            totals->absorbed[0] + totals->absorbed[1],
            totals->excused[0] + totals->excused[1],
            totals->bad[0] + totals->bad[1]);
-  return failed == 0 ? 0 : 1;
+  return status;
 }

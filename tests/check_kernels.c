@@ -25,7 +25,8 @@
 #include "testutil.h"
 
 #ifndef CS_TEST_DATA_DIR
-#error "CS_TEST_DATA_DIR (the directory of the compiled test modules) is not defined"
+#error                                                                         \
+    "CS_TEST_DATA_DIR (the directory of the compiled test modules) is not defined"
 #endif
 
 /* The directory of vecscale.fatbin and vecscale.ptx; the environment
@@ -41,12 +42,12 @@ static void data_path(char *buf, size_t n, const char *file) {
 }
 
 /* Fails unless `text` contains `part`. */
-#define TU_CONTAINS(text, part)                                             \
-  do {                                                                      \
-    const char *tu_text_ = (text), *tu_part_ = (part);                      \
-    TU_ASSERT(strstr(tu_text_, tu_part_) != NULL,                           \
-              "%s is \"%s\", which does not contain \"%s\"", #text,         \
-              tu_text_, tu_part_);                                          \
+#define TU_CONTAINS(text, part)                                                \
+  do {                                                                         \
+    const char *tu_text_ = (text), *tu_part_ = (part);                         \
+    TU_ASSERT(strstr(tu_text_, tu_part_) != NULL,                              \
+              "%s is \"%s\", which does not contain \"%s\"", #text, tu_text_,  \
+              tu_part_);                                                       \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -79,13 +80,6 @@ static TCase *with_fixture(TCase *tc) {
   return tc;
 }
 
-static cusafe_kernel get_kernel(cusafe_module module, const char *name) {
-  cusafe_kernel k = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_get_kernel(&k, module, name));
-  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
-  return k;
-}
-
 static cusafe_buffer device_buffer(size_t size) {
   cusafe_buffer b = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, size));
@@ -113,9 +107,9 @@ enum op { OP_FILL, OP_SCALE, OP_AXPY, OP_VECADD };
 struct builtin_kernel {
   const char *name;
   enum op op;
-  size_t elem;       /* 4: float, 8: double */
+  size_t elem; /* 4: float, 8: double */
   size_t nparams;
-  size_t sizes[4];   /* bytes of each parameter */
+  size_t sizes[4]; /* bytes of each parameter */
 };
 
 /* Pointers and size_t are 8 bytes, float 4, double 8. */
@@ -254,9 +248,8 @@ static void launch_ok(cusafe_kernel k, const char *name,
     tu_copy_message(msg, sizeof msg);
     tu_fail(__FILE__, __LINE__,
             "%s (%s): launch of grid %ux%ux%u, block %ux%ux%u returned %s: %s",
-            name, what, cfg->grid[0], cfg->grid[1], cfg->grid[2],
-            cfg->block[0], cfg->block[1], cfg->block[2],
-            cusafe_status_string(st), msg);
+            name, what, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0],
+            cfg->block[1], cfg->block[2], cusafe_status_string(st), msg);
   }
 }
 
@@ -265,11 +258,11 @@ static size_t builtin_args(cusafe_arg *args, const struct builtin_kernel *b,
                            const cusafe_buffer *bufs, size_t n) {
   cusafe_arg scalar;
   if (b->op == OP_FILL)
-    scalar = b->elem == 4 ? CUSAFE_ARG_F32V(FILL_F32)
-                          : CUSAFE_ARG_F64V(FILL_F64);
+    scalar =
+        b->elem == 4 ? CUSAFE_ARG_F32V(FILL_F32) : CUSAFE_ARG_F64V(FILL_F64);
   else
-    scalar = b->elem == 4 ? CUSAFE_ARG_F32V(ALPHA_F32)
-                          : CUSAFE_ARG_F64V(ALPHA_F64);
+    scalar =
+        b->elem == 4 ? CUSAFE_ARG_F32V(ALPHA_F32) : CUSAFE_ARG_F64V(ALPHA_F64);
   switch (b->op) {
   case OP_FILL:
   case OP_SCALE:
@@ -309,14 +302,14 @@ static void run_builtin(cusafe_kernel k, const struct builtin_kernel *b,
   cusafe_arg args[4];
   char what[256];
 
-  snprintf(what, sizeof what, "%s, n = %zu, %s config%s", b->name, n,
-           cfg_name, view ? ", through views" : "");
+  snprintf(what, sizeof what, "%s, n = %zu, %s config%s", b->name, n, cfg_name,
+           view ? ", through views" : "");
   for (size_t j = 0; j < nbuf; j++) {
     off[j] = view ? base + j : 0;
     count[j] = off[j] + n + (view ? 7 : 0);
     init[j] = tu_xmalloc(count[j] * b->elem);
-    init_elems(init[j], b->elem, count[j], (uint32_t)(j + 1) * 7919u +
-                                               (uint32_t)n);
+    init_elems(init[j], b->elem, count[j],
+               (uint32_t)(j + 1) * 7919u + (uint32_t)n);
     parent[j] = device_buffer(count[j] * b->elem);
     TU_OK(cusafe_buffer_write(parent[j], 0, init[j], count[j] * b->elem));
     if (view)
@@ -361,7 +354,7 @@ static void run_builtin(cusafe_kernel k, const struct builtin_kernel *b,
  * three-dimensional grid and block; on whole buffers and through views. */
 START_TEST(test_builtin_exact) {
   const struct builtin_kernel *b = &builtins[_i];
-  cusafe_kernel k = get_kernel(builtin, b->name);
+  cusafe_kernel k = tu_get_kernel(builtin, b->name);
   cusafe_stream s = CUSAFE_STREAM_DEFAULT;
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
 
@@ -393,7 +386,7 @@ END_TEST
 /* n = 0 is a valid launch that touches nothing. */
 START_TEST(test_builtin_zero_elements) {
   const struct builtin_kernel *b = &builtins[_i];
-  cusafe_kernel k = get_kernel(builtin, b->name);
+  cusafe_kernel k = tu_get_kernel(builtin, b->name);
   const size_t count = 64;
   unsigned char *init = tu_xmalloc(count * b->elem);
   unsigned char *got = tu_xmalloc(count * b->elem);
@@ -424,8 +417,8 @@ START_TEST(test_builtin_in_place) {
   for (size_t e = 4; e <= 8; e += 4) {
     const char *axpy = e == 4 ? "cusafe_axpy_f32" : "cusafe_axpy_f64";
     const char *vecadd = e == 4 ? "cusafe_vecadd_f32" : "cusafe_vecadd_f64";
-    cusafe_kernel ka = get_kernel(builtin, axpy);
-    cusafe_kernel kv = get_kernel(builtin, vecadd);
+    cusafe_kernel ka = tu_get_kernel(builtin, axpy);
+    cusafe_kernel kv = tu_get_kernel(builtin, vecadd);
     void *init = tu_xmalloc(n * e), *want = tu_xmalloc(n * e);
     void *got = tu_xmalloc(n * e);
     cusafe_buffer y = device_buffer(n * e);
@@ -475,18 +468,18 @@ END_TEST
 START_TEST(test_builtin_params) {
   for (size_t i = 0; i < NBUILTINS; i++) {
     const struct builtin_kernel *b = &builtins[i];
-    cusafe_kernel k = get_kernel(builtin, b->name);
+    cusafe_kernel k = tu_get_kernel(builtin, b->name);
     size_t count = 0, got[8];
     for (size_t j = 0; j < 8; j++)
       got[j] = 12345;
 
     TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
-    TU_ASSERT(count == b->nparams, "%s: %zu parameters, expected %zu",
-              b->name, count, b->nparams);
+    TU_ASSERT(count == b->nparams, "%s: %zu parameters, expected %zu", b->name,
+              count, b->nparams);
     count = 0;
     TU_OK(cusafe_kernel_get_params(&count, got, 8, k));
-    TU_ASSERT(count == b->nparams, "%s: %zu parameters, expected %zu",
-              b->name, count, b->nparams);
+    TU_ASSERT(count == b->nparams, "%s: %zu parameters, expected %zu", b->name,
+              count, b->nparams);
     for (size_t j = 0; j < b->nparams; j++)
       TU_ASSERT(got[j] == b->sizes[j],
                 "%s: parameter %zu is %zu bytes, expected %zu", b->name, j,
@@ -499,8 +492,7 @@ START_TEST(test_builtin_params) {
     for (size_t j = 0; j < 8; j++)
       got[j] = 12345;
     TU_OK(cusafe_kernel_get_params(&count, got, 1, k));
-    TU_ASSERT(count == b->nparams && got[0] == b->sizes[0] &&
-                  got[1] == 12345,
+    TU_ASSERT(count == b->nparams && got[0] == b->sizes[0] && got[1] == 12345,
               "%s with capacity 1: count %zu, sizes %zu %zu", b->name, count,
               got[0], got[1]);
     TU_OK(cusafe_kernel_release(k));
@@ -522,7 +514,7 @@ END_TEST
 START_TEST(test_kernel_keeps_module_alive) {
   cusafe_module m = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_module_release(m));
   TU_STALE(m);
 
@@ -560,15 +552,14 @@ static void check_factor(int factor) {
   snprintf(define, sizeof define, "-DFACTOR=%d", factor);
   const char *const options[] = {define};
   cusafe_module m = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_compile(&m, ctx, factor_source, "factor.cu", options,
-                              1));
+  TU_OK(cusafe_module_compile(&m, ctx, factor_source, "factor.cu", options, 1));
   TU_LIVE(m, CUSAFE_TYPE_MODULE);
-  cusafe_kernel k = get_kernel(m, "times_factor");
+  cusafe_kernel k = tu_get_kernel(m, "times_factor");
   size_t count = 0, psizes[4] = {0};
   TU_OK(cusafe_kernel_get_params(&count, psizes, 4, k));
   TU_ASSERT(count == 2 && psizes[0] == 8 && psizes[1] == 8,
-            "times_factor: %zu parameters (%zu, %zu bytes)", count,
-            psizes[0], psizes[1]);
+            "times_factor: %zu parameters (%zu, %zu bytes)", count, psizes[0],
+            psizes[1]);
 
   const size_t n = 4099;
   uint32_t *init = tu_xmalloc(n * 4), *got = tu_xmalloc(n * 4);
@@ -610,8 +601,7 @@ static const char broken_source[] =
 
 START_TEST(test_compile_error_gives_log) {
   cusafe_module m = 12345;
-  TU_STATUS(cusafe_module_compile(&m, ctx, broken_source, "broken.cu", NULL,
-                                  0),
+  TU_STATUS(cusafe_module_compile(&m, ctx, broken_source, "broken.cu", NULL, 0),
             CUSAFE_ERROR_COMPILE);
   TU_ASSERT(m == CUSAFE_NULL_HANDLE, "module handle set on failure");
   char msg[2048], log[8192];
@@ -822,9 +812,9 @@ static uint32_t spin_grid;
 static void spin_setup(void) {
   kernels_setup();
   spin_module = spin_kernel = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_compile(&spin_module, ctx, spin_source, "spin.cu",
-                              NULL, 0));
-  spin_kernel = get_kernel(spin_module, "spin_then_fill");
+  TU_OK(cusafe_module_compile(&spin_module, ctx, spin_source, "spin.cu", NULL,
+                              0));
+  spin_kernel = tu_get_kernel(spin_module, "spin_then_fill");
   cusafe_device_properties p;
   TU_OK(cusafe_device_get_properties(&p, 0));
   spin_grid = (uint32_t)p.multiprocessor_count;
@@ -852,10 +842,9 @@ START_TEST(test_spin_kernel_fills) {
   uint32_t *got = tu_xmalloc(SPIN_WORDS * 4);
   cusafe_launch_config cfg =
       config_1d(spin_grid, 256, 0, CUSAFE_STREAM_DEFAULT);
-  TU_OK(CUSAFE_LAUNCH(spin_kernel, &cfg, CUSAFE_ARG_BUF(b),
-                      CUSAFE_ARG_U64V(SPIN_WORDS),
-                      CUSAFE_ARG_U32V(SPIN_PATTERN_B),
-                      CUSAFE_ARG_U64V(1000000))); /* 1 ms */
+  TU_OK(CUSAFE_LAUNCH(
+      spin_kernel, &cfg, CUSAFE_ARG_BUF(b), CUSAFE_ARG_U64V(SPIN_WORDS),
+      CUSAFE_ARG_U32V(SPIN_PATTERN_B), CUSAFE_ARG_U64V(1000000))); /* 1 ms */
   TU_OK(cusafe_buffer_read(b, 0, got, SPIN_WORDS * 4));
   check_words(got, SPIN_WORDS, SPIN_PATTERN_B, "spin_then_fill");
   TU_OK(cusafe_buffer_release(b));
@@ -900,7 +889,8 @@ START_TEST(test_release_while_kernel_runs) {
   TU_OK(cusafe_context_synchronize(ctx));
   double t_sync = now_ms() - t0;
   printf("in-flight variant %d: C written after %.1f ms, device idle after "
-         "%.1f ms\n", _i, t_write, t_sync);
+         "%.1f ms\n",
+         _i, t_write, t_sync);
 
   TU_OK(cusafe_buffer_read(c, 0, got, size));
   check_words(got, SPIN_WORDS, 0xc0c0c0c0u, "buffer C");
@@ -917,16 +907,17 @@ END_TEST
 /* ------------------------------------------------------------------------ */
 
 START_TEST(test_block_too_large) {
-  cusafe_kernel k = get_kernel(builtin, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(builtin, "cusafe_fill_f32");
   cusafe_buffer x = device_buffer(4096 * 4);
-  static const uint32_t blocks[][3] = {{2048, 1, 1}, {1024, 2, 1},
-                                       {32, 32, 2}, {1, 1, 128}};
+  static const uint32_t blocks[][3] = {
+      {2048, 1, 1}, {1024, 2, 1}, {32, 32, 2}, {1, 1, 128}};
   for (size_t i = 0; i < 4; i++) {
     cusafe_launch_config cfg = {{1, 1, 1},
                                 {blocks[i][0], blocks[i][1], blocks[i][2]},
-                                0, CUSAFE_STREAM_DEFAULT};
-    TU_STATUS(CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(x),
-                            CUSAFE_ARG_F32V(1.0f), CUSAFE_ARG_U64V(4096)),
+                                0,
+                                CUSAFE_STREAM_DEFAULT};
+    TU_STATUS(CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(x), CUSAFE_ARG_F32V(1.0f),
+                            CUSAFE_ARG_U64V(4096)),
               CUSAFE_ERROR_INVALID_CONFIGURATION);
   }
   /* The context is not broken: a valid launch still works. */
@@ -958,9 +949,10 @@ static void check_shared_launch(cusafe_kernel k, size_t shared) {
   const uint32_t grid = 2;
   uint32_t *got = tu_xmalloc(grid * words * 4);
   cusafe_buffer out = device_buffer(grid * words * 4);
-  cusafe_launch_config cfg = config_1d(grid, 256, shared, CUSAFE_STREAM_DEFAULT);
-  cusafe_status st = CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(out),
-                                   CUSAFE_ARG_U64V(words));
+  cusafe_launch_config cfg =
+      config_1d(grid, 256, shared, CUSAFE_STREAM_DEFAULT);
+  cusafe_status st =
+      CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(out), CUSAFE_ARG_U64V(words));
   TU_ASSERT(st == CUSAFE_SUCCESS,
             "launch with %zu bytes of dynamic shared memory: %s: %s", shared,
             cusafe_status_string(st), cusafe_last_error_message());
@@ -971,7 +963,8 @@ static void check_shared_launch(cusafe_kernel k, size_t shared) {
       uint32_t want = (uint32_t)(src * 2654435761u) ^ b;
       TU_ASSERT(got[b * words + j] == want,
                 "shared %zu bytes: block %u word %zu is 0x%08x, expected "
-                "0x%08x", shared, b, j, got[b * words + j], want);
+                "0x%08x",
+                shared, b, j, got[b * words + j], want);
     }
   TU_OK(cusafe_buffer_release(out));
   free(got);
@@ -984,7 +977,7 @@ START_TEST(test_dynamic_shared_memory) {
   const size_t dflt = 48 * 1024;
   cusafe_module m = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_compile(&m, ctx, shared_source, "shared.cu", NULL, 0));
-  cusafe_kernel k = get_kernel(m, "shared_reverse");
+  cusafe_kernel k = tu_get_kernel(m, "shared_reverse");
   cusafe_buffer out = device_buffer(4096);
   uint32_t block, grid;
 
@@ -993,8 +986,7 @@ START_TEST(test_dynamic_shared_memory) {
   for (size_t i = 0; i < 4; i++) {
     cusafe_launch_config cfg =
         config_1d(1, 256, optin + beyond[i], CUSAFE_STREAM_DEFAULT);
-    TU_STATUS(CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(out),
-                            CUSAFE_ARG_U64V(16)),
+    TU_STATUS(CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(out), CUSAFE_ARG_U64V(16)),
               CUSAFE_ERROR_INVALID_CONFIGURATION);
   }
   TU_STATUS(cusafe_kernel_suggest_config(&block, &grid, k, optin + 4096, 1000),
@@ -1011,7 +1003,8 @@ START_TEST(test_dynamic_shared_memory) {
               grid, block, optin);
   } else {
     printf("dynamic shared memory: opt-in maximum %zu bytes is not above "
-           "48 KiB: nothing to opt into\n", optin);
+           "48 KiB: nothing to opt into\n",
+           optin);
   }
 
   TU_OK(cusafe_buffer_release(out));
@@ -1067,23 +1060,7 @@ static Suite *kernels_suite(void) {
 }
 
 int main(void) {
-  int n = 0;
-  cusafe_status st = cusafe_device_count(&n);
-  if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE) {
-    printf("no CUDA device: skipping (%s)\n", cusafe_last_error_message());
-    return 77;
-  }
-  if (st != CUSAFE_SUCCESS) {
-    fprintf(stderr, "cusafe_device_count failed: %s: %s\n",
-            cusafe_status_string(st), cusafe_last_error_message());
-    return 99;
-  }
+  tu_require_gpu();
   /* CUDA is initialised now: a forked child could not use it. */
-  Suite *s = kernels_suite();
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return tu_run_suite(kernels_suite(), CK_NOFORK);
 }

@@ -22,6 +22,8 @@
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "testutil.h"
+#include "fakeutil.h"
+#include "faultutil.h"
 
 #define KIB ((size_t)1024)
 
@@ -34,35 +36,14 @@ static const char shutdown_message[] = "cusafe has been shut down";
  *   two    (p, p, 8)
  *   kall   (p, 1, 1, 2, 2, 4, 4, 8, 8, 4, 8, 16)
  *          at 0, 8, 9, 10, 12, 16, 20, 24, 32, 40, 48, 56; 72 bytes */
-static const char fake_image[] =
-    "FAKECUBIN\n"
-    "kernel k1 p 4 8\n"
-    "kernel k0\n"
-    "kernel small maxthreads=128 shared=1024 p\n"
-    "kernel two p p 8\n"
-    "\n"
-    "# every kind of argument\n"
-    "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
-
-/* Nothing of CUDA is left: no memory, stream, event, library or NVRTC
- * program, and the primary contexts of both devices are released. */
-#define CHECK_NOTHING_LIVE()                                                \
-  do {                                                                      \
-    TU_ASSERT(fake_live_allocations(-1) == 0, "%zu allocations alive",      \
-              fake_live_allocations(-1));                                   \
-    TU_ASSERT(fake_live_streams(-1) == 0, "%zu streams alive",              \
-              fake_live_streams(-1));                                       \
-    TU_ASSERT(fake_live_events(-1) == 0, "%zu events alive",                \
-              fake_live_events(-1));                                        \
-    TU_ASSERT(fake_live_libraries(-1) == 0, "%zu libraries alive",          \
-              fake_live_libraries(-1));                                     \
-    TU_ASSERT(fake_live_programs() == 0, "%zu NVRTC programs alive",        \
-              fake_live_programs());                                        \
-    for (int cnl_d_ = 0; cnl_d_ < 2; cnl_d_++)                              \
-      TU_ASSERT(fake_primary_ctx_refcount(cnl_d_) == 0,                     \
-                "primary context of device %d still retained %d time(s)",   \
-                cnl_d_, fake_primary_ctx_refcount(cnl_d_));                 \
-  } while (0)
+static const char fake_image[] = "FAKECUBIN\n"
+                                 "kernel k1 p 4 8\n"
+                                 "kernel k0\n"
+                                 "kernel small maxthreads=128 shared=1024 p\n"
+                                 "kernel two p p 8\n"
+                                 "\n"
+                                 "# every kind of argument\n"
+                                 "kernel kall p 1 1 2 2 4 4 8 8 4 8 16\n";
 
 /* A one-block launch on the context's default stream. */
 static cusafe_launch_config config1(void) {
@@ -70,17 +51,19 @@ static cusafe_launch_config config1(void) {
   return c;
 }
 
+/* A launch of grid (gx, gy, gz) and block (bx, by, bz) on the context's
+ * default stream. */
+static cusafe_launch_config config_dims(uint32_t gx, uint32_t gy, uint32_t gz,
+                                        uint32_t bx, uint32_t by, uint32_t bz) {
+  cusafe_launch_config c = {
+      {gx, gy, gz}, {bx, by, bz}, 0, CUSAFE_STREAM_DEFAULT};
+  return c;
+}
+
 static cusafe_module load_fake_image(cusafe_context ctx) {
   cusafe_module m = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_module_load_data(&m, ctx, fake_image, sizeof fake_image));
   return m;
-}
-
-static cusafe_kernel get_kernel(cusafe_module m, const char *name) {
-  cusafe_kernel k = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_module_get_kernel(&k, m, name));
-  TU_LIVE(k, CUSAFE_TYPE_KERNEL);
-  return k;
 }
 
 /* Writes `text` to a new temporary file; returns its path (malloc'd). */
@@ -92,21 +75,6 @@ static char *write_temp(const void *data, size_t size) {
   TU_ASSERT(write(fd, data, size) == (ssize_t)size, "write failed");
   close(fd);
   return path;
-}
-
-/* Runs fn in a forked child and returns its wait status. */
-static int run_in_child(void (*fn)(void *), void *arg) {
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ne(pid, -1);
-  if (pid == 0) {
-    tu_in_child = 1;
-    fn(arg);
-    exit(0);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  return status;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -129,7 +97,7 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(fake_live_libraries(0), 1);
   ck_assert_uint_eq(fake_live_libraries(1), 0);
 
-  k = get_kernel(m, "k1");
+  k = tu_get_kernel(m, "k1");
   TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
   ck_assert_uint_eq(count, 3);
   memset(sizes, 0, sizeof sizes);
@@ -144,7 +112,7 @@ START_TEST(test_load_data) {
   TU_OK(cusafe_kernel_release(k));
 
   /* Only `capacity` sizes are written. */
-  k = get_kernel(m, "kall");
+  k = tu_get_kernel(m, "kall");
   for (size_t i = 0; i < 16; i++)
     sizes[i] = 777;
   TU_OK(cusafe_kernel_get_params(&count, sizes, 4, k));
@@ -155,12 +123,12 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(sizes[4], 777);
   TU_OK(cusafe_kernel_release(k));
 
-  k = get_kernel(m, "k0");
+  k = tu_get_kernel(m, "k0");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 16, k));
   ck_assert_uint_eq(count, 0);
 
   /* Two kernels of one name are two handles. */
-  cusafe_kernel k0b = get_kernel(m, "k0");
+  cusafe_kernel k0b = tu_get_kernel(m, "k0");
   ck_assert_uint_ne(k0b, k);
   TU_OK(cusafe_kernel_release(k0b));
   TU_OK(cusafe_kernel_release(k));
@@ -176,8 +144,7 @@ START_TEST(test_load_data) {
   ck_assert_uint_eq(out, CUSAFE_NULL_HANDLE);
   TU_ERR(cusafe_module_get_kernel(NULL, m, "k1"), CUSAFE_ERROR_INVALID_VALUE,
          "out is NULL");
-  TU_ERR(cusafe_module_get_kernel(&out, ctx, "k1"),
-         CUSAFE_ERROR_INVALID_HANDLE,
+  TU_ERR(cusafe_module_get_kernel(&out, ctx, "k1"), CUSAFE_ERROR_INVALID_HANDLE,
          "module 0x%016llx is a context, not a module", TU_HX(ctx));
   TU_ERR(cusafe_module_get_kernel(&out, CUSAFE_NULL_HANDLE, "k1"),
          CUSAFE_ERROR_INVALID_HANDLE, "module is the NULL handle");
@@ -188,7 +155,7 @@ START_TEST(test_load_data) {
   TU_ERR(cusafe_module_release(m), CUSAFE_ERROR_INVALID_HANDLE,
          "module 0x%016llx is stale: its object was released", TU_HX(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -203,7 +170,7 @@ START_TEST(test_load_file) {
   ck_assert_uint_eq(fake_live_libraries(0), 0);
   /* The file may go once loaded. */
   unlink(path);
-  cusafe_kernel k = get_kernel(m, "two");
+  cusafe_kernel k = tu_get_kernel(m, "two");
   TU_OK(cusafe_kernel_get_params(&count, NULL, 0, k));
   ck_assert_uint_eq(count, 3);
   cusafe_kernel out = CUSAFE_NULL_HANDLE;
@@ -212,7 +179,7 @@ START_TEST(test_load_file) {
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
   free(path);
 }
 END_TEST
@@ -224,29 +191,30 @@ START_TEST(test_load_errors) {
   static const char ptx[] = ".version 8.0\n.target sm_90\n";
   static const char ptx_comment[] = "// Generated by NVIDIA NVVM Compiler\n";
   static const char bad_line[] = "FAKECUBIN\nkernel k1 p q\n";
+  static const struct {
+    const char *image;
+    size_t size;
+    cudaError_t err;
+    const char *words;
+  } bad[] = {
+      {garbage, sizeof garbage, cudaErrorInvalidKernelImage,
+       "device kernel image is invalid"},
+      {bad_line, sizeof bad_line, cudaErrorInvalidKernelImage,
+       "device kernel image is invalid"},
+      {ptx, sizeof ptx, cudaErrorInvalidPtx, "a PTX JIT compilation failed"},
+      {ptx_comment, sizeof ptx_comment, cudaErrorInvalidPtx,
+       "a PTX JIT compilation failed"},
+  };
   TU_OK(cusafe_context_create(&ctx, 0));
 
-  TU_ERR(cusafe_module_load_data(&m, ctx, garbage, sizeof garbage),
-         CUSAFE_ERROR_INVALID_IMAGE,
-         "module <memory image> cannot be loaded: "
-         "device kernel image is invalid");
-  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
-  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorInvalidKernelImage);
-  TU_ERR(cusafe_module_load_data(&m, ctx, bad_line, sizeof bad_line),
-         CUSAFE_ERROR_INVALID_IMAGE,
-         "module <memory image> cannot be loaded: "
-         "device kernel image is invalid");
-  m = (cusafe_module)0x1234;
-  TU_ERR(cusafe_module_load_data(&m, ctx, ptx, sizeof ptx),
-         CUSAFE_ERROR_INVALID_IMAGE,
-         "module <memory image> cannot be loaded: a PTX JIT compilation "
-         "failed");
-  ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
-  ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorInvalidPtx);
-  TU_ERR(cusafe_module_load_data(&m, ctx, ptx_comment, sizeof ptx_comment),
-         CUSAFE_ERROR_INVALID_IMAGE,
-         "module <memory image> cannot be loaded: a PTX JIT compilation "
-         "failed");
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    m = (cusafe_module)0x1234;
+    TU_ERR(cusafe_module_load_data(&m, ctx, bad[i].image, bad[i].size),
+           CUSAFE_ERROR_INVALID_IMAGE,
+           "module <memory image> cannot be loaded: %s", bad[i].words);
+    ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
+    ck_assert_int_eq(cusafe_last_cuda_error(), bad[i].err);
+  }
 
   m = (cusafe_module)0x1234;
   TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 100),
@@ -290,7 +258,7 @@ START_TEST(test_load_errors) {
          CUSAFE_ERROR_INVALID_HANDLE,
          "context 0x%016llx is stale: its object was released", TU_HX(ctx));
   ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -320,7 +288,7 @@ START_TEST(test_not_found_names_module) {
   TU_OK(cusafe_module_release(m));
 
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -341,25 +309,24 @@ static void fixture_make(struct fixture *f) {
   TU_OK(cusafe_context_create(&f->ctx, 0));
   TU_OK(cusafe_context_create(&f->ctx1, 1));
   f->m = load_fake_image(f->ctx);
-  f->k1 = get_kernel(f->m, "k1");
-  f->k0 = get_kernel(f->m, "k0");
-  f->small = get_kernel(f->m, "small");
-  f->two = get_kernel(f->m, "two");
-  f->kall = get_kernel(f->m, "kall");
+  f->k1 = tu_get_kernel(f->m, "k1");
+  f->k0 = tu_get_kernel(f->m, "k0");
+  f->small = tu_get_kernel(f->m, "small");
+  f->two = tu_get_kernel(f->m, "two");
+  f->kall = tu_get_kernel(f->m, "kall");
   TU_OK(cusafe_buffer_alloc(&f->buf, f->ctx, CUSAFE_MEMORY_DEVICE, 4 * KIB));
-  TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE,
-                            4 * KIB));
+  TU_OK(cusafe_buffer_alloc(&f->buf1, f->ctx1, CUSAFE_MEMORY_DEVICE, 4 * KIB));
   TU_OK(cusafe_stream_create(&f->s1, f->ctx1, CUSAFE_STREAM_NON_BLOCKING, 0));
 }
 
 static void fixture_release(struct fixture *f) {
   /* Parents first: children keep them. */
-  const cusafe_handle all[] = {f->ctx,  f->ctx1, f->m,    f->k1,
-                               f->k0,   f->small, f->two, f->kall,
-                               f->buf,  f->buf1, f->s1};
+  const cusafe_handle all[] = {f->ctx, f->ctx1,  f->m,   f->k1,
+                               f->k0,  f->small, f->two, f->kall,
+                               f->buf, f->buf1,  f->s1};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 
 START_TEST(test_argument_checks) {
@@ -370,14 +337,18 @@ START_TEST(test_argument_checks) {
   fake_log_clear();
 
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 2 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 2 given");
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_F32V(1),
                        CUSAFE_ARG_U64V(1), CUSAFE_ARG_U64V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 4 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 4 given");
   TU_ERR(cusafe_kernel_launch(f.k1, &c, NULL, 0),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k1 takes 3 arguments, 0 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 0 given");
   TU_ERR(CUSAFE_LAUNCH(f.k0, &c, CUSAFE_ARG_U64V(1)),
-         CUSAFE_ERROR_INVALID_ARGUMENTS, "kernel k0 takes 0 arguments, 1 given");
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k0 takes 0 arguments, 1 given");
   TU_ERR(CUSAFE_LAUNCH(f.k1, &c, CUSAFE_ARG_I32V(1), CUSAFE_ARG_F32V(1),
                        CUSAFE_ARG_U64V(1)),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
@@ -395,16 +366,14 @@ START_TEST(test_argument_checks) {
          CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 1 of kernel k1 is 2 bytes, parameter 1 is 4 bytes");
   {
-    const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
-                                {(uint32_t)99, 0, {.u = 1}},
-                                CUSAFE_ARG_U64V(1)};
+    const cusafe_arg args[3] = {
+        CUSAFE_ARG_BUF(f.buf), {(uint32_t)99, 0, {.u = 1}}, CUSAFE_ARG_U64V(1)};
     TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
            CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 1 has unknown kind 99");
   }
   {
-    const cusafe_arg args[3] = {{0, 0, {.u = 0}},
-                                CUSAFE_ARG_F32V(1),
-                                CUSAFE_ARG_U64V(1)};
+    const cusafe_arg args[3] = {
+        {0, 0, {.u = 0}}, CUSAFE_ARG_F32V(1), CUSAFE_ARG_U64V(1)};
     TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
            CUSAFE_ERROR_INVALID_ARGUMENTS, "argument 0 has unknown kind 0");
   }
@@ -412,8 +381,8 @@ START_TEST(test_argument_checks) {
     const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
                                 {CUSAFE_ARG_BYTES, 4, {.bytes = NULL}},
                                 CUSAFE_ARG_U64V(1)};
-    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3),
-           CUSAFE_ERROR_INVALID_VALUE, "argument 1 has no bytes");
+    TU_ERR(cusafe_kernel_launch(f.k1, &c, args, 3), CUSAFE_ERROR_INVALID_VALUE,
+           "argument 1 has no bytes");
   }
   {
     const cusafe_arg args[3] = {CUSAFE_ARG_BUF(f.buf),
@@ -571,9 +540,9 @@ START_TEST(test_many_parameters) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_module_load_data(&m, ctx, wide_image, sizeof wide_image));
-  cusafe_kernel wide = get_kernel(m, "wide");
-  cusafe_kernel k16 = get_kernel(m, "k16");
-  cusafe_kernel k17 = get_kernel(m, "k17");
+  cusafe_kernel wide = tu_get_kernel(m, "wide");
+  cusafe_kernel k16 = tu_get_kernel(m, "k16");
+  cusafe_kernel k17 = tu_get_kernel(m, "k17");
 
   /* The sizes come back as read, on both sides of the inline limit. */
   TU_OK(cusafe_kernel_get_params(&count, sizes, WIDE_PARAMS + 1, wide));
@@ -645,12 +614,10 @@ START_TEST(test_many_parameters) {
   a[0] = CUSAFE_ARG_BUF(bufs[0]);
   a[15] = CUSAFE_ARG_I64V(-15);
   TU_OK(cusafe_kernel_launch(k16, &c, a, 16));
-  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
-         CUSAFE_ERROR_INVALID_ARGUMENTS,
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17), CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 15 of kernel k17 is 8 bytes, parameter 15 is 4 bytes");
   a[15] = CUSAFE_ARG_I32V(15);
-  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17),
-         CUSAFE_ERROR_INVALID_ARGUMENTS,
+  TU_ERR(cusafe_kernel_launch(k17, &c, a, 17), CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 16 of kernel k17 is 4 bytes, parameter 16 is 8 bytes");
   a[16] = CUSAFE_ARG_I64V(-16);
   TU_OK(cusafe_kernel_launch(k17, &c, a, 17));
@@ -666,7 +633,7 @@ START_TEST(test_many_parameters) {
   TU_OK(cusafe_kernel_release(k17));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -684,7 +651,7 @@ START_TEST(test_parameter_size_limit) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_data(&m, ctx, image, sizeof image));
 
-  k = get_kernel(m, "big");
+  k = tu_get_kernel(m, "big");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 2, k));
   ck_assert_uint_eq(count, 2);
   ck_assert_uint_eq(sizes[0], 4);
@@ -693,16 +660,17 @@ START_TEST(test_parameter_size_limit) {
   for (size_t i = 0; i < 65535; i++)
     blob[i] = (unsigned char)(i * 7);
   cusafe_launch_config c = config1();
-  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
-                      ((cusafe_arg){CUSAFE_ARG_BYTES, 65535, {.bytes = blob}})));
+  TU_OK(
+      CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
+                    ((cusafe_arg){CUSAFE_ARG_BYTES, 65535, {.bytes = blob}})));
   ck_assert_uint_eq(fake_last_launch_args(got, 65539), 65539);
   int32_t first = 0;
   memcpy(&first, got, 4);
   ck_assert_int_eq(first, -9);
   TU_BYTES_EQ(got + 4, blob, 65535);
-  TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_I32V(-9),
-                       ((cusafe_arg){CUSAFE_ARG_BYTES, 65536 + 4,
-                                     {.bytes = blob}})),
+  TU_ERR(CUSAFE_LAUNCH(
+             k, &c, CUSAFE_ARG_I32V(-9),
+             ((cusafe_arg){CUSAFE_ARG_BYTES, 65536 + 4, {.bytes = blob}})),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
          "argument 1 of kernel big is 65540 bytes, parameter 1 is 65535 "
          "bytes");
@@ -719,7 +687,7 @@ START_TEST(test_parameter_size_limit) {
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
   fake_set_param_space(32764);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -727,62 +695,48 @@ END_TEST
 /* Configuration                                                              */
 /* ------------------------------------------------------------------------ */
 
-#define LAUNCH_K1(f, c)                                                      \
-  CUSAFE_LAUNCH((f).k1, &(c), CUSAFE_ARG_BUF((f).buf), CUSAFE_ARG_F32V(1),   \
+#define LAUNCH_K1(f, c)                                                        \
+  CUSAFE_LAUNCH((f).k1, &(c), CUSAFE_ARG_BUF((f).buf), CUSAFE_ARG_F32V(1),     \
                 CUSAFE_ARG_U64V(1))
-#define LAUNCH_SMALL(f, c) CUSAFE_LAUNCH((f).small, &(c), CUSAFE_ARG_BUF((f).buf))
+#define LAUNCH_SMALL(f, c)                                                     \
+  CUSAFE_LAUNCH((f).small, &(c), CUSAFE_ARG_BUF((f).buf))
 
 START_TEST(test_config_checks) {
   struct fixture f;
   cusafe_launch_config c;
+  /* Grids and blocks refused, on k1 or on small (at most 128 threads). */
+  const struct {
+    cusafe_launch_config config;
+    int small;
+    const char *message;
+  } bad[] = {
+      {config_dims(1, 0, 1, 32, 1, 1), 0, "grid dimension y is 0"},
+      {config_dims(1, 1, 1, 0, 1, 1), 0, "block dimension x is 0"},
+      {config_dims(1, 1, 0, 32, 1, 1), 0, "grid dimension z is 0"},
+      {config_dims(1, 1, 1, 256, 1, 1), 1,
+       "block of 256 threads exceeds the kernel's limit of 128"},
+      {config_dims(1, 1, 1, 32, 8, 2), 1,
+       "block of 512 threads exceeds the kernel's limit of 128"},
+      {config_dims(1, 1, 1, 1024, 2, 1), 0,
+       "block of 2048 threads exceeds the kernel's limit of 1024"},
+      {config_dims(1, 1, 1, 1, 1, 65), 0,
+       "block dimension z of 65 exceeds the device's limit of 64"},
+      {config_dims(1, 1, 1, 2048, 1, 1), 0,
+       "block dimension x of 2048 exceeds the device's limit of 1024"},
+      {config_dims(1, 65536, 1, 32, 1, 1), 0,
+       "grid dimension y of 65536 exceeds the device's limit of 65535"},
+      {config_dims(2147483648u, 1, 1, 32, 1, 1), 0,
+       "grid dimension x of 2147483648 exceeds the device's limit of "
+       "2147483647"},
+  };
   fixture_make(&f);
   fake_log_clear();
 
-  c = config1();
-  c.grid[1] = 0;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "grid dimension y is 0");
-  c = config1();
-  c.block[0] = 0;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block dimension x is 0");
-  c = config1();
-  c.grid[2] = 0;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "grid dimension z is 0");
-
-  c = config1();
-  c.block[0] = 256;
-  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block of 256 threads exceeds the kernel's limit of 128");
-  c.block[0] = 32;
-  c.block[1] = 8;
-  c.block[2] = 2;
-  TU_ERR(LAUNCH_SMALL(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block of 512 threads exceeds the kernel's limit of 128");
-  c = config1();
-  c.block[0] = 1024;
-  c.block[1] = 2;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block of 2048 threads exceeds the kernel's limit of 1024");
-  c = config1();
-  c.block[0] = 1;
-  c.block[2] = 65;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block dimension z of 65 exceeds the device's limit of 64");
-  c = config1();
-  c.block[0] = 2048;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "block dimension x of 2048 exceeds the device's limit of 1024");
-  c = config1();
-  c.grid[1] = 65536;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "grid dimension y of 65536 exceeds the device's limit of 65535");
-  c = config1();
-  c.grid[0] = 2147483648u;
-  TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
-         "grid dimension x of 2147483648 exceeds the device's limit of "
-         "2147483647");
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    c = bad[i].config;
+    TU_ERR(bad[i].small ? LAUNCH_SMALL(f, c) : LAUNCH_K1(f, c),
+           CUSAFE_ERROR_INVALID_CONFIGURATION, "%s", bad[i].message);
+  }
 
   /* The opt-in limit less the kernel's static shared memory. */
   c = config1();
@@ -842,8 +796,7 @@ START_TEST(test_suggest_config) {
   TU_OK(cusafe_kernel_suggest_config(&block, &grid, f.small, 100000, 1000));
   ck_assert_uint_eq(block, 128);
   ck_assert_uint_eq(grid, 8);
-  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.small, 227 * KIB,
-                                      1000),
+  TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.small, 227 * KIB, 1000),
          CUSAFE_ERROR_INVALID_CONFIGURATION,
          "%zu bytes of shared memory exceed the device's limit of %zu",
          227 * KIB, 227 * KIB - 1024);
@@ -890,8 +843,7 @@ START_TEST(test_invalid_handles) {
   TU_ERR(CUSAFE_LAUNCH(f.two, &c, CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_BUF(gone),
                        CUSAFE_ARG_U64V(1)),
          CUSAFE_ERROR_INVALID_HANDLE,
-         "argument 1 0x%016llx is stale: its object was released",
-         TU_HX(gone));
+         "argument 1 0x%016llx is stale: its object was released", TU_HX(gone));
   TU_ERR(CUSAFE_LAUNCH(f.small, &c, CUSAFE_ARG_BUF(f.s1)),
          CUSAFE_ERROR_INVALID_HANDLE,
          "argument 0 0x%016llx is a stream, not a buffer", TU_HX(f.s1));
@@ -1007,14 +959,14 @@ START_TEST(test_compile) {
                    "-DN=4 -std=c++17 -I/tmp -arch=sm_90");
   ck_assert_str_eq(cusafe_last_compile_log(), "");
   ck_assert_uint_eq(fake_live_programs(), 0);
-  cusafe_kernel k = get_kernel(m, "saxpy");
+  cusafe_kernel k = tu_get_kernel(m, "saxpy");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
   ck_assert_uint_eq(count, 4);
   ck_assert_uint_eq(sizes[0], 8);
   ck_assert_uint_eq(sizes[1], 4);
   ck_assert_uint_eq(sizes[2], 8);
   ck_assert_uint_eq(sizes[3], 8);
-  cusafe_kernel b = get_kernel(m, "bytes");
+  cusafe_kernel b = tu_get_kernel(m, "bytes");
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, b));
   ck_assert_uint_eq(count, 5);
   ck_assert_uint_eq(sizes[0], 1);
@@ -1067,7 +1019,7 @@ START_TEST(test_compile) {
   TU_ERR(cusafe_module_compile(NULL, ctx, saxpy_source, "x.cu", NULL, 0),
          CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1078,8 +1030,9 @@ START_TEST(test_compile_errors) {
   TU_OK(cusafe_context_create(&ctx, 0));
 
   TU_ERR(cusafe_module_compile(&m, ctx, bad, "bad.cu", NULL, 0),
-         CUSAFE_ERROR_COMPILE, "compilation of bad.cu failed: bad.cu(2): "
-                               "error: boom");
+         CUSAFE_ERROR_COMPILE,
+         "compilation of bad.cu failed: bad.cu(2): "
+         "error: boom");
   ck_assert_uint_eq(m, CUSAFE_NULL_HANDLE);
   ck_assert_str_eq(cusafe_last_compile_log(), "bad.cu(2): error: boom");
   ck_assert_uint_eq(fake_live_programs(), 0);
@@ -1123,8 +1076,8 @@ START_TEST(test_compile_errors) {
             "the message does not hold the start of the log");
   ck_assert_str_eq(cusafe_last_compile_log(), log);
   /* Other calls leave the log alone; a successful compile clears it. */
-  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 1),
-         CUSAFE_ERROR_INVALID_VALUE, "image is NULL");
+  TU_ERR(cusafe_module_load_data(&m, ctx, NULL, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "image is NULL");
   ck_assert_str_eq(cusafe_last_compile_log(), log);
   TU_OK(cusafe_module_compile(&m, ctx, saxpy_source, NULL, NULL, 0));
   ck_assert_str_eq(cusafe_last_compile_log(), "");
@@ -1132,7 +1085,7 @@ START_TEST(test_compile_errors) {
   free(src);
   free(log);
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1213,7 +1166,10 @@ static double f_index(size_t i) { return (double)i; }
 static double f_half(size_t i) { return 0.5 * (double)i; }
 static double f_twice(size_t i) { return 2.0 * (double)i; }
 static double f_thrice(size_t i) { return 3.0 * (double)i; }
-static double f_fill(size_t i) { (void)i; return 2.5; }
+static double f_fill(size_t i) {
+  (void)i;
+  return 2.5;
+}
 static double f_axpy(size_t i) { return 1.5 * (double)i; } /* 2 * i/4 + i */
 static double f_quarter(size_t i) { return 0.25 * (double)i; }
 
@@ -1233,7 +1189,7 @@ START_TEST(test_builtin_kernels) {
   ck_assert_uint_eq(fake_live_libraries(0), 1);
 
   snprintf(name, sizeof name, "cusafe_fill_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   TU_OK(cusafe_kernel_get_params(&count, sizes, 8, k));
   ck_assert_uint_eq(count, 3);
   ck_assert_uint_eq(sizes[1], f64 ? 8 : 4);
@@ -1245,7 +1201,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_half);
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, f64),
                       CUSAFE_ARG_U64V(NELEM)));
@@ -1254,7 +1210,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_axpy_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&y, ctx, f64, f_index);
   vec_make(&x, ctx, f64, f_quarter);
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(y.view), scalar(2.0, f64),
@@ -1266,7 +1222,7 @@ START_TEST(test_builtin_kernels) {
   TU_OK(cusafe_kernel_release(k));
 
   snprintf(name, sizeof name, "cusafe_vecadd_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_index);
   vec_make(&y, ctx, f64, f_twice);
   vec_make(&z, ctx, f64, f_half);
@@ -1293,7 +1249,7 @@ START_TEST(test_builtin_kernels) {
 
   /* A scalar of the other width is refused. */
   snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
-  k = get_kernel(m, name);
+  k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_half);
   TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, !f64),
                        CUSAFE_ARG_U64V(NELEM)),
@@ -1305,7 +1261,7 @@ START_TEST(test_builtin_kernels) {
 
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1319,7 +1275,7 @@ START_TEST(test_builtin_other_memory) {
   TU_OK(cusafe_context_create(&ctx, 1));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
   ck_assert_uint_eq(fake_live_libraries(1), 1);
-  cusafe_kernel k = get_kernel(m, "cusafe_axpy_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_axpy_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_HOST_PINNED, sizeof host));
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_MANAGED, sizeof host));
   for (int i = 0; i < 64; i++)
@@ -1336,7 +1292,7 @@ START_TEST(test_builtin_other_memory) {
   TU_OK(cusafe_release(k));
   TU_OK(cusafe_release(m));
   TU_OK(cusafe_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1349,7 +1305,7 @@ START_TEST(test_builtin_misaligned_faults) {
   cusafe_launch_config c = config1();
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 1024));
   TU_OK(cusafe_buffer_view(&v, a, 2, 512));
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(v), CUSAFE_ARG_F32V(1.0f),
@@ -1363,7 +1319,7 @@ START_TEST(test_builtin_misaligned_faults) {
   cusafe_release(m);
   cusafe_release(ctx);
   TU_OK(cusafe_shutdown());
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1390,7 +1346,7 @@ START_TEST(test_release_all_while_launch_queued) {
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_vecadd_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_vecadd_f32");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
   TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, n * 4));
@@ -1424,12 +1380,16 @@ START_TEST(test_release_all_while_launch_queued) {
   long freed = fake_log_find("exec:cudaFreeAsync", 0);
   long unloaded = fake_log_find("cudaLibraryUnload", 0);
   ck_assert_msg(ran >= 0, "the queued kernel never ran");
-  ck_assert_msg(freed > ran, "a buffer freed at log entry %ld, the kernel ran "
-                            "at %ld", freed, ran);
-  ck_assert_msg(unloaded > ran, "module unloaded at log entry %ld, the "
-                               "kernel ran at %ld", unloaded, ran);
+  ck_assert_msg(freed > ran,
+                "a buffer freed at log entry %ld, the kernel ran "
+                "at %ld",
+                freed, ran);
+  ck_assert_msg(unloaded > ran,
+                "module unloaded at log entry %ld, the "
+                "kernel ran at %ld",
+                unloaded, ran);
   fake_set_paused(0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1457,7 +1417,7 @@ START_TEST(test_buffer_moves_during_launch) {
   TU_OK(cusafe_stream_create(&s1, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   TU_OK(cusafe_stream_create(&s2, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   cusafe_module m = load_fake_image(ctx);
-  cusafe_kernel k = get_kernel(m, "k1");
+  cusafe_kernel k = tu_get_kernel(m, "k1");
   TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 64));
   fake_set_paused(1);
   cusafe_launch_config c = config1();
@@ -1480,15 +1440,17 @@ START_TEST(test_buffer_moves_during_launch) {
   ck_assert_msg(memset_at >= 0 && second >= 0 && freed >= 0,
                 "fill at %ld, kernel at %ld, free at %ld", memset_at, second,
                 freed);
-  ck_assert_msg(freed > second, "b freed at log entry %ld, the kernel ran at "
-                                "%ld", freed, second);
+  ck_assert_msg(freed > second,
+                "b freed at log entry %ld, the kernel ran at "
+                "%ld",
+                freed, second);
   fake_set_paused(0);
   TU_OK(cusafe_stream_release(s1));
   TU_OK(cusafe_stream_release(s2));
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_module_release(m));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1499,7 +1461,7 @@ START_TEST(test_shutdown_with_launch_queued) {
   cusafe_buffer a = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f64");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f64");
   TU_OK(cusafe_buffer_alloc(&a, ctx, CUSAFE_MEMORY_DEVICE, 8000));
   fake_set_paused(1);
   cusafe_launch_config c = config1();
@@ -1515,7 +1477,7 @@ START_TEST(test_shutdown_with_launch_queued) {
                 "memory freed before the kernel ran");
   ck_assert_msg(fake_log_find("cudaLibraryUnload", 0) > ran,
                 "module unloaded before the kernel ran");
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1529,7 +1491,7 @@ START_TEST(test_kernel_keeps_module) {
   float back[4];
   TU_OK(cusafe_context_create(&ctx, 0));
   TU_OK(cusafe_module_load_builtin(&m, ctx));
-  cusafe_kernel k = get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_fill_f32");
   TU_OK(cusafe_module_release(m));
   TU_STALE(m);
   ck_assert_uint_eq(fake_live_libraries(0), 1);
@@ -1554,7 +1516,7 @@ START_TEST(test_kernel_keeps_module) {
   ck_assert_uint_eq(fake_live_libraries(0), 0);
   TU_OK(cusafe_buffer_release(a));
   TU_OK(cusafe_context_release(ctx));
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1567,7 +1529,7 @@ START_TEST(test_module_keeps_context) {
   TU_OK(cusafe_context_release(ctx));
   TU_STALE(ctx);
   ck_assert_int_gt(fake_primary_ctx_refcount(1), 0);
-  cusafe_kernel k = get_kernel(m, "k0");
+  cusafe_kernel k = tu_get_kernel(m, "k0");
   /* The context's default stream still works. */
   TU_OK(cusafe_kernel_launch(k, &c, NULL, 0));
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
@@ -1577,7 +1539,7 @@ START_TEST(test_module_keeps_context) {
   TU_OK(cusafe_kernel_release(k));
   /* The kernel went last: with it the module, then the context. */
   ck_assert_uint_eq(fake_live_libraries(1), 0);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 }
 END_TEST
 
@@ -1586,16 +1548,16 @@ START_TEST(test_shutdown_unloads_everything) {
   cusafe_module b = CUSAFE_NULL_HANDLE, comp = CUSAFE_NULL_HANDLE;
   fixture_make(&f);
   TU_OK(cusafe_module_load_builtin(&b, f.ctx1));
-  cusafe_kernel kb = get_kernel(b, "cusafe_scale_f64");
+  cusafe_kernel kb = tu_get_kernel(b, "cusafe_scale_f64");
   TU_OK(cusafe_module_compile(&comp, f.ctx, saxpy_source, NULL, NULL, 0));
-  cusafe_kernel kc = get_kernel(comp, "saxpy");
+  cusafe_kernel kc = tu_get_kernel(comp, "saxpy");
   TU_OK(cusafe_module_release(b)); /* the kernel keeps it */
   TU_OK(cusafe_kernel_retain(f.k1));
   ck_assert_uint_eq(fake_live_libraries(-1), 3);
   unsigned long calls = fake_call_count();
   TU_OK(cusafe_shutdown());
   ck_assert_uint_gt(fake_call_count(), calls);
-  CHECK_NOTHING_LIVE();
+  TU_NOTHING_LIVE();
 
   /* Afterwards every call is refused without calling CUDA, and every
    * release is a silent no-op. */
@@ -1620,8 +1582,8 @@ START_TEST(test_shutdown_unloads_everything) {
          shutdown_message);
   TU_ERR(cusafe_kernel_retain(f.k1), CUSAFE_ERROR_SHUTDOWN, "%s",
          shutdown_message);
-  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, f.k1),
-         CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
+  TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, f.k1), CUSAFE_ERROR_SHUTDOWN,
+         "%s", shutdown_message);
   TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
   TU_ERR(cusafe_kernel_suggest_config(&block, &grid, f.k1, 0, 10),
          CUSAFE_ERROR_SHUTDOWN, "%s", shutdown_message);
@@ -1646,58 +1608,40 @@ struct composite {
   cusafe_stream s;
 };
 
-#define STEP(expr)                                                          \
-  do {                                                                      \
-    ++*step;                                                                \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS)                                               \
-      return st;                                                            \
-  } while (0)
-#define STEP_NEW(out, expr)                                                 \
-  do {                                                                      \
-    ++*step;                                                                \
-    (out) = (cusafe_handle)0x1234;                                          \
-    st = (expr);                                                            \
-    if (st != CUSAFE_SUCCESS) {                                             \
-      TU_ASSERT((out) == CUSAFE_NULL_HANDLE,                                \
-                "step %d (%s) failed but left handle 0x%016llx", *step,     \
-                #expr, TU_HX(out));                                         \
-      (out) = CUSAFE_NULL_HANDLE;                                           \
-      return st;                                                            \
-    }                                                                       \
-  } while (0)
-
 /* Runs the module's kernel on a and b into out and checks the result. */
 static cusafe_status composite_work(struct composite *c, int *step,
                                     int builtin) {
   float ha[300], hb[300], back[300];
-  cusafe_status st;
   for (int i = 0; i < 300; i++) {
     ha[i] = (float)i;
     hb[i] = 0.5f * (float)i;
   }
-  STEP_NEW(c->s, cusafe_stream_create(&c->s, c->ctx,
-                                      CUSAFE_STREAM_NON_BLOCKING, 0));
-  STEP_NEW(c->a, cusafe_buffer_alloc(&c->a, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                     sizeof ha));
-  STEP_NEW(c->b, cusafe_buffer_alloc(&c->b, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                     sizeof hb));
-  STEP_NEW(c->out, cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE,
-                                       sizeof back));
-  STEP(cusafe_buffer_write(c->a, 0, ha, sizeof ha));
-  STEP(cusafe_buffer_write(c->b, 0, hb, sizeof hb));
+  TU_STEP_NEW(
+      step, c->s,
+      cusafe_stream_create(&c->s, c->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_STEP_NEW(
+      step, c->a,
+      cusafe_buffer_alloc(&c->a, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof ha));
+  TU_STEP_NEW(
+      step, c->b,
+      cusafe_buffer_alloc(&c->b, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof hb));
+  TU_STEP_NEW(
+      step, c->out,
+      cusafe_buffer_alloc(&c->out, c->ctx, CUSAFE_MEMORY_DEVICE, sizeof back));
+  TU_STEP(step, cusafe_buffer_write(c->a, 0, ha, sizeof ha));
+  TU_STEP(step, cusafe_buffer_write(c->b, 0, hb, sizeof hb));
   cusafe_launch_config cfg = {{2, 1, 1}, {128, 1, 1}, 64 * KIB, c->s};
   if (builtin) {
-    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
-                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_BUF(c->b),
-                       CUSAFE_ARG_U64V(300)));
+    TU_STEP(step, CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                                CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_BUF(c->b),
+                                CUSAFE_ARG_U64V(300)));
   } else {
-    STEP(CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
-                       CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_F32V(2.0f),
-                       CUSAFE_ARG_U64V(300)));
+    TU_STEP(step, CUSAFE_LAUNCH(c->k, &cfg, CUSAFE_ARG_BUF(c->out),
+                                CUSAFE_ARG_BUF(c->a), CUSAFE_ARG_F32V(2.0f),
+                                CUSAFE_ARG_U64V(300)));
   }
-  STEP(cusafe_stream_synchronize(c->s));
-  STEP(cusafe_buffer_read(c->out, 0, back, sizeof back));
+  TU_STEP(step, cusafe_stream_synchronize(c->s));
+  TU_STEP(step, cusafe_buffer_read(c->out, 0, back, sizeof back));
   if (builtin)
     for (int i = 0; i < 300; i++)
       TU_ASSERT(back[i] == 1.5f * (float)i,
@@ -1705,260 +1649,56 @@ static cusafe_status composite_work(struct composite *c, int *step,
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status composite_builtin(struct composite *c, int *step) {
-  cusafe_status st;
-  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
-  STEP_NEW(c->m, cusafe_module_load_builtin(&c->m, c->ctx));
-  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "cusafe_vecadd_f32"));
+static cusafe_status composite_builtin(void *state, int *step) {
+  struct composite *c = state;
+  TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
+  TU_STEP_NEW(step, c->m, cusafe_module_load_builtin(&c->m, c->ctx));
+  TU_STEP_NEW(step, c->k,
+              cusafe_module_get_kernel(&c->k, c->m, "cusafe_vecadd_f32"));
   return composite_work(c, step, 1);
 }
 
-static cusafe_status composite_compiled(struct composite *c, int *step) {
+static cusafe_status composite_compiled(void *state, int *step) {
   static const char source[] =
       "extern \"C\" __global__ void ax(float *y, const float *x, float a,\n"
       "                                size_t n) {}\n";
   const char *const opts[] = {"-DM=3"};
-  cusafe_status st;
-  STEP_NEW(c->ctx, cusafe_context_create(&c->ctx, 0));
-  STEP_NEW(c->m, cusafe_module_compile(&c->m, c->ctx, source, "ax.cu", opts,
-                                       1));
-  STEP_NEW(c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
+  struct composite *c = state;
+  TU_STEP_NEW(step, c->ctx, cusafe_context_create(&c->ctx, 0));
+  TU_STEP_NEW(step, c->m,
+              cusafe_module_compile(&c->m, c->ctx, source, "ax.cu", opts, 1));
+  TU_STEP_NEW(step, c->k, cusafe_module_get_kernel(&c->k, c->m, "ax"));
   return composite_work(c, step, 0);
 }
-#undef STEP
-#undef STEP_NEW
 
 /* The context and module first: their children keep them. */
-static void composite_release(struct composite *c) {
+static void composite_release(void *state) {
+  struct composite *c = state;
   const cusafe_handle all[] = {c->ctx, c->m, c->k, c->a, c->b, c->out, c->s};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     TU_OK(cusafe_release(all[i]));
 }
 
-/* The name of call number n (from 1) in the log, or "?". */
-static const char *call_name(unsigned long n) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++)
-    if (strncmp(name, "exec:", 5) != 0 && ++call == n)
-      return name;
-  return "?";
+static const struct tu_composite builtin_composite = {
+    sizeof(struct composite), composite_builtin, composite_release};
+static const struct tu_composite compiled_composite = {
+    sizeof(struct composite), composite_compiled, composite_release};
+
+START_TEST(test_fault_injection_builtin) {
+  tu_fault_loop(&builtin_composite, _i);
 }
-
-static int is_init_call(const char *name) {
-  static const char *const init[] = {
-      "cudaGetDeviceCount", "cudaDriverGetVersion", "cudaRuntimeGetVersion",
-      "cudaGetDriverEntryPointByVersion"};
-  for (size_t i = 0; i < sizeof init / sizeof init[0]; i++)
-    if (strcmp(name, init[i]) == 0)
-      return 1;
-  return 0;
-}
-
-static int is_cleanup_call(const char *name) {
-  static const char *const cleanup[] = {
-      "cudaFreeAsync",     "cudaFreeHost",     "cudaFree",
-      "cudaStreamDestroy", "cudaEventDestroy", "cuDevicePrimaryCtxRelease",
-      "cudaLibraryUnload", "nvrtcDestroyProgram"};
-  for (size_t i = 0; i < sizeof cleanup / sizeof cleanup[0]; i++)
-    if (strcmp(name, cleanup[i]) == 0)
-      return 1;
-  return 0;
-}
-
-/* Whether an injected failure hit a call that frees something, among the
- * calls numbered first..last: what it held cannot be freed any more. */
-static int failure_hit_cleanup(unsigned long first, unsigned long last) {
-  unsigned long call = 0;
-  const char *name;
-  for (size_t i = 0; (name = fake_log_entry(i)) != NULL; i++) {
-    if (strncmp(name, "exec:", 5) == 0)
-      continue;
-    call++;
-    if (call >= first && call <= last && is_cleanup_call(name))
-      return 1;
-  }
-  return 0;
-}
-
-/* Whether `msg` is the message of a failure of call number k for some k in
- * first..last (just `first` unless persistent). */
-static int names_failed_call(const char *msg, unsigned long first,
-                             unsigned long last) {
-  char want[160];
-  for (unsigned long k = first; k <= last; k++) {
-    const char *name = call_name(k);
-    if (strncmp(name, "nvrtc", 5) == 0)
-      snprintf(want, sizeof want, "%s failed: NVRTC_ERROR_INTERNAL_ERROR",
-               name);
-    else
-      snprintf(want, sizeof want, "%s failed: unknown error", name);
-    if (strcmp(msg, want) == 0)
-      return 1;
-  }
-  return 0;
-}
-
-enum fault_result {
-  FAULT_COMPLETED = 0,
-  FAULT_FAILED = 10,
-  FAULT_ABSORBED = 11,
-  FAULT_EXCUSED = 12,
-  FAULT_NOT_REUSABLE = 13
-};
-
-struct fault_args {
-  unsigned long n;
-  int persistent;
-  cusafe_status (*run)(struct composite *c, int *step);
-};
-
-static void fault_child(void *arg) {
-  const struct fault_args *a = arg;
-  struct composite c;
-  int step = 0;
-  memset(&c, 0, sizeof c);
-  unsigned long start = fake_call_count();
-  fake_fail_after(a->n, cudaErrorUnknown, a->persistent);
-  cusafe_status st = a->run(&c, &step);
-  unsigned long end = fake_call_count();
-  int reached = end >= start + a->n;
-  char msg[1024];
-  tu_copy_message(msg, sizeof msg);
-  int cuda_err = cusafe_last_cuda_error();
-  fake_fail_clear();
-  const char *failed_call = call_name(start + a->n);
-  if (st != CUSAFE_SUCCESS) {
-    TU_ASSERT(reached, "step %d failed with %d (\"%s\") before call %lu",
-              step, (int)st, msg, start + a->n);
-    if (st == CUSAFE_ERROR_NO_DRIVER) {
-      TU_ASSERT(is_init_call(failed_call),
-                "step %d: %s failing gave NO_DRIVER (\"%s\")", step,
-                failed_call, msg);
-      TU_ASSERT(strcmp(msg, "no CUDA driver found: unknown error") == 0,
-                "step %d, %s failing: message \"%s\"", step, failed_call,
-                msg);
-    } else {
-      int nvrtc = strncmp(msg, "nvrtc", 5) == 0;
-      cusafe_status want = nvrtc ? CUSAFE_ERROR_COMPILE : CUSAFE_ERROR_CUDA;
-      TU_ASSERT(st == want,
-                "step %d, %s failing: status %s (%d), expected %s; \"%s\"",
-                step, failed_call, cusafe_status_string(st), (int)st,
-                cusafe_status_string(want), msg);
-      TU_ASSERT(nvrtc || cuda_err == cudaErrorUnknown,
-                "step %d, %s failing: last CUDA error %d, expected %d", step,
-                failed_call, cuda_err, (int)cudaErrorUnknown);
-      TU_ASSERT(names_failed_call(msg, start + a->n,
-                                  a->persistent ? end : start + a->n),
-                "step %d, %s failing: message \"%s\" names no failed call",
-                step, failed_call, msg);
-    }
-  } else if (reached && !a->persistent) {
-    printf("fault %lu: %s failed, and the operation still succeeded\n", a->n,
-           failed_call);
-  }
-  int excused = reached && failure_hit_cleanup(
-                               start + a->n, a->persistent ? end : start + a->n);
-  composite_release(&c);
-  if (!excused)
-    CHECK_NOTHING_LIVE();
-
-  /* CUDA works again: so must the library. */
-  int reusable = 1;
-  if (st != CUSAFE_SUCCESS) {
-    struct composite again;
-    int again_step = 0;
-    memset(&again, 0, sizeof again);
-    cusafe_status st2 = a->run(&again, &again_step);
-    if (st2 != CUSAFE_SUCCESS) {
-      fprintf(stderr,
-              "fault %lu (%s): after the failure at step %d, a clean run "
-              "failed at step %d: %s\n",
-              a->n, a->persistent ? "persistent" : "single", step, again_step,
-              cusafe_last_error_message());
-      reusable = 0;
-    }
-    composite_release(&again);
-    if (!excused)
-      CHECK_NOTHING_LIVE();
-  }
-  TU_OK(cusafe_shutdown());
-  if (!excused)
-    CHECK_NOTHING_LIVE();
-  if (st != CUSAFE_SUCCESS)
-    exit(!reusable ? FAULT_NOT_REUSABLE
-                   : excused ? FAULT_EXCUSED : FAULT_FAILED);
-  exit(reached ? FAULT_ABSORBED : FAULT_COMPLETED);
-}
-
-/* Fails call N for N = 1, 2, ... until the operation completes without
- * reaching the failure; each N in a fresh process. */
-static void fault_loop(cusafe_status (*run)(struct composite *, int *),
-                       int persistent) {
-  const unsigned long max_n = 10000;
-  unsigned long n, failed = 0, absorbed = 0, excused = 0, not_reusable = 0;
-  char bad[1024] = "";
-  size_t bad_len = 0;
-  for (n = 1; n <= max_n; n++) {
-    struct fault_args a = {n, persistent, run};
-    int status = run_in_child(fault_child, &a);
-    ck_assert_msg(!WIFSIGNALED(status),
-                  "failing call %lu%s: child killed by signal %d (%s)", n,
-                  persistent ? " and after" : "", WTERMSIG(status),
-                  strsignal(WTERMSIG(status)));
-    ck_assert_msg(WIFEXITED(status), "failing call %lu: child did not exit",
-                  n);
-    int code = WEXITSTATUS(status);
-    if (code == FAULT_COMPLETED)
-      break;
-    switch (code) {
-    case FAULT_FAILED: failed++; break;
-    case FAULT_ABSORBED: absorbed++; break;
-    case FAULT_EXCUSED: excused++; break;
-    case FAULT_NOT_REUSABLE:
-      not_reusable++;
-      if (bad_len < sizeof bad - 16)
-        bad_len += (size_t)snprintf(bad + bad_len, sizeof bad - bad_len,
-                                    " %lu", n);
-      break;
-    default:
-      ck_abort_msg("failing call %lu%s: check failed in the child (exit %d, "
-                   "its message is above)",
-                   n, persistent ? " and after" : "", code);
-    }
-  }
-  ck_assert_msg(n <= max_n, "the operation never completed");
-  printf("fault injection (%s): %lu calls failed in turn: %lu failed cleanly, "
-         "%lu absorbed, %lu failed in a free, %lu left the library unusable\n",
-         persistent ? "persistent" : "single", n - 1, failed, absorbed,
-         excused, not_reusable);
-  ck_assert_msg(failed > 0, "no failure was ever reported");
-  ck_assert_msg(not_reusable == 0,
-                "the library stayed broken after a transient failure of "
-                "call(s)%s", bad);
-}
-
-START_TEST(test_fault_injection_builtin) { fault_loop(composite_builtin, _i); }
 END_TEST
 
 START_TEST(test_fault_injection_compiled) {
-  fault_loop(composite_compiled, _i);
+  tu_fault_loop(&compiled_composite, _i);
 }
 END_TEST
 
 /* Without fault injection the composite operations succeed and leave
  * nothing behind. */
 START_TEST(test_composites_succeed) {
-  struct composite c;
-  int step = 0;
-  memset(&c, 0, sizeof c);
-  TU_OK(composite_builtin(&c, &step));
-  composite_release(&c);
-  CHECK_NOTHING_LIVE();
-  memset(&c, 0, sizeof c);
-  TU_OK(composite_compiled(&c, &step));
-  composite_release(&c);
-  CHECK_NOTHING_LIVE();
+  tu_composite_succeeds(&builtin_composite);
+  tu_composite_succeeds(&compiled_composite);
 }
 END_TEST
 
@@ -2020,12 +1760,6 @@ static Suite *launch_suite(void) {
 }
 
 int main(void) {
-  Suite *s = launch_suite();
-  SRunner *sr = srunner_create(s);
   /* Every test needs a fresh library and a fresh fake. */
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return tu_run_suite(launch_suite(), CK_FORK);
 }

@@ -58,16 +58,16 @@
 #endif
 
 /* The message of CUSAFE_ERROR_FORKED, as the library words it. */
-#define FORKED_MESSAGE                                                       \
+#define FORKED_MESSAGE                                                         \
   "cusafe cannot be used in a process forked after CUDA was initialised"
 
 #define N ((size_t)1 << 16) /* floats per buffer */
 
 static const char *scenario = "?";
 
-static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
-{
+    __attribute__((noreturn, format(printf, 1, 2)));
+static void fail(const char *fmt, ...) {
   va_list ap;
   fprintf(stderr, "exit_c %s: ", scenario);
   va_start(ap, fmt);
@@ -79,8 +79,7 @@ static void fail(const char *fmt, ...)
 }
 
 /* Fails unless `got` is `want`, naming the call. */
-static void expect(const char *what, cusafe_status got, cusafe_status want)
-{
+static void expect(const char *what, cusafe_status got, cusafe_status want) {
   if (got == want)
     return;
   if (want == CUSAFE_SUCCESS &&
@@ -106,8 +105,7 @@ struct live {
 static struct live L;
 static float host[N];
 
-static void make_live(struct live *l)
-{
+static void make_live(struct live *l) {
   OK(cusafe_context_create(&l->ctx, 0));
   OK(cusafe_stream_create(&l->stream, l->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
   OK(cusafe_event_create(&l->event, l->ctx, 0));
@@ -122,8 +120,8 @@ static void make_live(struct live *l)
     host[i] = (float)i;
   OK(cusafe_buffer_write(l->a, 0, host, sizeof host));
   /* Queued and never waited for. */
-  cusafe_launch_config config = {{(N / 2 + 255) / 256, 1, 1}, {256, 1, 1}, 0,
-                                 l->stream};
+  cusafe_launch_config config = {
+      {(N / 2 + 255) / 256, 1, 1}, {256, 1, 1}, 0, l->stream};
   OK(cusafe_buffer_fill(l->a, 0, sizeof host / 2, 0, l->stream));
   OK(CUSAFE_LAUNCH(l->fill, &config, CUSAFE_ARG_BUF(l->view),
                    CUSAFE_ARG_F32V(3.0f), CUSAFE_ARG_U64V(N / 2)));
@@ -132,8 +130,7 @@ static void make_live(struct live *l)
 }
 
 /* Releases every handle of l, expecting `want` from each release. */
-static void release_live(struct live *l, cusafe_status want)
-{
+static void release_live(struct live *l, cusafe_status want) {
   expect("cusafe_kernel_release", cusafe_kernel_release(l->fill), want);
   expect("cusafe_module_release", cusafe_module_release(l->module), want);
   expect("cusafe_buffer_release(view)", cusafe_buffer_release(l->view), want);
@@ -146,8 +143,7 @@ static void release_live(struct live *l, cusafe_status want)
 
 /* ---- scenarios ----------------------------------------------------------- */
 
-static int probe(void)
-{
+static int probe(void) {
   int n = 0;
   cusafe_status st = cusafe_device_count(&n);
   if (st == CUSAFE_ERROR_NO_DRIVER || st == CUSAFE_ERROR_NO_DEVICE)
@@ -157,13 +153,12 @@ static int probe(void)
   return 0;
 }
 
-#define FIELD(type, field)                                                   \
-  printf("%s.%s %zu %zu\n", #type, #field, offsetof(type, field),           \
+#define FIELD(type, field)                                                     \
+  printf("%s.%s %zu %zu\n", #type, #field, offsetof(type, field),              \
          sizeof(((type *)0)->field))
 #define SIZE(type) printf("%s %zu\n", #type, sizeof(type))
 
-static int layout(void)
-{
+static int layout(void) {
   SIZE(cusafe_device_properties);
   FIELD(cusafe_device_properties, name);
   FIELD(cusafe_device_properties, total_memory);
@@ -204,30 +199,25 @@ static int layout(void)
   return 0;
 }
 
-static int live(void)
-{
+static int live(void) {
   make_live(&L);
-  printf("live: exiting with %d live handles and work queued\n",
-         LIVE_HANDLES);
+  printf("live: exiting with %d live handles and work queued\n", LIVE_HANDLES);
   return 0;
 }
 
-static int exit3(void)
-{
+static int exit3(void) {
   make_live(&L);
   fflush(stdout);
   exit(3);
 }
 
-static int quick_exit0(void)
-{
+static int quick_exit0(void) {
   make_live(&L);
   fflush(stdout);
   _exit(0);
 }
 
-static int shutdown_first(void)
-{
+static int shutdown_first(void) {
   cusafe_buffer extra;
   cusafe_context ctx2;
   int n;
@@ -258,8 +248,7 @@ static int shutdown_first(void)
 /* thread: a worker inside cusafe calls while main returns. */
 static volatile int iterations;
 
-static void *worker(void *arg)
-{
+static void *worker(void *arg) {
   cusafe_context ctx = *(cusafe_context *)arg;
   static float in[N], out[N];
   for (;;) {
@@ -283,33 +272,32 @@ static void *worker(void *arg)
   }
 }
 
-static int thread(void)
-{
+/* Makes the live handles and starts the worker; returns once it has been
+ * round its loop a few times. */
+static pthread_t start_worker(void) {
   pthread_t t;
   make_live(&L);
   if (pthread_create(&t, NULL, worker, &L.ctx) != 0)
     fail("pthread_create failed");
   while (__atomic_load_n(&iterations, __ATOMIC_SEQ_CST) < 3)
     usleep(100);
+  return t;
+}
+
+static int thread(void) {
+  (void)start_worker();
   return 0; /* exit() runs while the worker is inside cusafe calls */
 }
 
-static int thread_shutdown(void)
-{
-  pthread_t t;
-  make_live(&L);
-  if (pthread_create(&t, NULL, worker, &L.ctx) != 0)
-    fail("pthread_create failed");
-  while (__atomic_load_n(&iterations, __ATOMIC_SEQ_CST) < 3)
-    usleep(100);
+static int thread_shutdown(void) {
+  pthread_t t = start_worker();
   OK(cusafe_shutdown()); /* while the worker is inside cusafe calls */
   if (pthread_join(t, NULL) != 0)
     fail("pthread_join failed");
   return 0;
 }
 
-static int forked(void)
-{
+static int forked(void) {
   pid_t pid;
   int status;
 
@@ -355,8 +343,7 @@ static int forked(void)
   return 0;
 }
 
-static int fault(void)
-{
+static int fault(void) {
   cusafe_status st;
   make_live(&L);
 #ifdef CUSAFE_TEST_FAKE
@@ -376,8 +363,7 @@ static int fault(void)
   OK(cusafe_kernel_launch(kernel, &config, NULL, 0));
 #endif
   st = cusafe_context_synchronize(L.ctx);
-  expect("cusafe_context_synchronize after the fault", st,
-         CUSAFE_ERROR_CUDA);
+  expect("cusafe_context_synchronize after the fault", st, CUSAFE_ERROR_CUDA);
   if (cusafe_last_cuda_error() != 700)
     fail("cusafe_last_cuda_error() is %d after the fault, expected 700",
          cusafe_last_cuda_error());
@@ -385,8 +371,7 @@ static int fault(void)
   return 0; /* exit with everything alive in a broken context */
 }
 
-static void release_at_exit(void)
-{
+static void release_at_exit(void) {
   cusafe_buffer buf;
   scenario = "atexit-before (handler)";
   release_live(&L, CUSAFE_SUCCESS);
@@ -395,8 +380,7 @@ static void release_at_exit(void)
          CUSAFE_ERROR_SHUTDOWN);
 }
 
-static int atexit_before(void)
-{
+static int atexit_before(void) {
   if (atexit(release_at_exit) != 0)
     fail("atexit failed");
   make_live(&L);
@@ -420,8 +404,7 @@ static const struct {
     {"atexit-before", atexit_before},
 };
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   size_t i;
   if (argc != 2) {
     fprintf(stderr, "usage: exit_c SCENARIO\n");

@@ -43,7 +43,6 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,23 +51,13 @@
 
 #include "cusafe.h"
 #include "fakecuda.h"
+#include "../abortutil.h"
 
 /* ------------------------------------------------------------------------ */
 /* Failing                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static void die(const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...) {
-  va_list ap;
-  fputs("fuzz_api: FAILED: ", stderr);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
-  abort();
-}
+#define die(...) tu_abortf("fuzz_api", __VA_ARGS__)
 
 /* ------------------------------------------------------------------------ */
 /* Input                                                                      */
@@ -89,7 +78,9 @@ static uint16_t u16(struct rd *r) { return (uint16_t)(u8(r) | u8(r) << 8); }
 static uint32_t u32(struct rd *r) {
   return (uint32_t)u16(r) | (uint32_t)u16(r) << 16;
 }
-static uint64_t u64(struct rd *r) { return (uint64_t)u32(r) | (uint64_t)u32(r) << 32; }
+static uint64_t u64(struct rd *r) {
+  return (uint64_t)u32(r) | (uint64_t)u32(r) << 32;
+}
 #define PICK(r, table) ((table)[u8(r) % (sizeof(table) / sizeof((table)[0]))])
 
 /* ------------------------------------------------------------------------ */
@@ -110,8 +101,8 @@ struct kspec {
   int np;
   uint32_t size[MAXP];
   uint8_t ptr[MAXP];
-  int op;   /* 0, or 1 + index in builtin_specs */
-  int elem; /* built-in kernels: 4 or 8 */
+  int op;     /* 0, or 1 + index in builtin_specs */
+  int elem;   /* built-in kernels: 4 or 8 */
   int broken; /* its layout may be wrong in the library: never launched */
 };
 
@@ -141,9 +132,9 @@ static const struct {
   const char *params; /* p: pointer, else bytes */
   int elem;
 } builtin_specs[] = {
-    {"cusafe_fill_f32", "p48", 4},   {"cusafe_fill_f64", "p88", 8},
-    {"cusafe_scale_f32", "p48", 4},  {"cusafe_scale_f64", "p88", 8},
-    {"cusafe_axpy_f32", "p4p8", 4},  {"cusafe_axpy_f64", "p8p8", 8},
+    {"cusafe_fill_f32", "p48", 4},    {"cusafe_fill_f64", "p88", 8},
+    {"cusafe_scale_f32", "p48", 4},   {"cusafe_scale_f64", "p88", 8},
+    {"cusafe_axpy_f32", "p4p8", 4},   {"cusafe_axpy_f64", "p8p8", 8},
     {"cusafe_vecadd_f32", "ppp8", 4}, {"cusafe_vecadd_f64", "ppp8", 8},
 };
 #define NBUILTIN (int)(sizeof builtin_specs / sizeof builtin_specs[0])
@@ -189,9 +180,9 @@ static int ent_add(cusafe_handle h, int type, const struct ent *tmpl) {
   int limit = type == T_CTX ? MAXE : MAXE - 4;
   for (int pass = 0; pass < 2 && !e; pass++)
     for (int i = 0; i < limit && !e; i++)
-      if (pass == 0 ? !pool[i].type
-                    : pool[i].refs == 0 && pool[i].pin == 0 &&
-                          pool[i].inflight == 0)
+      if (pass == 0
+              ? !pool[i].type
+              : pool[i].refs == 0 && pool[i].pin == 0 && pool[i].inflight == 0)
         e = &pool[i];
   if (!e) {
     pthread_mutex_unlock(&pool_lock);
@@ -256,7 +247,7 @@ static int strict_faults; /* CUSAFE_FUZZ_STRICT_FAULTS */
  * to tell afterwards which calls failed. */
 enum { FC_AFTER, FC_FUNCTION, FC_CLEAR };
 struct fchange {
-  size_t log_pos;        /* fake_log_length() at the change */
+  size_t log_pos; /* fake_log_length() at the change */
   int kind;
   unsigned long fail_at; /* FC_AFTER: the call that fails */
   int persistent;
@@ -351,8 +342,8 @@ static void check(cusafe_status st, const char *what) {
   if (st == CUSAFE_ERROR_FORKED)
     die("%s returned FORKED in a process that never forked", what);
   if (st == CUSAFE_ERROR_SHUTDOWN && !err4_armed && !in_teardown)
-    die("%s returned SHUTDOWN but the library was never shut down (%s)",
-        what, msg);
+    die("%s returned SHUTDOWN but the library was never shut down (%s)", what,
+        msg);
   if (st == CUSAFE_ERROR_CUDA && cusafe_last_cuda_error() == 0)
     die("%s returned CUSAFE_ERROR_CUDA with no CUDA error (%s)", what, msg);
 }
@@ -392,23 +383,21 @@ static void expect(cusafe_status st, cusafe_status want, const char *what) {
 
 /* A held handle of `type` (0: any type) on device `dev` (-1: any), copied
  * into *e; CUSAFE_NULL_HANDLE if there is none. */
-static cusafe_handle pick_held(struct th *t, int type, int dev,
-                               struct ent *e) {
+static cusafe_handle pick_held(struct th *t, int type, int dev, struct ent *e) {
   uint8_t k = u8(&t->r);
   pthread_mutex_lock(&pool_lock);
   int n = 0;
   for (int i = 0; i < MAXE; i++)
     if (pool[i].type && pool[i].refs + pool[i].pin > 0 &&
-        (!type || pool[i].type == type) &&
-        (dev < 0 || pool[i].dev == dev))
+        (!type || pool[i].type == type) && (dev < 0 || pool[i].dev == dev))
       n++;
   cusafe_handle h = CUSAFE_NULL_HANDLE;
   if (n) {
     int want = k % n;
     for (int i = 0; i < MAXE; i++)
       if (pool[i].type && pool[i].refs + pool[i].pin > 0 &&
-          (!type || pool[i].type == type) &&
-          (dev < 0 || pool[i].dev == dev) && want-- == 0) {
+          (!type || pool[i].type == type) && (dev < 0 || pool[i].dev == dev) &&
+          want-- == 0) {
         if (e)
           *e = pool[i];
         h = pool[i].h;
@@ -434,10 +423,10 @@ static cusafe_handle forge(struct th *t) {
   switch (c) {
   case 0: h = u64(&t->r); break;
   case 1: h = base ^ ((uint64_t)(1 + u8(&t->r) % 15) << 56); break; /* tag */
-  case 2: h = base + (1ull << 32); break;                          /* gen + 1 */
-  case 3: h = base - (1ull << 32); break;                          /* gen - 1 */
-  case 4: h = base + 1 + u8(&t->r); break;                         /* slot */
-  case 5: h = (base & ~0xFFFFFFFFull) | 0xFFFFFFF0u; break;        /* beyond */
+  case 2: h = base + (1ull << 32); break;                   /* gen + 1 */
+  case 3: h = base - (1ull << 32); break;                   /* gen - 1 */
+  case 4: h = base + 1 + u8(&t->r); break;                  /* slot */
+  case 5: h = (base & ~0xFFFFFFFFull) | 0xFFFFFFF0u; break; /* beyond */
   case 6: h = ((uint64_t)(0xC0 | (u8(&t->r) & 0xF)) << 56) | u32(&t->r); break;
   case 7: h = base & 0x00FFFFFFFFFFFFFFull; break; /* no tag */
   case 8: h = base & ~(0xFFFFFFull << 32); break;  /* generation 0 */
@@ -469,8 +458,7 @@ static cusafe_handle pick_stale(struct th *t) {
       int want = k % n;
       for (int i = 0; i < MAXE; i++)
         if (pool[i].type && pool[i].refs == 0 && pool[i].pin == 0 &&
-          pool[i].inflight == 0 &&
-            want-- == 0) {
+            pool[i].inflight == 0 && want-- == 0) {
           h = pool[i].h;
           break;
         }
@@ -500,11 +488,17 @@ static cusafe_handle choose(struct th *t, int type, int dev, struct ent *e,
       h = pick_held(t, type, -1, e);
     *held = h != CUSAFE_NULL_HANDLE;
     break;
-  case 7: h = pick_held(t, 0, -1, e); *held = h && e->type == type; break;
+  case 7:
+    h = pick_held(t, 0, -1, e);
+    *held = h && e->type == type;
+    break;
   case 8: h = pick_stale(t); break;
   case 9: h = forge(t); break;
   case 10: h = CUSAFE_NULL_HANDLE; break;
-  case 11: h = pick_held(t, type, dev >= 0 ? !dev : -1, e); *held = h != 0; break;
+  case 11:
+    h = pick_held(t, type, dev >= 0 ? !dev : -1, e);
+    *held = h != 0;
+    break;
   }
   if (!*held)
     memset(e, 0, sizeof *e), e->dev = -1;
@@ -524,10 +518,25 @@ static cusafe_handle choose_stream(struct th *t, int dev) {
 /* ------------------------------------------------------------------------ */
 
 static size_t alloc_size(struct th *t) {
-  static const size_t sizes[] = {
-      64, 4096, 1,  2,   3,   4,    7,    8,     16,  24,
-      100, 256, 1000, 65536, 0,
-      ((size_t)1 << 30) + 1, SIZE_MAX, SIZE_MAX - 63, (size_t)1 << 40};
+  static const size_t sizes[] = {64,
+                                 4096,
+                                 1,
+                                 2,
+                                 3,
+                                 4,
+                                 7,
+                                 8,
+                                 16,
+                                 24,
+                                 100,
+                                 256,
+                                 1000,
+                                 65536,
+                                 0,
+                                 ((size_t)1 << 30) + 1,
+                                 SIZE_MAX,
+                                 SIZE_MAX - 63,
+                                 (size_t)1 << 40};
   return PICK(&t->r, sizes);
 }
 
@@ -556,7 +565,8 @@ static size_t rel(struct th *t, size_t ref, size_t dflt) {
 /* Operations: contexts, streams, events                                      */
 /* ------------------------------------------------------------------------ */
 
-static const int devices[] = {0, 1, 0, 1, 0, 1, -1, 2, 8, 256, INT_MAX, INT_MIN};
+static const int devices[] = {0,  1, 0, 1,   0,       1,
+                              -1, 2, 8, 256, INT_MAX, INT_MIN};
 
 /* While failures are injected, no context and no module may be destroyed:
  *   - a failure in a destroying call (see finish_tainted) leaves objects in
@@ -589,7 +599,6 @@ static void pin(cusafe_handle h) {
   e->pin++;
   pthread_mutex_unlock(&pool_lock);
 }
-
 
 static void keep(cusafe_handle h, int type, const struct ent *tmpl);
 
@@ -624,7 +633,8 @@ static void pin_all(void) {
  * pool is full, gives the reference back at once. */
 static void keep(cusafe_handle h, int type, const struct ent *tmpl) {
   if (trace)
-    fprintf(stderr, "fuzz_api: holds 0x%016llx: type %d, device %d, %zu bytes\n",
+    fprintf(stderr,
+            "fuzz_api: holds 0x%016llx: type %d, device %d, %zu bytes\n",
             (unsigned long long)h, type, tmpl ? tmpl->dev : -1,
             tmpl ? tmpl->size : 0);
   if (!ent_add(h, type, tmpl)) {
@@ -637,8 +647,8 @@ static void keep(cusafe_handle h, int type, const struct ent *tmpl) {
     cusafe_status st = cusafe_release(h);
     check(st, "cusafe_release (pool full)");
     if (st == CUSAFE_ERROR_INVALID_HANDLE)
-      die("release of a new handle 0x%016llx failed: %s",
-          (unsigned long long)h, cusafe_last_error_message());
+      die("release of a new handle 0x%016llx failed: %s", (unsigned long long)h,
+          cusafe_last_error_message());
     return;
   }
   if (faults_used && pinned_type(type))
@@ -667,8 +677,7 @@ static void op_context_create(struct th *t) {
     keep(c, T_CTX, &e);
   } else if ((dev < 0 || dev > 1) && st != CUSAFE_ERROR_INVALID_DEVICE &&
              !faults_armed) {
-    die("cusafe_context_create(%d) returned %s", dev,
-        cusafe_status_string(st));
+    die("cusafe_context_create(%d) returned %s", dev, cusafe_status_string(st));
   }
 }
 
@@ -686,9 +695,8 @@ static void op_stream_create(struct th *t) {
            "cusafe_stream_create(NULL)");
     return;
   }
-  cusafe_status st =
-      check_out(cusafe_stream_create(&s, c, f, p), s, T_STREAM,
-                "cusafe_stream_create");
+  cusafe_status st = check_out(cusafe_stream_create(&s, c, f, p), s, T_STREAM,
+                               "cusafe_stream_create");
   if (st == CUSAFE_SUCCESS) {
     if (f > 1 || p < -5 || p > 0)
       die("cusafe_stream_create accepted flags %u priority %d", f, p);
@@ -703,8 +711,7 @@ static void op_stream_create(struct th *t) {
     }
     struct ent e = {.dev = ce.dev};
     keep(s, T_STREAM, &e);
-  } else if (held && t->strict && quiet() &&
-             f <= 1 && p >= -5 && p <= 0) {
+  } else if (held && t->strict && quiet() && f <= 1 && p >= -5 && p <= 0) {
     die("cusafe_stream_create failed on a held context: %s",
         cusafe_last_error_message());
   }
@@ -778,8 +785,9 @@ static void op_alloc(struct th *t) {
     check_buffer(b, size, ce.dev);
     struct ent e = {.dev = ce.dev, .size = size};
     keep(b, T_BUF, &e);
-  } else if (held && t->strict && size == 0 && st != CUSAFE_ERROR_INVALID_SIZE &&
-             kind >= 0 && kind <= 2 && !faults_armed) {
+  } else if (held && t->strict && size == 0 &&
+             st != CUSAFE_ERROR_INVALID_SIZE && kind >= 0 && kind <= 2 &&
+             !faults_armed) {
     die("allocation of 0 bytes returned %s", cusafe_status_string(st));
   }
 }
@@ -791,13 +799,12 @@ static void op_alloc_async(struct th *t) {
   size_t size = alloc_size(t);
   cusafe_buffer b = 42;
   if (u8(&t->r) % 32 == 31) {
-    expect(cusafe_buffer_alloc_async(NULL, s, size),
-           CUSAFE_ERROR_INVALID_VALUE, "cusafe_buffer_alloc_async(NULL)");
+    expect(cusafe_buffer_alloc_async(NULL, s, size), CUSAFE_ERROR_INVALID_VALUE,
+           "cusafe_buffer_alloc_async(NULL)");
     return;
   }
-  cusafe_status st =
-      check_out(cusafe_buffer_alloc_async(&b, s, size), b, T_BUF,
-                "cusafe_buffer_alloc_async");
+  cusafe_status st = check_out(cusafe_buffer_alloc_async(&b, s, size), b, T_BUF,
+                               "cusafe_buffer_alloc_async");
   if (st == CUSAFE_SUCCESS) {
     if (size == 0 || size > MAX_ALLOC)
       die("cusafe_buffer_alloc_async accepted size %zu", size);
@@ -876,7 +883,8 @@ static void op_transfer(struct th *t, int to_host, int async) {
   if (async) {
     cusafe_stream s = choose_stream(t, be.dev);
     if (trace)
-      fprintf(stderr, "fuzz_api:   on stream 0x%016llx\n", (unsigned long long)s);
+      fprintf(stderr, "fuzz_api:   on stream 0x%016llx\n",
+              (unsigned long long)s);
     st = to_host ? cusafe_buffer_read_async(b, off, h, size, s)
                  : cusafe_buffer_write_async(b, off, h, size, s);
     what = to_host ? "cusafe_buffer_read_async" : "cusafe_buffer_write_async";
@@ -905,12 +913,14 @@ static void op_copy(struct th *t) {
     se = de, sh = dh;
   size_t doff = rel(t, de.size, 0), soff = rel(t, se.size, 0);
   size_t size = rel(t, se.size < de.size ? se.size : de.size,
-                   se.size < de.size ? se.size : de.size);
+                    se.size < de.size ? se.size : de.size);
   cusafe_stream st_h = choose_stream(t, u8(&t->r) & 1 ? de.dev : se.dev);
   if (trace)
-    fprintf(stderr, "fuzz_api: copy 0x%016llx+%zu <- 0x%016llx+%zu, %zu bytes, "
-            "stream 0x%016llx\n", (unsigned long long)d, doff,
-            (unsigned long long)s, soff, size, (unsigned long long)st_h);
+    fprintf(stderr,
+            "fuzz_api: copy 0x%016llx+%zu <- 0x%016llx+%zu, %zu bytes, "
+            "stream 0x%016llx\n",
+            (unsigned long long)d, doff, (unsigned long long)s, soff, size,
+            (unsigned long long)st_h);
   cusafe_status st = cusafe_buffer_copy(d, doff, s, soff, size, st_h);
   check(st, "cusafe_buffer_copy");
   if (st == CUSAFE_SUCCESS && dh && sh &&
@@ -932,8 +942,7 @@ static void op_fill(struct th *t) {
             (unsigned long long)b, off, size, (unsigned long long)s);
   cusafe_status st = cusafe_buffer_fill(b, off, size, u8(&t->r), s);
   check(st, "cusafe_buffer_fill");
-  if (st == CUSAFE_SUCCESS && held &&
-      (off > be.size || size > be.size - off))
+  if (st == CUSAFE_SUCCESS && held && (off > be.size || size > be.size - off))
     die("fill of %zu bytes at offset %zu of %zu bytes accepted", size, off,
         be.size);
 }
@@ -980,7 +989,9 @@ static void op_event(struct th *t) {
     check(cusafe_event_record(ev, choose_stream(t, ee.dev)),
           "cusafe_event_record");
     break;
-  case 2: check(cusafe_event_synchronize(ev), "cusafe_event_synchronize"); break;
+  case 2:
+    check(cusafe_event_synchronize(ev), "cusafe_event_synchronize");
+    break;
   case 3: check(cusafe_event_query(ev), "cusafe_event_query"); break;
   default: {
     int h2;
@@ -1000,7 +1011,9 @@ static void op_stream(struct th *t) {
   int held;
   cusafe_stream s = choose(t, T_STREAM, -1, &se, &held);
   switch (u8(&t->r) % 5) {
-  case 0: check(cusafe_stream_synchronize(s), "cusafe_stream_synchronize"); break;
+  case 0:
+    check(cusafe_stream_synchronize(s), "cusafe_stream_synchronize");
+    break;
   case 1: check(cusafe_stream_query(s), "cusafe_stream_query"); break;
   case 2: {
     int h2;
@@ -1085,13 +1098,17 @@ static void op_context(struct th *t) {
  * the specs of its kernels in m (nk = -1: the image is malformed on
  * purpose). */
 static void gen_image(struct th *t, char *buf, size_t cap, struct ent *m) {
-  static const char *const maxthreads[] = {"", "",  " maxthreads=32",
-                                           " maxthreads=256", " maxthreads=1024",
-                                           " maxthreads=0", " maxthreads=1025"};
+  static const char *const maxthreads[] = {"",
+                                           "",
+                                           " maxthreads=32",
+                                           " maxthreads=256",
+                                           " maxthreads=1024",
+                                           " maxthreads=0",
+                                           " maxthreads=1025"};
   static const char *const shared[] = {"", "", " shared=1024", " shared=49152",
                                        " shared=49153"};
-  static const unsigned psizes[] = {0, 0, 0, 4, 4, 8, 8, 1, 2, 16,
-                                    3, 12, 24, 100, 32764, 40000};
+  static const unsigned psizes[] = {0, 0,  0, 4,  4,  8,   8,     1,
+                                    2, 16, 3, 12, 24, 100, 32764, 40000};
   size_t len = (size_t)snprintf(buf, cap, "FAKECUBIN\n");
   int nk = 1 + u8(&t->r) % 4, bad = 0;
   m->nk = 0;
@@ -1104,8 +1121,8 @@ static void gen_image(struct th *t, char *buf, size_t cap, struct ent *m) {
     bad |= !strcmp(mt, " maxthreads=0") || !strcmp(mt, " maxthreads=1025") ||
            !strcmp(sh, " shared=49153") || (nm % 8 == 7 && k > 0);
     len += (size_t)snprintf(buf + len, cap - len, "%skernel %s%s%s",
-                            u8(&t->r) % 8 == 7 ? "# a comment\n\n" : "", ks->name,
-                            mt, sh);
+                            u8(&t->r) % 8 == 7 ? "# a comment\n\n" : "",
+                            ks->name, mt, sh);
     int np = u8(&t->r) % 41;
     size_t space = 0;
     for (int i = 0; i < np && len < cap - 16; i++) {
@@ -1176,10 +1193,9 @@ static void gen_source(struct th *t, char *buf, size_t cap, struct ent *m) {
     memset(ks, 0, sizeof *ks);
     snprintf(ks->name, sizeof ks->name, "rt%d", k);
     uint8_t lb = u8(&t->r);
-    len += (size_t)snprintf(buf + len, cap - len,
-                            "extern \"C\" __global__ void %s%s(", 
-                            lb % 4 == 0 ? "__launch_bounds__(128) " : "",
-                            ks->name);
+    len += (size_t)snprintf(
+        buf + len, cap - len, "extern \"C\" __global__ void %s%s(",
+        lb % 4 == 0 ? "__launch_bounds__(128) " : "", ks->name);
     int np = u8(&t->r) % 6;
     for (int i = 0; i < np; i++) {
       int ty = u8(&t->r) % (int)(sizeof types / sizeof types[0]);
@@ -1243,10 +1259,17 @@ static void op_module(struct th *t) {
     break;
   }
   case 4: { /* other images from memory */
-    static const char *const texts[] = {
-        "\x50\xED\x55\xBA" "fatbin", "\x7f" "ELF\x02\x01", ".version 8.0\n",
-        "// PTX\n", "garbage", "", "FAKECUBIN", "FAKECUBIN x\n",
-        "\x50\xED\x55"};
+    static const char *const texts[] = {"\x50\xED\x55\xBA"
+                                        "fatbin",
+                                        "\x7f"
+                                        "ELF\x02\x01",
+                                        ".version 8.0\n",
+                                        "// PTX\n",
+                                        "garbage",
+                                        "",
+                                        "FAKECUBIN",
+                                        "FAKECUBIN x\n",
+                                        "\x50\xED\x55"};
     uint8_t k = u8(&t->r);
     if (k % 8 == 7) {
       size_t n = u8(&t->r) % 64;
@@ -1257,16 +1280,19 @@ static void op_module(struct th *t) {
       snprintf(image, sizeof t->image, "%s",
                texts[k % (sizeof texts / sizeof texts[0])]);
     }
-    if (!strncmp(image, "\x50\xED\x55\xBA", 4) || !strncmp(image, "\x7f" "ELF", 4)) {
+    if (!strncmp(image, "\x50\xED\x55\xBA", 4) || !strncmp(image,
+                                                           "\x7f"
+                                                           "ELF",
+                                                           4)) {
       for (int i = 0; i < NBUILTIN && i < MAXK; i++)
         builtin_spec(&m.ks[i], (i + k) % NBUILTIN);
       m.nk = MAXK;
     }
-    module_loaded(u8(&t->r) % 16 == 15
-                      ? cusafe_module_load_data(&mod, c, NULL, 10)
-                      : cusafe_module_load_data(&mod, c, image,
-                                                strlen(image) + 1),
-                  mod, &ce, &m, "cusafe_module_load_data");
+    module_loaded(
+        u8(&t->r) % 16 == 15
+            ? cusafe_module_load_data(&mod, c, NULL, 10)
+            : cusafe_module_load_data(&mod, c, image, strlen(image) + 1),
+        mod, &ce, &m, "cusafe_module_load_data");
     break;
   }
   case 5: { /* files */
@@ -1278,10 +1304,19 @@ static void op_module(struct th *t) {
     break;
   }
   default: { /* NVRTC */
-    static const char *const opts[] = {
-        "-DN=4", "-I/tmp", "-std=c++17", "-arch=sm_90", "-arch=compute_90",
-        "--gpu-architecture=sm_80", "--bogus", "-G", "-lineinfo",
-        "--use_fast_math", "-default-device", "-arch=sm_x", NULL};
+    static const char *const opts[] = {"-DN=4",
+                                       "-I/tmp",
+                                       "-std=c++17",
+                                       "-arch=sm_90",
+                                       "-arch=compute_90",
+                                       "--gpu-architecture=sm_80",
+                                       "--bogus",
+                                       "-G",
+                                       "-lineinfo",
+                                       "--use_fast_math",
+                                       "-default-device",
+                                       "-arch=sm_x",
+                                       NULL};
     const char *o[6];
     size_t no = u8(&t->r) % 7;
     for (size_t i = 0; i < no; i++)
@@ -1290,8 +1325,7 @@ static void op_module(struct th *t) {
     uint8_t k = u8(&t->r);
     const char *name = k % 4 == 0 ? NULL : "fuzz.cu";
     cusafe_status st = cusafe_module_compile(
-        &mod, c, k % 16 == 1 ? NULL : image, name, k % 16 == 2 ? NULL : o,
-        no);
+        &mod, c, k % 16 == 1 ? NULL : image, name, k % 16 == 2 ? NULL : o, no);
     if (st == CUSAFE_ERROR_COMPILE && !*cusafe_last_compile_log() &&
         k % 16 != 1 && k % 16 != 2)
       ; /* a compile that failed before NVRTC's log existed */
@@ -1327,8 +1361,8 @@ static void op_get_kernel(struct th *t) {
            CUSAFE_ERROR_INVALID_VALUE, "cusafe_module_get_kernel(NULL)");
     return;
   }
-  cusafe_status st = check_out(cusafe_module_get_kernel(&kern, mod, name),
-                               kern, T_KER, "cusafe_module_get_kernel");
+  cusafe_status st = check_out(cusafe_module_get_kernel(&kern, mod, name), kern,
+                               T_KER, "cusafe_module_get_kernel");
   if (st != CUSAFE_SUCCESS) {
     if (known && held && t->strict && quiet())
       die("kernel %s of a held module not found: %s", name,
@@ -1376,10 +1410,16 @@ static void op_get_kernel(struct th *t) {
 static size_t arg_bytes(const cusafe_arg *a) {
   switch (a->kind) {
   case CUSAFE_ARG_BUFFER: return 8;
-  case CUSAFE_ARG_I8: case CUSAFE_ARG_U8: return 1;
-  case CUSAFE_ARG_I16: case CUSAFE_ARG_U16: return 2;
-  case CUSAFE_ARG_I32: case CUSAFE_ARG_U32: case CUSAFE_ARG_F32: return 4;
-  case CUSAFE_ARG_I64: case CUSAFE_ARG_U64: case CUSAFE_ARG_F64: return 8;
+  case CUSAFE_ARG_I8:
+  case CUSAFE_ARG_U8: return 1;
+  case CUSAFE_ARG_I16:
+  case CUSAFE_ARG_U16: return 2;
+  case CUSAFE_ARG_I32:
+  case CUSAFE_ARG_U32:
+  case CUSAFE_ARG_F32: return 4;
+  case CUSAFE_ARG_I64:
+  case CUSAFE_ARG_U64:
+  case CUSAFE_ARG_F64: return 8;
   case CUSAFE_ARG_BYTES: return a->size;
   default: return 0;
   }
@@ -1392,17 +1432,27 @@ static cusafe_arg scalar_arg(struct th *t, uint32_t size) {
   uint8_t m = u8(&t->r);
   cusafe_arg a = {0};
   switch (size) {
-  case 1: a.kind = m & 1 ? CUSAFE_ARG_I8 : CUSAFE_ARG_U8; a.value.i = (int8_t)u8(&t->r); break;
-  case 2: a.kind = m & 1 ? CUSAFE_ARG_I16 : CUSAFE_ARG_U16; a.value.i = (int16_t)u16(&t->r); break;
+  case 1:
+    a.kind = m & 1 ? CUSAFE_ARG_I8 : CUSAFE_ARG_U8;
+    a.value.i = (int8_t)u8(&t->r);
+    break;
+  case 2:
+    a.kind = m & 1 ? CUSAFE_ARG_I16 : CUSAFE_ARG_U16;
+    a.value.i = (int16_t)u16(&t->r);
+    break;
   case 4:
-    a.kind = m % 3 == 0 ? CUSAFE_ARG_I32 : m % 3 == 1 ? CUSAFE_ARG_U32 : CUSAFE_ARG_F32;
+    a.kind = m % 3 == 0   ? CUSAFE_ARG_I32
+             : m % 3 == 1 ? CUSAFE_ARG_U32
+                          : CUSAFE_ARG_F32;
     if (a.kind == CUSAFE_ARG_F32)
       a.value.f32 = PICK(&t->r, f32s);
     else
       a.value.u = u32(&t->r);
     break;
   case 8:
-    a.kind = m % 3 == 0 ? CUSAFE_ARG_I64 : m % 3 == 1 ? CUSAFE_ARG_U64 : CUSAFE_ARG_F64;
+    a.kind = m % 3 == 0   ? CUSAFE_ARG_I64
+             : m % 3 == 1 ? CUSAFE_ARG_U64
+                          : CUSAFE_ARG_F64;
     if (a.kind == CUSAFE_ARG_F64)
       a.value.f64 = PICK(&t->r, f64s);
     else
@@ -1419,16 +1469,16 @@ static cusafe_arg scalar_arg(struct th *t, uint32_t size) {
 
 /* An argument of no particular fit. */
 static cusafe_arg wild_arg(struct th *t, int dev) {
-  static const uint32_t kinds[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                   11, 12, 13, 255, 0x80000001u};
+  static const uint32_t kinds[] = {0, 1, 2,  3,  4,  5,  6,   7,
+                                   8, 9, 10, 11, 12, 13, 255, 0x80000001u};
   cusafe_arg a = {0};
   a.kind = PICK(&t->r, kinds);
   if (a.kind == CUSAFE_ARG_BUFFER) {
     int held;
     a.value.buffer = choose(t, T_BUF, dev, NULL, &held);
   } else if (a.kind == CUSAFE_ARG_BYTES) {
-    static const uint32_t sizes[] = {0, 1, 3, 8, 16, 24, 100, 32764,
-                                     32765, 0xFFFFFFFFu};
+    static const uint32_t sizes[] = {0,  1,   3,     8,     16,
+                                     24, 100, 32764, 32765, 0xFFFFFFFFu};
     a.size = PICK(&t->r, sizes);
     a.value.bytes = u8(&t->r) % 8 ? bytes_arg : NULL;
   } else if (a.kind == CUSAFE_ARG_I64 || a.kind == CUSAFE_ARG_U64) {
@@ -1444,11 +1494,11 @@ static cusafe_arg wild_arg(struct th *t, int dev) {
 #define MAXARGS 80
 
 static void op_launch(struct th *t) {
-  static const uint32_t dims[] = {1, 1, 1, 2, 32, 128, 1024, 0, 1025,
-                                  65535, 65536, 2147483647u, 2147483648u,
-                                  0xFFFFFFFFu};
-  static const size_t shm[] = {0, 0, 0, 1, 49152, 49153, 232448, 232449,
-                               SIZE_MAX};
+  static const uint32_t dims[] = {
+      1, 1,    1,     2,     32,          128,         1024,
+      0, 1025, 65535, 65536, 2147483647u, 2147483648u, 0xFFFFFFFFu};
+  static const size_t shm[] = {0,     0,      0,      1,       49152,
+                               49153, 232448, 232449, SIZE_MAX};
   struct ent ke;
   int held;
   cusafe_kernel k = choose(t, T_KER, -1, &ke, &held);
@@ -1546,8 +1596,8 @@ static void op_launch(struct th *t) {
   uint8_t how = u8(&t->r);
   if (faults)
     drain_all();
-  cusafe_status st = cusafe_kernel_launch(
-      k, how % 32 == 31 ? NULL : &cfg, how % 32 == 30 ? NULL : args, nargs);
+  cusafe_status st = cusafe_kernel_launch(k, how % 32 == 31 ? NULL : &cfg,
+                                          how % 32 == 30 ? NULL : args, nargs);
   check(st, "cusafe_kernel_launch");
   if (st == CUSAFE_SUCCESS && faults) {
     maybe_sticky = 1; /* a misaligned pointer faults, as on a GPU */
@@ -1559,8 +1609,8 @@ static void op_launch(struct th *t) {
 }
 
 static void op_kernel_query(struct th *t) {
-  static const size_t shm[] = {0, 0, 1, 4096, 49152, 49153, 232448, 232449,
-                               SIZE_MAX};
+  static const size_t shm[] = {0,     0,      1,      4096,    49152,
+                               49153, 232448, 232449, SIZE_MAX};
   static const size_t ns[] = {0, 1, 100, 1u << 20, SIZE_MAX};
   struct ent ke;
   int held;
@@ -1574,16 +1624,15 @@ static void op_kernel_query(struct th *t) {
     check(st, "cusafe_kernel_suggest_config");
     if (st == CUSAFE_SUCCESS) {
       if (!block || !grid || block > 1024 || block % 32)
-        die("cusafe_kernel_suggest_config gave block %u grid %u", block,
-            grid);
+        die("cusafe_kernel_suggest_config gave block %u grid %u", block, grid);
       t->block = block;
       t->grid = grid;
     }
   } else {
     size_t count = 0, sizes[4];
-    cusafe_status st = cusafe_kernel_get_params(
-        m % 16 == 14 ? NULL : &count, m % 8 == 2 ? NULL : sizes,
-        (m >> 4) % 5, k);
+    cusafe_status st =
+        cusafe_kernel_get_params(m % 16 == 14 ? NULL : &count,
+                                 m % 8 == 2 ? NULL : sizes, (m >> 4) % 5, k);
     check(st, "cusafe_kernel_get_params");
     if (st == CUSAFE_SUCCESS && held && ke.nk && t->strict &&
         count != (size_t)ke.ks[0].np && ke.ks[0].np < MAXP)
@@ -1597,12 +1646,12 @@ static void op_kernel_query(struct th *t) {
 /* ------------------------------------------------------------------------ */
 
 static cusafe_status (*const typed_retain[])(cusafe_handle) = {
-    cusafe_retain,        cusafe_context_retain, cusafe_stream_retain,
-    cusafe_event_retain,  cusafe_buffer_retain,  cusafe_module_retain,
+    cusafe_retain,       cusafe_context_retain, cusafe_stream_retain,
+    cusafe_event_retain, cusafe_buffer_retain,  cusafe_module_retain,
     cusafe_kernel_retain};
 static cusafe_status (*const typed_release[])(cusafe_handle) = {
-    cusafe_release,        cusafe_context_release, cusafe_stream_release,
-    cusafe_event_release,  cusafe_buffer_release,  cusafe_module_release,
+    cusafe_release,       cusafe_context_release, cusafe_stream_release,
+    cusafe_event_release, cusafe_buffer_release,  cusafe_module_release,
     cusafe_kernel_release};
 
 /* Releases one of the harness's references to a held handle. */
@@ -1654,15 +1703,15 @@ static void op_refs(struct th *t) {
     int type = u8(&t->r) % (T_LAST + 1);
     struct ent e;
     int held;
-    cusafe_handle h = choose(t, type ? type : u8(&t->r) % T_LAST + 1, -1, &e,
-                             &held);
+    cusafe_handle h =
+        choose(t, type ? type : u8(&t->r) % T_LAST + 1, -1, &e, &held);
     struct ent any = ent_get(h);
     cusafe_status st = typed_retain[type](h);
     check(st, "retain");
     if (st == CUSAFE_SUCCESS) {
       if (any.type && type && any.type != type)
-        die("retain (type %d) of 0x%016llx, of another type, succeeded",
-            type, (unsigned long long)h);
+        die("retain (type %d) of 0x%016llx, of another type, succeeded", type,
+            (unsigned long long)h);
       pthread_mutex_lock(&pool_lock);
       struct ent *pe = ent_find(h);
       if (pe)
@@ -1686,8 +1735,8 @@ static void op_refs(struct th *t) {
               cusafe_last_error_message());
       }
     } else if (t->strict && held && (!type || type == any.type)) {
-      die("retain of held handle 0x%016llx failed: %s",
-          (unsigned long long)h, cusafe_last_error_message());
+      die("retain of held handle 0x%016llx failed: %s", (unsigned long long)h,
+          cusafe_last_error_message());
     }
     break;
   }
@@ -1709,8 +1758,7 @@ static void op_refs(struct th *t) {
     }
     cusafe_status st = typed_release[type](h);
     check(st, "release (not held)");
-    cusafe_status want =
-        h ? CUSAFE_ERROR_INVALID_HANDLE : CUSAFE_SUCCESS;
+    cusafe_status want = h ? CUSAFE_ERROR_INVALID_HANDLE : CUSAFE_SUCCESS;
     if (st != want && (t->strict || !h))
       die("release (type %d) of %s handle 0x%016llx returned %s: %s", type,
           how % 3 == 0 ? "a wrong-type" : "a stale or forged",
@@ -1749,7 +1797,7 @@ static void op_refs(struct th *t) {
     cusafe_handle h = choose(t, want, -1, &e, &held);
     cusafe_handle_type got = (cusafe_handle_type)99;
     cusafe_status st = u8(&t->r) % 16 == 15 ? cusafe_handle_get_type(NULL, h)
-                                           : cusafe_handle_get_type(&got, h);
+                                            : cusafe_handle_get_type(&got, h);
     check(st, "cusafe_handle_get_type");
     if (held && t->strict && (st != CUSAFE_SUCCESS || (int)got != want) &&
         got != (cusafe_handle_type)99)
@@ -1819,28 +1867,31 @@ static void op_buffer_query(struct th *t) {
 /* The fake's controls                                                        */
 /* ------------------------------------------------------------------------ */
 
-static const cudaError_t fault_errs[] = {
-    cudaErrorMemoryAllocation, cudaErrorInvalidValue,
-    cudaErrorLaunchFailure,    cudaErrorIllegalAddress,
-    cudaErrorUnknown,          cudaErrorNotSupported,
-    cudaErrorInvalidResourceHandle, cudaErrorNotReady,
-    cudaErrorCudartUnloading};
+static const cudaError_t fault_errs[] = {cudaErrorMemoryAllocation,
+                                         cudaErrorInvalidValue,
+                                         cudaErrorLaunchFailure,
+                                         cudaErrorIllegalAddress,
+                                         cudaErrorUnknown,
+                                         cudaErrorNotSupported,
+                                         cudaErrorInvalidResourceHandle,
+                                         cudaErrorNotReady,
+                                         cudaErrorCudartUnloading};
 
 static const char *const fault_fns[] = {
-    "cudaMallocAsync", "cudaMallocHost", "cudaMallocManaged",
-    "cudaMemcpyAsync", "cudaMemcpyPeerAsync", "cudaMemsetAsync",
-    "cudaStreamCreateWithPriority", "cudaEventCreateWithFlags",
-    "cudaEventRecord", "cudaStreamWaitEvent", "cudaStreamSynchronize",
-    "cudaStreamQuery", "cudaEventSynchronize", "cudaEventQuery",
-    "cudaEventElapsedTime", "cudaDeviceSynchronize", "cudaGetDeviceProperties",
-    "cudaDeviceGetStreamPriorityRange", "cuDevicePrimaryCtxRetain",
-    "cudaLibraryLoadData", "cudaLibraryLoadFromFile", "cuLibraryGetModule",
-    "cudaLibraryGetKernel", "cudaFuncGetParamInfo", "cudaFuncGetAttributes",
+    "cudaMallocAsync", "cudaMallocHost", "cudaMallocManaged", "cudaMemcpyAsync",
+    "cudaMemcpyPeerAsync", "cudaMemsetAsync", "cudaStreamCreateWithPriority",
+    "cudaEventCreateWithFlags", "cudaEventRecord", "cudaStreamWaitEvent",
+    "cudaStreamSynchronize", "cudaStreamQuery", "cudaEventSynchronize",
+    "cudaEventQuery", "cudaEventElapsedTime", "cudaDeviceSynchronize",
+    "cudaGetDeviceProperties", "cudaDeviceGetStreamPriorityRange",
+    "cuDevicePrimaryCtxRetain", "cudaLibraryLoadData",
+    "cudaLibraryLoadFromFile", "cuLibraryGetModule", "cudaLibraryGetKernel",
+    "cudaFuncGetParamInfo", "cudaFuncGetAttributes",
     "cudaKernelSetAttributeForDevice",
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaLaunchKernel",
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
-    "cudaGetDevice", "cudaSetDevice", "cudaDeviceGetAttribute",
+    "nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "cudaGetDevice",
+    "cudaSetDevice", "cudaDeviceGetAttribute",
     /* the calls that destroy or free (see finish_tainted) */
     "cudaStreamDestroy", "cudaEventDestroy", "cudaFreeAsync", "cudaFree",
     "cudaFreeHost", "cudaLibraryUnload", "cuDevicePrimaryCtxRelease",
@@ -1900,10 +1951,9 @@ static void op_control(struct th *t) {
   }
   case 3: faults_clear(); break;
   case 4: {
-    static const cudaError_t stick[] = {cudaErrorIllegalAddress,
-                                        cudaErrorLaunchFailure,
-                                        cudaErrorMisalignedAddress,
-                                        cudaSuccess};
+    static const cudaError_t stick[] = {
+        cudaErrorIllegalAddress, cudaErrorLaunchFailure,
+        cudaErrorMisalignedAddress, cudaSuccess};
     int dev = u8(&t->r) & 1;
     cudaError_t err = PICK(&t->r, stick);
     if (err != cudaSuccess && (!t->strict || faults_armed))
@@ -1911,7 +1961,8 @@ static void op_control(struct th *t) {
     if (err != cudaSuccess)
       drain_all();
     if (trace)
-      fprintf(stderr, "fuzz_api: sticky error %d on device %d\n", (int)err, dev);
+      fprintf(stderr, "fuzz_api: sticky error %d on device %d\n", (int)err,
+              dev);
     fake_set_sticky_error(dev, err);
     sticky[dev] = err != cudaSuccess;
     break;
@@ -2043,8 +2094,8 @@ static int destroying_call_failed(void) {
    * cudaFree), the synchronizations, and cudaGetDevice / cudaSetDevice
    * (a destroy path still destroys). */
   static const char *const destroying[] = {
-      "cudaStreamDestroy", "cudaEventDestroy", "cudaFree", "cudaFreeHost",
-      "cuDevicePrimaryCtxRelease", "nvrtcDestroyProgram"};
+      "cudaStreamDestroy", "cudaEventDestroy",          "cudaFree",
+      "cudaFreeHost",      "cuDevicePrimaryCtxRelease", "nvrtcDestroyProgram"};
   if (changes_lost)
     return 1;
   size_t len = fake_log_length();
@@ -2088,8 +2139,8 @@ static int destroying_call_failed(void) {
     if (!failed)
       continue;
     if (trace)
-      fprintf(stderr, "fuzz_api: injected failure of call %lu, %s: %d\n",
-              call, e, (int)err);
+      fprintf(stderr, "fuzz_api: injected failure of call %lu, %s: %d\n", call,
+              e, (int)err);
     /* Error 4 says the runtime is gone: the library rightly frees nothing
      * more after it. */
     if (err == cudaErrorCudartUnloading)

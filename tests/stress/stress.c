@@ -19,12 +19,13 @@
  * succeed or fail with a stale handle, never touch what was destroyed).
  *
  * The workers start together; worker 0 calls cusafe_shutdown() once half
- * of all the iterations are done, while the others go on.  Every call must then return CUSAFE_ERROR_SHUTDOWN,
- * and every release CUSAFE_SUCCESS; a call that ended before the shutdown
- * began must have succeeded; one that overlapped it may have either.
- * After the threads are joined the fake must hold nothing alive.  A lifetime
- * violation makes the fake abort; built with -fsanitize=thread, any data
- * race fails the run (TSAN_OPTIONS=halt_on_error=1).
+ * of all the iterations are done, while the others go on.  Every call must
+ * then return CUSAFE_ERROR_SHUTDOWN, and every release CUSAFE_SUCCESS; a
+ * call that ended before the shutdown began must have succeeded; one that
+ * overlapped it may have either.  After the threads are joined the fake must
+ * hold nothing alive.  A lifetime violation makes the fake abort; built with
+ * -fsanitize=thread, any data race fails the run
+ * (TSAN_OPTIONS=halt_on_error=1).
  *
  * With `racy` the workers do nothing but that last operation: the even ones
  * launch with the racy handles, the odd ones replace them, as fast as they
@@ -36,7 +37,6 @@
  * library shuts down. */
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +46,7 @@
 
 #include "cusafe.h"
 #include "fakecuda.h"
+#include "../abortutil.h"
 
 #define NDEV 2
 #define NBUF 3
@@ -78,18 +79,7 @@ static _Atomic long iterations_done;
 static int iterations, nthreads, racy_only;
 static pthread_barrier_t start;
 
-static void fail(const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 1, 2)));
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  fputs("stress: FAILED: ", stderr);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
-  abort();
-}
+#define fail(...) tu_abortf("stress", __VA_ARGS__)
 
 /* C_RACY: a call whose handles another thread may release meanwhile. */
 enum { C_CALL, C_RELEASE, C_QUERY, C_RACY };
@@ -125,20 +115,22 @@ static cusafe_status verify(cusafe_status st, int kind, int before, int after,
   if (!ok)
     fail("line %d: %s returned %s (%s) %s the shutdown", line, expr,
          cusafe_status_string(st), cusafe_last_error_message(),
-         before ? "after" : after ? "during" : "before");
-  atomic_fetch_add_explicit(before ? &ops_after
+         before  ? "after"
+         : after ? "during"
+                 : "before");
+  atomic_fetch_add_explicit(before  ? &ops_after
                             : after ? &ops_during
                                     : &ops_before,
                             1, memory_order_relaxed);
   return st;
 }
 
-#define DO(kind, expr)                                                      \
-  ({                                                                        \
-    int before_ = atomic_load(&shutdown_done);                              \
-    cusafe_status st_ = (expr);                                             \
-    verify(st_, (kind), before_, atomic_load(&shutdown_started), #expr,     \
-           __LINE__);                                                       \
+#define DO(kind, expr)                                                         \
+  ({                                                                           \
+    int before_ = atomic_load(&shutdown_done);                                 \
+    cusafe_status st_ = (expr);                                                \
+    verify(st_, (kind), before_, atomic_load(&shutdown_started), #expr,        \
+           __LINE__);                                                          \
   })
 #define CALL(expr) DO(C_CALL, expr)
 #define QUERY(expr) DO(C_QUERY, expr)
@@ -160,7 +152,7 @@ struct worker {
   unsigned char host[BUF_BYTES], back[BUF_BYTES];
 };
 
-/* ---- operations ------------------------------------------------------------ */
+/* ---- operations -------------------------------------------------------- */
 
 static void op_private_buffer(struct worker *w) {
   int d = next(&w->rng) % NDEV;
@@ -210,10 +202,9 @@ static void op_retain_release(struct worker *w) {
   cusafe_handle_type type;
   CALL(cusafe_handle_get_type(&type, h));
   for (int i = 0; i < n; i++)
-    RELEASE(next(&w->rng) % 2 ? cusafe_release(h)
-                              : (h == S.pinned || h == S.managed)
-                                  ? cusafe_buffer_release(h)
-                                  : cusafe_release(h));
+    RELEASE(next(&w->rng) % 2                   ? cusafe_release(h)
+            : (h == S.pinned || h == S.managed) ? cusafe_buffer_release(h)
+                                                : cusafe_release(h));
 }
 
 static cusafe_buffer any_buffer(struct worker *w, int *dev) {
@@ -298,8 +289,8 @@ static void op_racy(struct worker *w, int role) {
     break;
   }
   default: {
-    cusafe_launch_config cfg = {{2, 1, 1}, {64, 1, 1}, 0,
-                                atomic_load(&racy_stream[d])};
+    cusafe_launch_config cfg = {
+        {2, 1, 1}, {64, 1, 1}, 0, atomic_load(&racy_stream[d])};
     RACY(CUSAFE_LAUNCH(atomic_load(&racy_kernel[d]), &cfg,
                        CUSAFE_ARG_BUF(atomic_load(&racy_buffer[d])),
                        CUSAFE_ARG_F32V(2.0f),
@@ -341,7 +332,8 @@ static void op_view(struct worker *w) {
   if (CALL(cusafe_buffer_view(&v, parent, off, size)) != CUSAFE_SUCCESS)
     return;
   CALL(cusafe_buffer_write(v, 0, w->host, size));
-  if (size > 1 && CALL(cusafe_buffer_view(&vv, v, 1, size - 1)) == CUSAFE_SUCCESS)
+  if (size > 1 &&
+      CALL(cusafe_buffer_view(&vv, v, 1, size - 1)) == CUSAFE_SUCCESS)
     CALL(cusafe_buffer_fill(vv, 0, size - 1, 3, CUSAFE_STREAM_DEFAULT));
   /* The parent view goes first: the inner one keeps it alive. */
   RELEASE(cusafe_buffer_release(v));
@@ -372,8 +364,8 @@ static void op_event(struct worker *w) {
 static void op_label(struct worker *w) {
   char label[32];
   snprintf(label, sizeof label, "thread %d", w->id);
-  CALL(cusafe_handle_set_label(any_shared(w),
-                               next(&w->rng) % 4 ? label : NULL));
+  CALL(
+      cusafe_handle_set_label(any_shared(w), next(&w->rng) % 4 ? label : NULL));
 }
 
 static void op_module(struct worker *w) {
@@ -388,8 +380,8 @@ static void op_module(struct worker *w) {
           CUSAFE_SUCCESS) {
     uint32_t block = 0, grid = 0;
     CALL(cusafe_kernel_suggest_config(&block, &grid, k, 0, 128));
-    cusafe_launch_config cfg = {{1, 1, 1}, {64, 1, 1}, 0,
-                                S.stream[d][next(&w->rng) & 1]};
+    cusafe_launch_config cfg = {
+        {1, 1, 1}, {64, 1, 1}, 0, S.stream[d][next(&w->rng) & 1]};
     CALL(CUSAFE_LAUNCH(k, &cfg, CUSAFE_ARG_BUF(b), CUSAFE_ARG_F64V(2.0),
                        CUSAFE_ARG_U64V(128)));
   }
@@ -402,7 +394,9 @@ static void op_module(struct worker *w) {
 static void op_sync(struct worker *w) {
   int d = next(&w->rng) % NDEV;
   switch (next(&w->rng) % 3) {
-  case 0: CALL(cusafe_stream_synchronize(S.stream[d][next(&w->rng) & 1])); break;
+  case 0:
+    CALL(cusafe_stream_synchronize(S.stream[d][next(&w->rng) & 1]));
+    break;
   case 1: CALL(cusafe_context_synchronize(S.ctx[d])); break;
   default: {
     size_t size;
@@ -477,12 +471,12 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-#define SETUP(expr)                                                         \
-  do {                                                                      \
-    cusafe_status st_ = (expr);                                             \
-    if (st_ != CUSAFE_SUCCESS)                                              \
-      fail("setup: %s returned %s: %s", #expr, cusafe_status_string(st_),   \
-           cusafe_last_error_message());                                    \
+#define SETUP(expr)                                                            \
+  do {                                                                         \
+    cusafe_status st_ = (expr);                                                \
+    if (st_ != CUSAFE_SUCCESS)                                                 \
+      fail("setup: %s returned %s: %s", #expr, cusafe_status_string(st_),      \
+           cusafe_last_error_message());                                       \
   } while (0)
 
 int main(int argc, char **argv) {
@@ -568,7 +562,9 @@ int main(int argc, char **argv) {
          "began after %ld iterations and took %.1f ms; %lu launches with "
          "racy handles, %lu of them found one stale\n",
          nthreads, iterations,
-         paused ? " (paused streams)" : racy_only ? " (racy handles)" : "",
+         paused      ? " (paused streams)"
+         : racy_only ? " (racy handles)"
+                     : "",
          atomic_load(&ops_before) + atomic_load(&ops_during) +
              atomic_load(&ops_after),
          atomic_load(&ops_before), atomic_load(&ops_during),
