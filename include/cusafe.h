@@ -17,9 +17,9 @@
  * counts at most 65535 references of the caller (a retain beyond gets
  * CUSAFE_ERROR_OUT_OF_MEMORY, "... has too many references").  Functions
  * such as cusafe_buffer_get_context() hand out a new reference when the
- * caller needs the parent again.  Work queued on a stream keeps the buffers it uses alive:
- * releasing the last reference of a buffer while a copy still uses it is
- * legal, and the memory is freed stream-ordered after that copy.
+ * caller needs the parent again.  Work queued on a stream keeps the buffers it
+ * uses alive: releasing the last reference of a buffer while a copy still uses
+ * it is legal, and the memory is freed stream-ordered after that copy.
  *
  * Errors: every function returns a cusafe_status.  After a failure,
  * cusafe_last_error_message() gives a sentence that says what was wrong, and
@@ -214,19 +214,19 @@ CUSAFE_API cusafe_status cusafe_device_count(int *out);
 /* Key properties of a device; a plain struct, safe to mirror in ctypes. */
 typedef struct cusafe_device_properties {
   char name[256];
-  size_t total_memory;              /* bytes of device memory */
+  size_t total_memory; /* bytes of device memory */
   int compute_capability_major;
   int compute_capability_minor;
   int multiprocessor_count;
   int max_threads_per_block;
   int max_block_dim[3];
   int max_grid_dim[3];
-  size_t shared_memory_per_block;   /* bytes, without opt-in */
+  size_t shared_memory_per_block;       /* bytes, without opt-in */
   size_t shared_memory_per_block_optin; /* bytes, with opt-in */
   int warp_size;
-  int managed_memory;               /* 1 if managed memory is supported */
+  int managed_memory; /* 1 if managed memory is supported */
   int concurrent_managed_access;
-  int memory_pools;                 /* 1 if cudaMallocAsync is supported */
+  int memory_pools; /* 1 if cudaMallocAsync is supported */
   int pci_bus_id;
   int pci_device_id;
   int pci_domain_id;
@@ -235,8 +235,8 @@ typedef struct cusafe_device_properties {
 /* Fills *out with the properties of device `device`.  Errors:
  * CUSAFE_ERROR_INVALID_VALUE (out NULL), CUSAFE_ERROR_INVALID_DEVICE,
  * CUSAFE_ERROR_NO_DRIVER, CUSAFE_ERROR_NO_DEVICE. */
-CUSAFE_API cusafe_status cusafe_device_get_properties(
-    cusafe_device_properties *out, int device);
+CUSAFE_API cusafe_status
+cusafe_device_get_properties(cusafe_device_properties *out, int device);
 
 /* ------------------------------------------------------------------------ */
 /* Contexts                                                                   */
@@ -253,8 +253,7 @@ CUSAFE_API cusafe_status cusafe_device_get_properties(
  * @param[in]  device the device ordinal
  * Errors: CUSAFE_ERROR_INVALID_VALUE (out NULL), CUSAFE_ERROR_INVALID_DEVICE,
  * CUSAFE_ERROR_NO_DRIVER, CUSAFE_ERROR_NO_DEVICE, CUSAFE_ERROR_CUDA. */
-CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
-                                               int device);
+CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out, int device);
 CUSAFE_API cusafe_status cusafe_context_retain(cusafe_context ctx);
 /* Drops one reference.  When the caller's last reference goes the handle is
  * stale; the context itself (its default stream and primary context
@@ -286,8 +285,7 @@ CUSAFE_API cusafe_status cusafe_context_stream_priority_range(
  * failure. */
 CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                               cusafe_context ctx,
-                                              unsigned int flags,
-                                              int priority);
+                                              unsigned int flags, int priority);
 CUSAFE_API cusafe_status cusafe_stream_retain(cusafe_stream stream);
 /* Drops one reference.  Work already queued still completes; the CUDA
  * stream is destroyed once nothing (no buffer's pending work) needs it. */
@@ -334,8 +332,7 @@ CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event);
  * events of one context.  Errors: INVALID_VALUE (ms NULL, or an event
  * created with CUSAFE_EVENT_DISABLE_TIMING), NOT_READY (not yet complete),
  * CONTEXT_MISMATCH, CUSAFE_ERROR_CUDA (an event never recorded). */
-CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms,
-                                                 cusafe_event start,
+CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
                                                  cusafe_event end);
 
 /* ------------------------------------------------------------------------ */
@@ -343,7 +340,7 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms,
 /* ------------------------------------------------------------------------ */
 
 typedef enum cusafe_memory {
-  CUSAFE_MEMORY_DEVICE = 0,      /* device memory, from the stream-ordered pool */
+  CUSAFE_MEMORY_DEVICE = 0, /* device memory, from the stream-ordered pool */
   CUSAFE_MEMORY_HOST_PINNED = 1, /* page-locked host memory */
   CUSAFE_MEMORY_MANAGED = 2      /* unified (managed) memory */
 } cusafe_memory;
@@ -353,8 +350,8 @@ typedef enum cusafe_memory {
  * default stream.  The buffer holds a reference on ctx.  Contents are
  * undefined until written.
  * Errors: INVALID_VALUE (out NULL, unknown kind), INVALID_SIZE (size 0),
- * OUT_OF_MEMORY (also a size above the device's total memory), NOT_SUPPORTED (managed memory on a device without it),
- * INVALID_HANDLE (ctx). */
+ * OUT_OF_MEMORY (also a size above the device's total memory), NOT_SUPPORTED
+ * (managed memory on a device without it), INVALID_HANDLE (ctx). */
 CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                              cusafe_context ctx,
                                              cusafe_memory kind, size_t size);
@@ -369,8 +366,8 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
  * parent, so the memory lives as long as any view of it.  Errors:
  * INVALID_SIZE (size 0), OUT_OF_RANGE (beyond the parent). */
 CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
-                                            cusafe_buffer parent,
-                                            size_t offset, size_t size);
+                                            cusafe_buffer parent, size_t offset,
+                                            size_t size);
 CUSAFE_API cusafe_status cusafe_buffer_retain(cusafe_buffer buffer);
 /* Drops one reference.  When the last one goes, the memory is freed after
  * all work already queued on it, stream-ordered; the handle is stale at
@@ -403,16 +400,14 @@ CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
                                              size_t size);
 /* Copies `size` bytes of the buffer at `offset` into host memory `dst` and
  * returns when the copy is complete; errors as cusafe_buffer_write(). */
-CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
-                                            size_t offset, void *dst,
-                                            size_t size);
+CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer, size_t offset,
+                                            void *dst, size_t size);
 /* Stream-ordered forms of write and read.  The host memory must stay valid
  * until the stream has passed the copy (pageable memory is staged, so for
  * it the call returns once `src` may be reused / `dst` is filled). */
 CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
                                                    size_t offset,
-                                                   const void *src,
-                                                   size_t size,
+                                                   const void *src, size_t size,
                                                    cusafe_stream stream);
 CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
                                                   size_t offset, void *dst,
@@ -433,9 +428,8 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst,
                                             size_t src_offset, size_t size,
                                             cusafe_stream stream);
 /* Sets `size` bytes at `offset` to `value`, ordered on `stream`. */
-CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
-                                            size_t offset, size_t size,
-                                            unsigned char value,
+CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer, size_t offset,
+                                            size_t size, unsigned char value,
                                             cusafe_stream stream);
 
 /* ------------------------------------------------------------------------ */
@@ -495,12 +489,9 @@ CUSAFE_API cusafe_status cusafe_module_load_data(cusafe_module *out,
  * name to cusafe_module_get_kernel().  Errors: INVALID_VALUE (source NULL,
  * options NULL with noptions > 0), COMPILE (the message holds the log;
  * cusafe_last_compile_log() the whole of it). */
-CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
-                                               cusafe_context ctx,
-                                               const char *source,
-                                               const char *name,
-                                               const char *const *options,
-                                               size_t noptions);
+CUSAFE_API cusafe_status cusafe_module_compile(
+    cusafe_module *out, cusafe_context ctx, const char *source,
+    const char *name, const char *const *options, size_t noptions);
 /* Returns the full log of the calling thread's last failed
  * cusafe_module_compile(), or "".  Owned by the library, valid until the
  * next compile on this thread; never NULL.  Thread-safe (per thread). */
@@ -521,8 +512,7 @@ CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
 /* Stores the number of parameters of the kernel in *count and, if sizes is
  * not NULL, the size in bytes of the first min(*count, capacity) of them in
  * sizes[]. */
-CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
-                                                  size_t *sizes,
+CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
                                                   size_t capacity,
                                                   cusafe_kernel kernel);
 
@@ -549,8 +539,8 @@ typedef struct cusafe_arg {
   uint32_t size; /* CUSAFE_ARG_BYTES only: the byte count */
   union {
     cusafe_buffer buffer;
-    int64_t i;    /* I8 .. I64 */
-    uint64_t u;   /* U8 .. U64 */
+    int64_t i;  /* I8 .. I64 */
+    uint64_t u; /* U8 .. U64 */
     float f32;
     double f64;
     const void *bytes;
@@ -566,7 +556,7 @@ typedef struct cusafe_arg {
 #define CUSAFE_ARG_U64V(v) CUSAFE_ARG_UINT(CUSAFE_ARG_U64, v)
 #define CUSAFE_ARG_F32V(v) ((cusafe_arg){CUSAFE_ARG_F32, 0, {.f32 = (v)}})
 #define CUSAFE_ARG_F64V(v) ((cusafe_arg){CUSAFE_ARG_F64, 0, {.f64 = (v)}})
-#define CUSAFE_ARG_STRUCT(p)                                                 \
+#define CUSAFE_ARG_STRUCT(p)                                                   \
   ((cusafe_arg){CUSAFE_ARG_BYTES, (uint32_t)sizeof(*(p)), {.bytes = (p)}})
 
 /* Where and how a kernel runs. */
@@ -590,15 +580,15 @@ typedef struct cusafe_launch_config {
  * limit is opted into automatically.  `args` may be NULL when nargs is 0.
  * Thread-safe; a handle released by another thread during the call either
  * launches (its release waits for the call) or fails as stale. */
-CUSAFE_API cusafe_status cusafe_kernel_launch(
-    cusafe_kernel kernel, const cusafe_launch_config *config,
-    const cusafe_arg *args, size_t nargs);
+CUSAFE_API cusafe_status
+cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
+                     const cusafe_arg *args, size_t nargs);
 
 /* The C convenience form: CUSAFE_LAUNCH(k, &config, CUSAFE_ARG_BUF(x),
  * CUSAFE_ARG_F32V(2.0f), CUSAFE_ARG_U64V(n)). */
-#define CUSAFE_LAUNCH(kernel, config, ...)                                   \
-  cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__}, \
-                       sizeof((const cusafe_arg[]){__VA_ARGS__}) /            \
+#define CUSAFE_LAUNCH(kernel, config, ...)                                     \
+  cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__},  \
+                       sizeof((const cusafe_arg[]){__VA_ARGS__}) /             \
                            sizeof(cusafe_arg))
 
 /* Suggests a block size (threads, a multiple of the warp size) that gives
