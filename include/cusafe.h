@@ -212,7 +212,26 @@ CUSAFE_API const char *cusafe_version_string(void);
 /* ------------------------------------------------------------------------ */
 
 /* All handles are 64-bit integers; 0 is the NULL handle.  The typedefs below
- * document intent; the library checks each handle's type at run time. */
+ * document intent; the library checks each handle's type at run time.
+ *
+ * They stay plain integers, not one struct type per kind of object (decided
+ * before 1.0 fixes the ABI), so a C compiler accepts a stream where a buffer
+ * is expected.  Why: (1) every call checks each handle's type anyway and
+ * names both types in its message ("buffer 0x... is a stream, not a
+ * buffer"), so a mixed-up handle is always caught, at its first call, with
+ * a sentence; (2) the main foreign users are FFIs -- Python's ctypes (the
+ * project's binding in examples/python), and bindings for Rust or Julia
+ * alike -- for which a 64-bit integer is the natural, ABI-stable type, while
+ * one-member structs passed by value need a struct type declared per handle
+ * in every binding, and how they are passed is an ABI detail that differs
+ * between platforms; (3) the generic calls (cusafe_retain(),
+ * cusafe_release(), cusafe_handle_get_type(), cusafe_handle_set_label()) and
+ * cusafe_arg's buffer member take any handle, which distinct structs would
+ * turn into a conversion per type; (4) handles are printed, logged and
+ * compared as numbers (the leak report prints them).  Given up: detection
+ * of a mixed-up handle at compile time in C.  It stays possible later
+ * without an ABI change, only as an opt-in header of typed wrappers; there
+ * is none now. */
 typedef uint64_t cusafe_handle;
 typedef cusafe_handle cusafe_context;
 typedef cusafe_handle cusafe_stream;
