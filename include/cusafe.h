@@ -8,29 +8,84 @@
  *
  * Ownership follows OpenCL: a create/alloc function returns a handle holding
  * one reference; *_retain adds one, *_release drops one.  Every object holds
- * a reference on its parent (stream, event and buffer on their context, view
- * on its buffer), so a parent's CUDA object is destroyed only after all of
- * its children's.  A handle is the caller's: once the caller has released
- * all the references it was given, the handle is stale -- even while
- * children keep the object itself alive -- so that a double release is
- * caught as an error instead of stealing a child's reference.  A handle
- * counts at most 65535 references of the caller (a retain beyond gets
- * CUSAFE_ERROR_OUT_OF_MEMORY, "... has too many references").  Functions
- * such as cusafe_buffer_get_context() hand out a new reference when the
- * caller needs the parent again.  Work queued on a stream keeps the buffers it uses alive:
- * releasing the last reference of a buffer while a copy still uses it is
- * legal, and the memory is freed stream-ordered after that copy.
+ * a reference on its parent (stream, event, buffer and module on their
+ * context, view on its buffer, kernel on its module), so a parent's CUDA
+ * object is destroyed only after all of its children's.  A handle is the
+ * caller's: once the caller has released all the references it was given,
+ * the handle is stale -- even while children keep the object itself alive --
+ * so that a double release is caught as an error instead of stealing a
+ * child's reference.  A handle counts at most 65535 references of the caller
+ * (a retain beyond gets CUSAFE_ERROR_OUT_OF_MEMORY, "... has too many
+ * references").  Functions such as cusafe_buffer_get_context() hand out a
+ * new reference when the caller needs the parent again.  Work queued on a
+ * stream keeps the buffers it uses alive: releasing the last reference of a
+ * buffer while a copy still uses it is legal, and the memory is freed
+ * stream-ordered after that copy.
  *
- * Errors: every function returns a cusafe_status.  After a failure,
+ * Errors: every function returns a cusafe_status, except the five that
+ * return text or a number (cusafe_status_string(),
+ * cusafe_last_error_message(), cusafe_last_cuda_error(),
+ * cusafe_version_string(), cusafe_last_compile_log()).  After a failure,
  * cusafe_last_error_message() gives a sentence that says what was wrong, and
  * cusafe_last_cuda_error() the underlying cudaError_t, both kept per thread.
+ *
+ * Each function's comment says what it does, then, in this order:
+ * Parameters (each one [in], [out] or [in,out]), Returns (what holds after
+ * CUSAFE_SUCCESS), Errors (every other status it returns, when, and what its
+ * outputs hold then), Ownership (what the caller owns afterwards), Handles
+ * (what NULL, stale and wrong-type handles get) and Threads.  What many
+ * functions share is said once, here:
+ *
+ * - State: every call but the few marked "works after shutdown" first checks
+ *   the library's state, and returns CUSAFE_ERROR_SHUTDOWN after
+ *   cusafe_shutdown() (or process exit) and CUSAFE_ERROR_FORKED in a child
+ *   forked after the parent used CUDA, doing nothing else.  Releases instead
+ *   return CUSAFE_SUCCESS then and do nothing, whatever their handle.
+ *
+ * - Handles: a NULL, forged, stale or wrong-type handle gets
+ *   CUSAFE_ERROR_INVALID_HANDLE and a message that names the parameter:
+ *   "context is the NULL handle", "buffer 0x... is not a cusafe handle",
+ *   "stream 0x... is stale: its object was released", "buffer 0x... is a
+ *   stream, not a buffer".  Nothing freed is ever read.  A handle that
+ *   another thread's release makes stale during a call either completes
+ *   the call (the call holds the object meanwhile) or fails as stale.
+ *
+ * - CUDA failures: a CUDA call that fails makes the function return the
+ *   status that cusafe's table maps its cudaError_t to, with the message
+ *   "<CUDA function> failed: <CUDA's words>" and the code in
+ *   cusafe_last_cuda_error().  cudaErrorMemoryAllocation maps to
+ *   CUSAFE_ERROR_OUT_OF_MEMORY, cudaErrorNotReady to NOT_READY,
+ *   cudaErrorInsufficientDriver to NO_DRIVER, cudaErrorNoDevice to
+ *   NO_DEVICE, cudaErrorInvalidDevice to INVALID_DEVICE,
+ *   cudaErrorNotSupported to NOT_SUPPORTED, cudaErrorCudartUnloading to
+ *   SHUTDOWN, cudaErrorInvalidConfiguration to INVALID_CONFIGURATION,
+ *   cudaErrorSymbolNotFound to NOT_FOUND, the errors of a bad image
+ *   (cudaErrorInvalidKernelImage, InvalidPtx, UnsupportedPtxVersion,
+ *   NoKernelImageForDevice, InvalidSource, FileNotFound,
+ *   JitCompilerNotFound) to INVALID_IMAGE, and every other error to
+ *   CUSAFE_ERROR_CUDA.  The comments below call this "a CUDA failure
+ *   (<functions>): its mapped status".  Where the process sees more than
+ *   one device, any call that uses a device may also fail this way in
+ *   cudaGetDevice or cudaSetDevice.  A sticky error (a kernel fault) makes
+ *   the CUDA calls of its context fail from then on, most as
+ *   CUSAFE_ERROR_CUDA.
+ *
+ * - Releases: the release of the last reference of an object destroys it,
+ *   and with it any parent whose last reference it held.  If a CUDA call of
+ *   that teardown fails (after a kernel fault, the device synchronisation
+ *   of a context or module does), the release returns that CUDA failure's
+ *   mapped status; the reference is dropped and the objects are destroyed
+ *   all the same.
  *
  * Threads: unless its comment says otherwise, every function is thread-safe,
  * and any handle may be used and released from any thread.  A release that
  * drops the last reference of a kernel, stream or buffer which a launch on
  * another thread is using at that moment waits for that launch call to
  * return (launches use their handles without taking references); a launch
- * that begins after such a release gets CUSAFE_ERROR_INVALID_HANDLE.
+ * that begins after such a release gets CUSAFE_ERROR_INVALID_HANDLE.  Where
+ * the process sees more than one device, a call makes the device it uses
+ * current on the calling thread and restores the thread's device before it
+ * returns.
  *
  * Exit: the library destroys what is still alive, in dependency order, from
  * an atexit handler that runs before the CUDA runtime tears itself down, or
@@ -110,23 +165,46 @@ typedef enum cusafe_status {
   CUSAFE_ERROR_NOT_FOUND = 19
 } cusafe_status;
 
-/* Returns a static, English description of status; never NULL.  Unknown
- * values give "unknown status".  Thread-safe; works after shutdown. */
+/* Returns a static, English description of a status.
+ * Parameters: status [in] any value, also one that is not a cusafe_status.
+ * Returns: the description; "unknown status" for an unknown value.  Never
+ *   NULL.
+ * Errors: none.
+ * Ownership: the text is static, the library's; do not free it.
+ * Handles: none taken.
+ * Threads: thread-safe; works after shutdown and in a forked child. */
 CUSAFE_API const char *cusafe_status_string(cusafe_status status);
 
 /* Returns the detail message of the calling thread's last failed call, such
- * as "copy of 100 bytes at offset 0 exceeds buffer of 64 bytes"; "" if no
- * call on this thread has failed yet.  The text is owned by the library and
- * stays valid until the next cusafe call on the same thread.  Never NULL,
- * never allocates.  Thread-safe (per-thread state); works after shutdown. */
+ * as "copy of 100 bytes at offset 0 exceeds buffer of 64 bytes".
+ * Parameters: none.
+ * Returns: the message; "" if no call on this thread has failed yet.  Never
+ *   NULL; never allocates.
+ * Errors: none.
+ * Ownership: the text is the library's; it stays valid until the next
+ *   cusafe call on the same thread.
+ * Handles: none taken.
+ * Threads: per-thread state; thread-safe; works after shutdown. */
 CUSAFE_API const char *cusafe_last_error_message(void);
 
 /* Returns the cudaError_t (as an int) behind the calling thread's last
- * failed call, or 0 if that failure did not come from CUDA.  Thread-safe
- * (per-thread state); works after shutdown. */
+ * failed call.
+ * Parameters: none.
+ * Returns: the code; 0 if that failure did not come from CUDA, or if no
+ *   call on this thread has failed yet.
+ * Errors: none.
+ * Ownership: nothing.
+ * Handles: none taken.
+ * Threads: per-thread state; thread-safe; works after shutdown. */
 CUSAFE_API int cusafe_last_cuda_error(void);
 
-/* Returns the library's version as "MAJOR.MINOR.PATCH"; static, never NULL. */
+/* Returns the library's version as "MAJOR.MINOR.PATCH".
+ * Parameters: none.
+ * Returns: the version; never NULL.
+ * Errors: none.
+ * Ownership: the text is static, the library's.
+ * Handles: none taken.
+ * Threads: thread-safe; works after shutdown. */
 CUSAFE_API const char *cusafe_version_string(void);
 
 /* ------------------------------------------------------------------------ */
@@ -134,7 +212,26 @@ CUSAFE_API const char *cusafe_version_string(void);
 /* ------------------------------------------------------------------------ */
 
 /* All handles are 64-bit integers; 0 is the NULL handle.  The typedefs below
- * document intent; the library checks each handle's type at run time. */
+ * document intent; the library checks each handle's type at run time.
+ *
+ * They stay plain integers, not one struct type per kind of object (decided
+ * before 1.0 fixes the ABI), so a C compiler accepts a stream where a buffer
+ * is expected.  Why: (1) every call checks each handle's type anyway and
+ * names both types in its message ("buffer 0x... is a stream, not a
+ * buffer"), so a mixed-up handle is always caught, at its first call, with
+ * a sentence; (2) the main foreign users are FFIs -- Python's ctypes (the
+ * project's binding in examples/python), and bindings for Rust or Julia
+ * alike -- for which a 64-bit integer is the natural, ABI-stable type, while
+ * one-member structs passed by value need a struct type declared per handle
+ * in every binding, and how they are passed is an ABI detail that differs
+ * between platforms; (3) the generic calls (cusafe_retain(),
+ * cusafe_release(), cusafe_handle_get_type(), cusafe_handle_set_label()) and
+ * cusafe_arg's buffer member take any handle, which distinct structs would
+ * turn into a conversion per type; (4) handles are printed, logged and
+ * compared as numbers (the leak report prints them).  Given up: detection
+ * of a mixed-up handle at compile time in C.  It stays possible later
+ * without an ABI change, only as an opt-in header of typed wrappers; there
+ * is none now. */
 typedef uint64_t cusafe_handle;
 typedef cusafe_handle cusafe_context;
 typedef cusafe_handle cusafe_stream;
@@ -145,9 +242,12 @@ typedef cusafe_handle cusafe_kernel;
 
 #define CUSAFE_NULL_HANDLE ((cusafe_handle)0)
 
-/* Stream arguments accept CUSAFE_STREAM_DEFAULT to mean the default stream
- * of the context of the call's (first) buffer: a non-blocking stream that
- * cusafe creates with each context. */
+/* The stream arguments of the calls that say so accept CUSAFE_STREAM_DEFAULT
+ * to mean the default stream of the context of the call's first object (its
+ * buffer, dst, event or kernel): a non-blocking stream that cusafe creates
+ * with each context.  The calls whose subject is a stream (synchronize,
+ * query, wait, get context, interop handle, retain, release) and
+ * cusafe_buffer_alloc_async() need a real stream: 0 gets INVALID_HANDLE. */
 #define CUSAFE_STREAM_DEFAULT ((cusafe_stream)0)
 
 typedef enum cusafe_handle_type {
@@ -160,24 +260,59 @@ typedef enum cusafe_handle_type {
   CUSAFE_TYPE_KERNEL = 6
 } cusafe_handle_type;
 
-/* Retains / releases a handle of any type: the generic form of the typed
- * *_retain and *_release functions, for bindings.  Releasing
- * CUSAFE_NULL_HANDLE is a no-op returning CUSAFE_SUCCESS; releasing a stale
- * handle (a double release) returns CUSAFE_ERROR_INVALID_HANDLE.  After
- * shutdown or in a forked child, release returns CUSAFE_SUCCESS and does
- * nothing; retain returns CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED. */
+/* Adds one reference of the caller to a handle of any type: the generic
+ * form of the typed *_retain functions, for bindings.
+ * Parameters: handle [in] a live handle of any type.
+ * Returns: CUSAFE_SUCCESS: the handle holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: handle is NULL, forged or stale.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: it has too many references (65535 of the
+ *   caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown
+ *   / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_retain(cusafe_handle handle);
+/* Drops one reference of the caller to a handle of any type: the generic
+ * form of the typed *_release functions, for bindings.  The caller's last
+ * reference makes the handle stale; the last reference of all (children
+ * hold some) destroys the object as its typed release says.
+ * Parameters: handle [in] a handle of any type; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: handle is forged or stale (a double
+ *   release).  A CUDA failure of the teardown, where this release destroys
+ *   the object: its mapped status (see Releases at the top).  After
+ *   shutdown and in a forked child: CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe; see the top for a release racing a launch. */
 CUSAFE_API cusafe_status cusafe_release(cusafe_handle handle);
 
-/* Stores the type of a live handle in *out.  A NULL, forged or stale handle
- * gets CUSAFE_ERROR_INVALID_HANDLE and *out = CUSAFE_TYPE_INVALID. */
+/* Tells what type of object a live handle stands for.
+ * Parameters: out [out] the type; handle [in] a handle of any type.
+ * Returns: CUSAFE_SUCCESS: *out is the handle's type.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: handle is NULL, forged or stale.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_TYPE_INVALID on every failure.
+ * Ownership: nothing; no reference is taken.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_handle_get_type(cusafe_handle_type *out,
                                                 cusafe_handle handle);
 
 /* Attaches a label to a live handle of any type -- where or why it was
- * created -- that the leak report prints (see cusafe_shutdown()).  The
- * text is copied (at most 255 bytes kept); NULL removes the label.  Errors:
- * INVALID_HANDLE, OUT_OF_MEMORY. */
+ * created -- that the leak report prints (see cusafe_shutdown()).
+ * Parameters: handle [in] a handle of any type; label [in] NUL-terminated
+ *   text, of which at most 255 bytes are kept; NULL removes the label.
+ * Returns: CUSAFE_SUCCESS: the object carries the label (in place of any
+ *   earlier one) until it is destroyed.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: handle is NULL, forged or stale.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory for the copy (the earlier
+ *   label stays).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
+ * Ownership: the library keeps its own copy; label stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; of labels set at once on one object, one stays. */
 CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
                                                  const char *label);
 
@@ -199,44 +334,73 @@ CUSAFE_API cusafe_status cusafe_handle_set_label(cusafe_handle handle,
  * prints one line on stderr for each handle the program still holds, such
  * as `cusafe: leak: buffer 0xc400000100000003 (4096 bytes of device memory
  * on device 0) "weights"` (the label from cusafe_handle_set_label()).
- * Silent by default.
+ * Silent by default, and when nothing is destroyed.
  *
- * Idempotent: later calls return CUSAFE_SUCCESS, as does a call in a child
- * forked after CUDA was initialised (which does nothing).  Thread-safe, but
- * other threads' handles stop working: call it when they are done. */
+ * Parameters: none.
+ * Returns: CUSAFE_SUCCESS, always: also when it does nothing (a later call,
+ *   a call in a child forked after CUDA was initialised, calls still in
+ *   progress after 5 seconds).  Before CUDA was ever used it only marks the
+ *   library shut down.
+ * Errors: none.
+ * Ownership: the caller's references need no release: releases are
+ *   no-ops from now on.
+ * Handles: none taken; every handle stops working.
+ * Threads: thread-safe and idempotent, but other threads' handles stop
+ *   working: call it when they are done. */
 CUSAFE_API cusafe_status cusafe_shutdown(void);
 
-/* Stores the number of CUDA devices in *out (NULL: CUSAFE_ERROR_INVALID_VALUE).
- * With no driver: CUSAFE_ERROR_NO_DRIVER; with a driver but no device:
- * CUSAFE_ERROR_NO_DEVICE (and *out = 0 in both cases). */
+/* Counts the CUDA devices.  It initialises CUDA, once per process (as do
+ * cusafe_device_get_properties() and cusafe_context_create()), and then
+ * registers the exit handler.
+ * Parameters: out [out] the number of devices.
+ * Returns: CUSAFE_SUCCESS: *out is the number of devices, 1 or more.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.  CUSAFE_ERROR_NO_DRIVER:
+ *   no CUDA driver, or one that lacks the entry points cusafe needs.
+ *   CUSAFE_ERROR_NO_DEVICE: a driver but no device.  A CUDA failure
+ *   (cudaGetDeviceCount): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is 0 on
+ *   every failure.
+ * Ownership: nothing.
+ * Handles: none taken.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_device_count(int *out);
 
 /* Key properties of a device; a plain struct, safe to mirror in ctypes. */
 typedef struct cusafe_device_properties {
   char name[256];
-  size_t total_memory;              /* bytes of device memory */
+  size_t total_memory; /* bytes of device memory */
   int compute_capability_major;
   int compute_capability_minor;
   int multiprocessor_count;
   int max_threads_per_block;
   int max_block_dim[3];
   int max_grid_dim[3];
-  size_t shared_memory_per_block;   /* bytes, without opt-in */
+  size_t shared_memory_per_block;       /* bytes, without opt-in */
   size_t shared_memory_per_block_optin; /* bytes, with opt-in */
   int warp_size;
-  int managed_memory;               /* 1 if managed memory is supported */
+  int managed_memory; /* 1 if managed memory is supported */
   int concurrent_managed_access;
-  int memory_pools;                 /* 1 if cudaMallocAsync is supported */
+  int memory_pools; /* 1 if cudaMallocAsync is supported */
   int pci_bus_id;
   int pci_device_id;
   int pci_domain_id;
 } cusafe_device_properties;
 
-/* Fills *out with the properties of device `device`.  Errors:
- * CUSAFE_ERROR_INVALID_VALUE (out NULL), CUSAFE_ERROR_INVALID_DEVICE,
- * CUSAFE_ERROR_NO_DRIVER, CUSAFE_ERROR_NO_DEVICE. */
-CUSAFE_API cusafe_status cusafe_device_get_properties(
-    cusafe_device_properties *out, int device);
+/* Fills *out with the properties of a device; needs no context.
+ * Parameters: out [out] the properties; device [in] the device ordinal.
+ * Returns: CUSAFE_SUCCESS: every field of *out is set.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.  CUSAFE_ERROR_NO_DRIVER,
+ *   CUSAFE_ERROR_NO_DEVICE, a CUDA failure (cudaGetDeviceCount): as
+ *   cusafe_device_count().  CUSAFE_ERROR_INVALID_DEVICE: device is negative
+ *   or not below the device count.  A CUDA failure (cudaGetDeviceProperties,
+ *   cudaDeviceGetAttribute): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is left
+ *   unchanged on failure.
+ * Ownership: nothing.
+ * Handles: none taken.
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status
+cusafe_device_get_properties(cusafe_device_properties *out, int device);
 
 /* ------------------------------------------------------------------------ */
 /* Contexts                                                                   */
@@ -246,29 +410,93 @@ CUSAFE_API cusafe_status cusafe_device_get_properties(
  * (shared with the CUDA runtime and other libraries such as CuPy) and owns a
  * default stream.  There is one context per device: creating a context for a
  * device that already has a live one returns that same handle with one more
- * reference.  The primary context is released only after every buffer,
- * stream and event of the context is destroyed.
- *
- * @param[out] out    the new reference; set to CUSAFE_NULL_HANDLE on failure
- * @param[in]  device the device ordinal
- * Errors: CUSAFE_ERROR_INVALID_VALUE (out NULL), CUSAFE_ERROR_INVALID_DEVICE,
- * CUSAFE_ERROR_NO_DRIVER, CUSAFE_ERROR_NO_DEVICE, CUSAFE_ERROR_CUDA. */
-CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
-                                               int device);
+ * reference (a new context is made instead only while the live one's last
+ * reference is being dropped, or when its handle already counts 65535
+ * references of the caller).  The primary context is released only after
+ * every buffer, stream, event and module of the context is destroyed.
+ * Parameters: out [out] the context's handle; device [in] the device
+ *   ordinal.
+ * Returns: CUSAFE_SUCCESS: *out is the device's context, with one more
+ *   reference of the caller.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.  CUSAFE_ERROR_NO_DRIVER,
+ *   CUSAFE_ERROR_NO_DEVICE, a CUDA failure (cudaGetDeviceCount): as
+ *   cusafe_device_count().  CUSAFE_ERROR_INVALID_DEVICE: device is negative,
+ *   not below the device count, or 256 or more.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle table is full.
+ *   A CUDA failure (cuDevicePrimaryCtxRetain, cudaGetDeviceProperties,
+ *   cudaDeviceGetStreamPriorityRange, cudaStreamCreateWithPriority): its
+ *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.  *out is CUSAFE_NULL_HANDLE on every
+ *   failure.
+ * Ownership: the caller owns one reference of *out, to release with
+ *   cusafe_context_release().
+ * Handles: none taken.
+ * Threads: thread-safe; concurrent calls for one device get one context. */
+CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out, int device);
+/* Adds one reference of the caller to a context: the typed cusafe_retain().
+ * Parameters: ctx [in] the context.
+ * Returns: CUSAFE_SUCCESS: ctx holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_OUT_OF_MEMORY: ctx has too many references
+ *   (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_context_retain(cusafe_context ctx);
-/* Drops one reference.  When the caller's last reference goes the handle is
- * stale; the context itself (its default stream and primary context
- * reference) is destroyed once its last child is gone too.  NULL: no-op;
- * stale: INVALID_HANDLE. */
+/* Drops one reference of the caller to a context.  When the caller's last
+ * reference goes the handle is stale; the context itself is destroyed once
+ * its last child is gone too: the device is synchronised, then the default
+ * stream and the primary context reference are released.
+ * Parameters: ctx [in] the context; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: ctx is forged, stale (a double
+ *   release) or not a context.  Where this release destroys the context, a
+ *   CUDA failure (cudaDeviceSynchronize, cudaStreamDestroy,
+ *   cuDevicePrimaryCtxRelease): its mapped status (see Releases at the
+ *   top).  After shutdown and in a forked child: CUSAFE_SUCCESS, nothing
+ *   done.
+ * Ownership: the caller owns one reference less; children keep the context
+ *   alive (not its handle).
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_context_release(cusafe_context ctx);
-/* Stores the context's device ordinal in *out. */
+/* Tells which device a context stands for.
+ * Parameters: out [out] the device ordinal; ctx [in] the context.
+ * Returns: CUSAFE_SUCCESS: *out is the context's device ordinal.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_context_get_device(int *out,
                                                    cusafe_context ctx);
-/* Waits until all work on the context's device has completed. */
+/* Waits until all work on the context's device has completed, also work
+ * queued by other code that shares the device's primary context.
+ * Parameters: ctx [in] the context.
+ * Returns: CUSAFE_SUCCESS: the device was idle when the call returned.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  A CUDA failure (cudaDeviceSynchronize; after a kernel fault,
+ *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; blocks the calling thread only. */
 CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context ctx);
-/* Stores the range of stream priorities of the context's device: *least is
- * the lowest priority (usually 0), *greatest the highest (a negative
- * number; lower numbers mean higher priority). */
+/* Tells the range of stream priorities of the context's device.
+ * Parameters: least [out] the lowest priority (usually 0); greatest [out]
+ *   the highest (a negative number; lower numbers mean higher priority);
+ *   ctx [in] the context.
+ * Returns: CUSAFE_SUCCESS: *least and *greatest are set.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: least or greatest is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  Both outputs are left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_context_stream_priority_range(
     int *least, int *greatest, cusafe_context ctx);
 
@@ -279,31 +507,105 @@ CUSAFE_API cusafe_status cusafe_context_stream_priority_range(
 /* Stream creation flags. */
 #define CUSAFE_STREAM_NON_BLOCKING 0x1u /* no implicit sync with stream 0 */
 
-/* Creates a stream in ctx.  flags: 0 or CUSAFE_STREAM_NON_BLOCKING (others:
- * CUSAFE_ERROR_INVALID_VALUE).  priority: 0 for the default, else within
- * cusafe_context_stream_priority_range() (outside: INVALID_VALUE).  The
- * stream holds a reference on ctx.  *out is set to CUSAFE_NULL_HANDLE on
- * failure. */
+/* Creates a stream in ctx.
+ * Parameters: out [out] the new stream; ctx [in] its context; flags [in] 0
+ *   or CUSAFE_STREAM_NON_BLOCKING; priority [in] within
+ *   cusafe_context_stream_priority_range() (0 is the default priority).
+ * Returns: CUSAFE_SUCCESS: *out is the new stream.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, flags has other bits, or
+ *   priority is outside the device's range.  CUSAFE_ERROR_INVALID_HANDLE:
+ *   ctx is NULL, forged, stale or not a context.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle table is
+ *   full.  A CUDA failure (cudaStreamCreateWithPriority): its mapped
+ *   status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   stream holds a reference on ctx.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                               cusafe_context ctx,
-                                              unsigned int flags,
-                                              int priority);
+                                              unsigned int flags, int priority);
+/* Adds one reference of the caller to a stream: the typed cusafe_retain().
+ * Parameters: stream [in] the stream.
+ * Returns: CUSAFE_SUCCESS: stream holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is NULL (also
+ *   CUSAFE_STREAM_DEFAULT), forged, stale or not a stream.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: stream has too many references (65535 of
+ *   the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_retain(cusafe_stream stream);
-/* Drops one reference.  Work already queued still completes; the CUDA
- * stream is destroyed once nothing (no buffer's pending work) needs it. */
+/* Drops one reference of the caller to a stream.  Work already queued
+ * still completes; the CUDA stream is destroyed once nothing needs it (a
+ * buffer whose latest work was queued on it holds a reference).
+ * Parameters: stream [in] the stream; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is forged, stale (a double
+ *   release) or not a stream.  Where this release destroys the stream, a
+ *   CUDA failure (cudaStreamDestroy, or the teardown of the context whose
+ *   last reference it held): its mapped status (see Releases at the top).
+ *   After shutdown and in a forked child: CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe; see the top for a release racing a launch. */
 CUSAFE_API cusafe_status cusafe_stream_release(cusafe_stream stream);
-/* Blocks until all work queued on the stream has completed. */
+/* Blocks until all work queued on the stream has completed.
+ * Parameters: stream [in] the stream (not CUSAFE_STREAM_DEFAULT).
+ * Returns: CUSAFE_SUCCESS: the stream's work has completed.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not
+ *   a stream.  A CUDA failure (cudaStreamSynchronize; after a kernel fault,
+ *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream);
-/* Returns CUSAFE_SUCCESS if all work queued on the stream has completed,
- * CUSAFE_ERROR_NOT_READY if not. */
+/* Tells whether all work queued on the stream has completed, without
+ * waiting.
+ * Parameters: stream [in] the stream (not CUSAFE_STREAM_DEFAULT).
+ * Returns: CUSAFE_SUCCESS: all of it has completed.
+ * Errors: CUSAFE_ERROR_NOT_READY: work is still pending (not a failure;
+ *   the thread's message and CUDA error say so too).
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  A CUDA failure (cudaStreamQuery): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream);
-/* Makes all later work on stream wait until event's last record completes.
- * Both must belong to the same context (else CONTEXT_MISMATCH). */
+/* Makes all work queued later on stream wait until the event's last record
+ * (at the time of this call) has completed.
+ * Parameters: stream [in] the stream that waits (not
+ *   CUSAFE_STREAM_DEFAULT); event [in] the event waited for.
+ * Returns: CUSAFE_SUCCESS: the wait is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream or event is NULL, forged,
+ *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: they belong
+ *   to different contexts.  A CUDA failure (cudaStreamWaitEvent): its
+ *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
+ * Ownership: nothing; no reference is taken on the event.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
                                                   cusafe_event event);
-/* Stores the stream's context in *out with a new reference, which the
- * caller releases (so the handle stays usable even after the caller
- * released its own reference to the context). */
+/* Hands out the stream's context with a new reference, so that the context
+ * handle is usable again even after the caller released its own.
+ * Parameters: out [out] the context; stream [in] the stream (not
+ *   CUSAFE_STREAM_DEFAULT).
+ * Returns: CUSAFE_SUCCESS: *out is the stream's context.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  CUSAFE_ERROR_OUT_OF_MEMORY: the context has too many
+ *   references (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is
+ *   CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns one more reference of *out, to release.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_get_context(cusafe_context *out,
                                                    cusafe_stream stream);
 
@@ -314,28 +616,104 @@ CUSAFE_API cusafe_status cusafe_stream_get_context(cusafe_context *out,
 #define CUSAFE_EVENT_DISABLE_TIMING 0x1u /* cheaper; no elapsed time */
 #define CUSAFE_EVENT_BLOCKING_SYNC 0x2u  /* synchronize sleeps, not spins */
 
-/* Creates an event in ctx; flags: a combination of the CUSAFE_EVENT_*
- * flags (others: INVALID_VALUE).  The event holds a reference on ctx. */
+/* Creates an event in ctx.
+ * Parameters: out [out] the new event; ctx [in] its context; flags [in] 0
+ *   or a combination of the CUSAFE_EVENT_ flags above.
+ * Returns: CUSAFE_SUCCESS: *out is the new event, never recorded.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, or flags has other bits.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
+ *   table is full.  A CUDA failure (cudaEventCreateWithFlags): its mapped
+ *   status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   event holds a reference on ctx.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_create(cusafe_event *out,
                                              cusafe_context ctx,
                                              unsigned int flags);
+/* Adds one reference of the caller to an event: the typed cusafe_retain().
+ * Parameters: event [in] the event.
+ * Returns: CUSAFE_SUCCESS: event holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: event is NULL, forged, stale or not
+ *   an event.  CUSAFE_ERROR_OUT_OF_MEMORY: event has too many references
+ *   (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_retain(cusafe_event event);
+/* Drops one reference of the caller to an event; the last one destroys it
+ * without waiting for its pending record.
+ * Parameters: event [in] the event; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: event is forged, stale (a double
+ *   release) or not an event.  Where this release destroys the event, a
+ *   CUDA failure (cudaEventDestroy, or the teardown of the context whose
+ *   last reference it held): its mapped status (see Releases at the top).
+ *   After shutdown and in a forked child: CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_release(cusafe_event event);
-/* Records the event at the current end of stream (CUSAFE_STREAM_DEFAULT:
- * the context's default stream); same context required. */
+/* Records the event at the current end of a stream of its context.
+ * Parameters: event [in] the event; stream [in] the stream, or
+ *   CUSAFE_STREAM_DEFAULT: the default stream of the event's context.
+ * Returns: CUSAFE_SUCCESS: the record is queued; it replaces earlier ones.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: event or stream is forged, stale or
+ *   not of its type, or event is NULL.  CUSAFE_ERROR_CONTEXT_MISMATCH: the
+ *   stream belongs to another context.  A CUDA failure (cudaEventRecord):
+ *   its mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
+ * Ownership: nothing; the event takes no reference on the stream.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
                                              cusafe_stream stream);
 /* Blocks until the work before the event's last record has completed.  An
- * event never recorded completes at once. */
+ * event never recorded completes at once.
+ * Parameters: event [in] the event.
+ * Returns: CUSAFE_SUCCESS: that work has completed.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: event is NULL, forged, stale or not
+ *   an event.  A CUDA failure (cudaEventSynchronize; after a kernel fault,
+ *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event);
-/* CUSAFE_SUCCESS if complete, CUSAFE_ERROR_NOT_READY if not. */
+/* Tells whether the work before the event's last record has completed,
+ * without waiting.
+ * Parameters: event [in] the event.
+ * Returns: CUSAFE_SUCCESS: it has (or the event was never recorded).
+ * Errors: CUSAFE_ERROR_NOT_READY: not yet (not a failure; the thread's
+ *   message and CUDA error say so too).  CUSAFE_ERROR_INVALID_HANDLE: event
+ *   is NULL, forged, stale or not an event.  A CUDA failure
+ *   (cudaEventQuery): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event);
-/* Stores in *ms the time in milliseconds between two recorded, completed
- * events of one context.  Errors: INVALID_VALUE (ms NULL, or an event
- * created with CUSAFE_EVENT_DISABLE_TIMING), NOT_READY (not yet complete),
- * CONTEXT_MISMATCH, CUSAFE_ERROR_CUDA (an event never recorded). */
-CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms,
-                                                 cusafe_event start,
+/* Measures the time between two recorded, completed events of one context.
+ * Parameters: ms [out] the time in milliseconds; start [in] the earlier
+ *   event; end [in] the later one.
+ * Returns: CUSAFE_SUCCESS: *ms is the time from start's last record to
+ *   end's.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: ms is NULL, or either event was
+ *   created with CUSAFE_EVENT_DISABLE_TIMING.  CUSAFE_ERROR_INVALID_HANDLE:
+ *   start or end is NULL, forged, stale or not an event.
+ *   CUSAFE_ERROR_CONTEXT_MISMATCH: they belong to different contexts.
+ *   CUSAFE_ERROR_NOT_READY: one of them has not completed yet.  A CUDA
+ *   failure (cudaEventElapsedTime): its mapped status; an event never
+ *   recorded gives CUSAFE_ERROR_CUDA.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *ms is set to
+ *   0 before anything is checked.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
                                                  cusafe_event end);
 
 /* ------------------------------------------------------------------------ */
@@ -343,47 +721,149 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms,
 /* ------------------------------------------------------------------------ */
 
 typedef enum cusafe_memory {
-  CUSAFE_MEMORY_DEVICE = 0,      /* device memory, from the stream-ordered pool */
+  CUSAFE_MEMORY_DEVICE = 0, /* device memory, from the stream-ordered pool */
   CUSAFE_MEMORY_HOST_PINNED = 1, /* page-locked host memory */
   CUSAFE_MEMORY_MANAGED = 2      /* unified (managed) memory */
 } cusafe_memory;
 
 /* Allocates `size` bytes of `kind` memory in ctx.  Device memory comes from
  * the device's stream-ordered pool (cudaMallocAsync) on the context's
- * default stream.  The buffer holds a reference on ctx.  Contents are
- * undefined until written.
- * Errors: INVALID_VALUE (out NULL, unknown kind), INVALID_SIZE (size 0),
- * OUT_OF_MEMORY (also a size above the device's total memory), NOT_SUPPORTED (managed memory on a device without it),
- * INVALID_HANDLE (ctx). */
+ * default stream; pinned memory from cudaMallocHost, managed memory from
+ * cudaMallocManaged.  Contents are undefined until written.
+ * Parameters: out [out] the new buffer; ctx [in] its context; kind [in] a
+ *   cusafe_memory; size [in] bytes, at least 1.
+ * Returns: CUSAFE_SUCCESS: *out is the new buffer.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, or kind is unknown.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: device or managed memory of more than the
+ *   device's total memory, no host memory, or the handle table is full.
+ *   CUSAFE_ERROR_NOT_SUPPORTED: managed memory on a device without it.  A
+ *   CUDA failure (cudaMallocAsync, cudaMallocHost, cudaMallocManaged; most
+ *   often CUSAFE_ERROR_OUT_OF_MEMORY): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   buffer holds a reference on ctx.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                              cusafe_context ctx,
                                              cusafe_memory kind, size_t size);
-/* Allocates `size` bytes of device memory ordered on `stream` (its context's
- * pool): later work on any stream that uses the buffer is ordered after the
- * allocation. */
+/* Allocates `size` bytes of device memory ordered on `stream` (from its
+ * context's pool): later work on any stream that uses the buffer is ordered
+ * after the allocation.
+ * Parameters: out [out] the new buffer; stream [in] the stream (not
+ *   CUSAFE_STREAM_DEFAULT: use cusafe_buffer_alloc() for the default
+ *   stream); size [in] bytes, at least 1.
+ * Returns: CUSAFE_SUCCESS: *out is the new buffer, of the stream's context.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: more than the device's total memory, no
+ *   host memory, or the handle table is full.  A CUDA failure
+ *   (cudaMallocAsync): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is
+ *   CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   buffer holds a reference on the stream's context, and on the stream
+ *   until its work moves to another stream or its memory is freed.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    cusafe_stream stream,
                                                    size_t size);
 /* Creates a view: a buffer handle for bytes [offset, offset + size) of
- * `parent` (a buffer or another view).  The view holds a reference on its
- * parent, so the memory lives as long as any view of it.  Errors:
- * INVALID_SIZE (size 0), OUT_OF_RANGE (beyond the parent). */
+ * `parent` (a buffer or another view), usable wherever a buffer is.  The
+ * memory lives as long as any view of it.
+ * Parameters: out [out] the new view; parent [in] a buffer or view;
+ *   offset [in] bytes into parent; size [in] bytes, at least 1.
+ * Returns: CUSAFE_SUCCESS: *out is the new view, of parent's memory kind
+ *   and context.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: parent is NULL, forged, stale or not a
+ *   buffer.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
+ *   CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond parent, or
+ *   overflows.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
+ *   table is full.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.  *out is CUSAFE_NULL_HANDLE on every
+ *   failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   view holds a reference on parent, which the caller may release.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
-                                            cusafe_buffer parent,
-                                            size_t offset, size_t size);
+                                            cusafe_buffer parent, size_t offset,
+                                            size_t size);
+/* Adds one reference of the caller to a buffer or view: the typed
+ * cusafe_retain().
+ * Parameters: buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: buffer holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not
+ *   a buffer.  CUSAFE_ERROR_OUT_OF_MEMORY: buffer has too many references
+ *   (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_retain(cusafe_buffer buffer);
-/* Drops one reference.  When the last one goes, the memory is freed after
- * all work already queued on it, stream-ordered; the handle is stale at
- * once. */
+/* Drops one reference of the caller to a buffer or view.  When the
+ * caller's last one goes the handle is stale at once; when its views are
+ * gone too, the memory is freed after all work already queued on it:
+ * device memory stream-ordered, without waiting; pinned and managed memory
+ * once the stream of its latest work is idle, which the release waits for.
+ * Parameters: buffer [in] the buffer or view; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: buffer is forged, stale (a double
+ *   release) or not a buffer.  Where this release destroys the buffer, a
+ *   CUDA failure of the free (cudaFreeAsync, when the cudaFree tried after
+ *   it fails too; cudaStreamSynchronize, cudaFreeHost or cudaFree for
+ *   pinned and managed memory) or of the teardown of a parent, stream or
+ *   context whose last reference it held: its mapped status (see Releases
+ *   at the top).  After shutdown and in a forked child: CUSAFE_SUCCESS,
+ *   nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe; see the top for a release racing a launch. */
 CUSAFE_API cusafe_status cusafe_buffer_release(cusafe_buffer buffer);
-/* Stores the buffer's (or view's) size in bytes in *out. */
+/* Tells the size of a buffer or view.
+ * Parameters: out [out] the size in bytes; buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: *out is its size.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
+ *   buffer.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_get_size(size_t *out,
                                                 cusafe_buffer buffer);
-/* Stores the buffer's memory kind in *out. */
+/* Tells the memory kind of a buffer or view.
+ * Parameters: out [out] the kind; buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: *out is its kind.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
+ *   buffer.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_get_memory(cusafe_memory *out,
                                                   cusafe_buffer buffer);
-/* Stores the buffer's context in *out with a new reference, which the
- * caller releases. */
+/* Hands out the context of a buffer or view with a new reference, so that
+ * the context handle is usable again even after the caller released its
+ * own.
+ * Parameters: out [out] the context; buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: *out is the buffer's context.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
+ *   buffer.  CUSAFE_ERROR_OUT_OF_MEMORY: the context has too many
+ *   references (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is
+ *   CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns one more reference of *out, to release.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_get_context(cusafe_context *out,
                                                    cusafe_buffer buffer);
 
@@ -392,66 +872,181 @@ CUSAFE_API cusafe_status cusafe_buffer_get_context(cusafe_context *out,
  * last used costs nothing extra; moving to another stream makes it wait for
  * the previous one (an event record and a stream wait).  The synchronous
  * cusafe_buffer_write() and cusafe_buffer_read() therefore see the results
- * of all work queued before them on any stream. */
+ * of all work queued before them on any stream.  Operations on one buffer
+ * from several threads are ordered as they reach the buffer.
+ *
+ * In the transfers below, a size of 0 is checked like any other (offset may
+ * equal the buffer's size) and then does nothing.  Their CUDA failures
+ * include those of the event record and stream wait
+ * (cudaEventCreateWithFlags, cudaEventRecord, cudaStreamWaitEvent) that
+ * order a buffer's work after its previous work on another stream. */
 
 /* Copies `size` bytes from host memory `src` to the buffer at `offset` and
- * returns when the copy is complete.  size 0 is a no-op (offset must still
- * be within the buffer).  Errors: INVALID_VALUE (src NULL with size > 0),
- * OUT_OF_RANGE (offset + size beyond the buffer or overflowing). */
+ * returns when the copy is complete.  It runs on the default stream of the
+ * buffer's context, after all earlier work on the buffer.
+ * Parameters: buffer [in] the buffer or view written; offset [in] bytes
+ *   into it; src [in] host memory, NULL allowed when size is 0; size [in]
+ *   bytes.
+ * Returns: CUSAFE_SUCCESS: the bytes are in the buffer.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not
+ *   a buffer.  CUSAFE_ERROR_INVALID_VALUE: src is NULL and size is not 0.
+ *   CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond the buffer, or
+ *   overflows.  A CUDA failure (cudaMemcpyAsync, cudaStreamSynchronize;
+ *   after a kernel fault, CUSAFE_ERROR_CUDA): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: nothing changes; src stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
 CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
                                              size_t offset, const void *src,
                                              size_t size);
 /* Copies `size` bytes of the buffer at `offset` into host memory `dst` and
- * returns when the copy is complete; errors as cusafe_buffer_write(). */
-CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
-                                            size_t offset, void *dst,
-                                            size_t size);
-/* Stream-ordered forms of write and read.  The host memory must stay valid
- * until the stream has passed the copy (pageable memory is staged, so for
- * it the call returns once `src` may be reused / `dst` is filled). */
+ * returns when the copy is complete.  It runs on the default stream of the
+ * buffer's context, after all earlier work on the buffer.
+ * Parameters: buffer [in] the buffer or view read; offset [in] bytes into
+ *   it; dst [out] host memory, NULL allowed when size is 0; size [in] bytes.
+ * Returns: CUSAFE_SUCCESS: dst holds the bytes.
+ * Errors: as cusafe_buffer_write(), with dst for src:
+ *   CUSAFE_ERROR_INVALID_HANDLE (buffer), CUSAFE_ERROR_INVALID_VALUE (dst
+ *   NULL, size not 0), CUSAFE_ERROR_OUT_OF_RANGE, a CUDA failure
+ *   (cudaMemcpyAsync, cudaStreamSynchronize): its mapped status,
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED.
+ * Ownership: nothing changes; dst stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
+CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer, size_t offset,
+                                            void *dst, size_t size);
+/* The stream-ordered form of cusafe_buffer_write(): queues the copy of
+ * `size` bytes from host memory `src` to the buffer at `offset` on
+ * `stream`, after all earlier work on the buffer, and returns.  The host
+ * memory must stay valid until the stream has passed the copy (pageable
+ * memory is staged, so for it the call returns once `src` may be reused).
+ * Parameters: buffer [in] the buffer or view; offset [in] bytes into it;
+ *   src [in] host memory, NULL allowed when size is 0; size [in] bytes;
+ *   stream [in] a stream of the buffer's context, or
+ *   CUSAFE_STREAM_DEFAULT: that context's default stream.
+ * Returns: CUSAFE_SUCCESS: the copy is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not
+ *   a buffer; stream is forged, stale or not a stream.
+ *   CUSAFE_ERROR_INVALID_VALUE: src is NULL and size is not 0.
+ *   CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond the buffer, or
+ *   overflows.  CUSAFE_ERROR_CONTEXT_MISMATCH: stream belongs to another
+ *   context.  A CUDA failure (cudaMemcpyAsync): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: the buffer's memory stays alive until the copy has run; the
+ *   host memory stays the caller's, and cusafe does not keep it alive.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
 CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
                                                    size_t offset,
-                                                   const void *src,
-                                                   size_t size,
+                                                   const void *src, size_t size,
                                                    cusafe_stream stream);
+/* The stream-ordered form of cusafe_buffer_read(): queues the copy of
+ * `size` bytes of the buffer at `offset` into host memory `dst` on
+ * `stream`, after all earlier work on the buffer, and returns.  dst must
+ * stay valid until the stream has passed the copy (for pageable memory the
+ * call returns once dst is filled).
+ * Parameters: buffer [in] the buffer or view; offset [in] bytes into it;
+ *   dst [out] host memory, NULL allowed when size is 0; size [in] bytes;
+ *   stream [in] a stream of the buffer's context, or
+ *   CUSAFE_STREAM_DEFAULT: that context's default stream.
+ * Returns: CUSAFE_SUCCESS: the copy is queued.
+ * Errors: as cusafe_buffer_write_async(), with dst for src:
+ *   CUSAFE_ERROR_INVALID_HANDLE (buffer, stream), CUSAFE_ERROR_INVALID_VALUE
+ *   (dst NULL, size not 0), CUSAFE_ERROR_OUT_OF_RANGE,
+ *   CUSAFE_ERROR_CONTEXT_MISMATCH, a CUDA failure (cudaMemcpyAsync): its
+ *   mapped status, CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED.
+ * Ownership: the buffer's memory stays alive until the copy has run; dst
+ *   stays the caller's, and cusafe does not keep it alive.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
 CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
                                                   size_t offset, void *dst,
                                                   size_t size,
                                                   cusafe_stream stream);
 /* Copies `size` bytes from src at src_offset to dst at dst_offset, ordered on
- * `stream` (CUSAFE_STREAM_DEFAULT: dst's context's default stream).  The
- * buffers may belong to different devices (a peer copy); the stream must
- * belong to the context of one of them (else CONTEXT_MISMATCH).  Where the
- * copy has to run on the other device (device memory of one device and
- * host-accessible memory of another), cusafe runs it on that device's
- * default stream, ordered after the work already on `stream` and before
- * any work queued on `stream` later.  Ranges that overlap within one
- * allocation: INVALID_VALUE. */
+ * `stream`, after all earlier work on both buffers.  The buffers may belong
+ * to different devices (a peer copy between device memory of two devices).
+ * Where the copy has to run on the other device (device memory of one
+ * device and host-accessible memory of another), cusafe runs it on that
+ * device's default stream, ordered after the work already on `stream` and
+ * before any work queued on `stream` later.
+ * Parameters: dst [in] the buffer or view written; dst_offset [in] bytes
+ *   into it; src [in] the buffer or view read; src_offset [in] bytes into
+ *   it; size [in] bytes; stream [in] a stream of the context of dst or of
+ *   src, or CUSAFE_STREAM_DEFAULT: the default stream of dst's context.
+ * Returns: CUSAFE_SUCCESS: the copy is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: dst or src is NULL, forged, stale or
+ *   not a buffer; stream is forged, stale or not a stream.
+ *   CUSAFE_ERROR_OUT_OF_RANGE: a range is beyond its buffer, or overflows.
+ *   CUSAFE_ERROR_INVALID_VALUE: the ranges overlap within one allocation.
+ *   CUSAFE_ERROR_CONTEXT_MISMATCH: stream belongs to neither buffer's
+ *   context.  A CUDA failure (cudaMemcpyAsync, cudaMemcpyPeerAsync): its
+ *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
+ * Ownership: both buffers' memory stays alive until the copy has run.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
 CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst,
                                             size_t dst_offset,
                                             cusafe_buffer src,
                                             size_t src_offset, size_t size,
                                             cusafe_stream stream);
-/* Sets `size` bytes at `offset` to `value`, ordered on `stream`. */
-CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
-                                            size_t offset, size_t size,
-                                            unsigned char value,
+/* Sets `size` bytes at `offset` to `value`, ordered on `stream`, after all
+ * earlier work on the buffer.
+ * Parameters: buffer [in] the buffer or view; offset [in] bytes into it;
+ *   size [in] bytes; value [in] the byte; stream [in] a stream of the
+ *   buffer's context, or CUSAFE_STREAM_DEFAULT: its default stream.
+ * Returns: CUSAFE_SUCCESS: the fill is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not
+ *   a buffer; stream is forged, stale or not a stream.
+ *   CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond the buffer, or
+ *   overflows.  CUSAFE_ERROR_CONTEXT_MISMATCH: stream belongs to another
+ *   context.  A CUDA failure (cudaMemsetAsync): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: the buffer's memory stays alive until the fill has run.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; see "Ordering" above. */
+CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer, size_t offset,
+                                            size_t size, unsigned char value,
                                             cusafe_stream stream);
 
 /* ------------------------------------------------------------------------ */
 /* Interop (NCCL, CUDA-aware MPI, other CUDA libraries)                       */
 /* ------------------------------------------------------------------------ */
 
-/* Stores the raw address of the buffer's first byte (a device address; for
- * pinned memory the host address, which the device can use too) in *out.
- * cusafe keeps ownership: the address is valid while the caller holds a
- * reference on the buffer, and work the caller queues through it is not
- * tracked by cusafe -- synchronise before releasing. */
+/* Gives the raw address of the first byte of a buffer or view: a device
+ * address; for pinned memory the host address, which the device can use
+ * too.
+ * Parameters: out [out] the address; buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: *out is the address.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
+ *   buffer.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is NULL on every failure.
+ * Ownership: cusafe keeps ownership: the address is valid while the caller
+ *   holds a reference on the buffer, and work the caller queues through it
+ *   is not tracked by cusafe -- synchronise before releasing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
                                                        cusafe_buffer buffer);
-/* Stores the stream's cudaStream_t in *out (CUSAFE_STREAM_DEFAULT is not a
- * stream here: INVALID_HANDLE).  cusafe keeps ownership: valid while the
- * caller holds a reference on the stream; never destroy it. */
+/* Gives the stream's cudaStream_t.
+ * Parameters: out [out] the cudaStream_t; stream [in] the stream
+ *   (CUSAFE_STREAM_DEFAULT is not a stream here).
+ * Returns: CUSAFE_SUCCESS: *out is the stream's cudaStream_t.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is NULL on every failure.
+ * Ownership: cusafe keeps ownership: valid while the caller holds a
+ *   reference on the stream; never destroy it.  Work queued through it on
+ *   cusafe buffers is not tracked.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
                                                       cusafe_stream stream);
 
@@ -463,66 +1058,214 @@ CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
  * cubin / fatbin / PTX image from a file or memory, or CUDA C++ compiled at
  * run time with NVRTC.  It holds a reference on its context; a kernel holds
  * a reference on its module, so a module lives while any kernel of it does.
- * Modules and kernels are released like every other handle. */
+ * Modules and kernels are released like every other handle.
+ *
+ * The four loaders set *out to CUSAFE_NULL_HANDLE on every failure except
+ * CUSAFE_ERROR_SHUTDOWN and CUSAFE_ERROR_FORKED, which leave it unchanged.
+ * They fail with CUSAFE_ERROR_INVALID_IMAGE, "module <name> cannot be
+ * loaded: <CUDA's words>", where CUDA rejects the image (also with
+ * cudaErrorInvalidValue).  With drivers of CUDA 12.0 and later the image is
+ * loaded into the device at once, so that a bad one fails here and not at
+ * its first launch. */
 
 /* Loads the kernels built into cusafe (from kernels/: fill, scale, axpy
  * and vector add for float and double, named cusafe_<op>_f32 / _f64; see
- * the README for their parameters).  Errors: INVALID_HANDLE (ctx),
- * INVALID_IMAGE (the library holds no code for this device's architecture;
- * rebuild with ./configure --with-cuda-arch). */
+ * the README for their parameters).
+ * Parameters: out [out] the new module; ctx [in] its context.
+ * Returns: CUSAFE_SUCCESS: *out is the new module.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_INVALID_IMAGE: the library holds no code for this
+ *   device's architecture (rebuild with ./configure --with-cuda-arch).
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle table is
+ *   full.  A CUDA failure (cudaLibraryLoadData, cudaSetDevice,
+ *   cuLibraryGetModule): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   module holds a reference on ctx.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; each call loads a new module. */
 CUSAFE_API cusafe_status cusafe_module_load_builtin(cusafe_module *out,
                                                     cusafe_context ctx);
-/* Loads a cubin, fatbin or PTX file.  Errors: INVALID_VALUE (path NULL),
- * INVALID_IMAGE (cannot be read, or not loadable: the message names the
- * file and says why). */
+/* Loads a cubin, fatbin or PTX file.
+ * Parameters: out [out] the new module; ctx [in] its context; path [in]
+ *   the file's path, NUL-terminated.
+ * Returns: CUSAFE_SUCCESS: *out is the new module.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or path is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_INVALID_IMAGE: the file cannot be read, or is not
+ *   loadable (the message names the file and says why).
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle table is
+ *   full.  A CUDA failure (cudaLibraryLoadFromFile, cudaSetDevice,
+ *   cuLibraryGetModule): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   module holds a reference on ctx.  path stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_module_load_file(cusafe_module *out,
                                                  cusafe_context ctx,
                                                  const char *path);
 /* Loads a cubin, fatbin or NUL-terminated PTX image from memory; cusafe
- * copies what it needs, so `image` may be freed afterwards.  `size` is the
- * image's size in bytes (for PTX, including the NUL).  Errors: INVALID_VALUE
- * (image NULL), INVALID_SIZE (size 0), INVALID_IMAGE. */
+ * copies what it needs, so `image` may be freed afterwards.
+ * Parameters: out [out] the new module; ctx [in] its context; image [in]
+ *   the image; size [in] its size in bytes (for PTX, including the NUL).
+ *   cusafe only checks that size is not 0: CUDA reads the image as far as
+ *   its own headers (or PTX's NUL) say.
+ * Returns: CUSAFE_SUCCESS: *out is the new module.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or image is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
+ *   CUSAFE_ERROR_INVALID_IMAGE: CUDA cannot load the image.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle table is
+ *   full.  A CUDA failure (cudaLibraryLoadData, cudaSetDevice,
+ *   cuLibraryGetModule): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   module holds a reference on ctx.  image stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_module_load_data(cusafe_module *out,
                                                  cusafe_context ctx,
                                                  const void *image,
                                                  size_t size);
 /* Compiles CUDA C++ `source` with NVRTC for the context's device (cubin
- * for its exact architecture) and loads it.  `name` names the program in
- * messages and the compiler's diagnostics (NULL: "source.cu").  `options`
- * are NVRTC options such as "-DN=4", "-I/path", "-std=c++17"; cusafe adds
- * the architecture option unless one is given.  Kernels should be declared
+ * for its exact architecture) and loads it.  Kernels should be declared
  * extern "C" to be found by their plain names; otherwise pass the mangled
- * name to cusafe_module_get_kernel().  Errors: INVALID_VALUE (source NULL,
- * options NULL with noptions > 0), COMPILE (the message holds the log;
- * cusafe_last_compile_log() the whole of it). */
-CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
-                                               cusafe_context ctx,
-                                               const char *source,
-                                               const char *name,
-                                               const char *const *options,
-                                               size_t noptions);
-/* Returns the full log of the calling thread's last failed
- * cusafe_module_compile(), or "".  Owned by the library, valid until the
- * next compile on this thread; never NULL.  Thread-safe (per thread). */
+ * name to cusafe_module_get_kernel().
+ * Parameters: out [out] the new module; ctx [in] its context; source [in]
+ *   NUL-terminated CUDA C++; name [in] the program's name in messages and
+ *   the compiler's diagnostics, NULL: "source.cu"; options [in] noptions
+ *   NVRTC options such as "-DN=4", "-I/path", "-std=c++17" (cusafe adds the
+ *   architecture option unless one is given), NULL allowed when noptions
+ *   is 0; noptions [in] their number.
+ * Returns: CUSAFE_SUCCESS: *out is the new module; the thread's compile log
+ *   is "".
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or source is NULL, or options is
+ *   NULL with noptions > 0.  CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL,
+ *   forged, stale or not a context.  CUSAFE_ERROR_COMPILE: NVRTC failed:
+ *   the source or an option is wrong (the message holds the log, cut to
+ *   what the message can hold; cusafe_last_compile_log() gives all of it),
+ *   the compilation gave no cubin (a virtual architecture was given), or
+ *   another NVRTC call failed.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory,
+ *   NVRTC ran out of memory, or the handle table is full.
+ *   CUSAFE_ERROR_INVALID_IMAGE and the CUDA failures of loading, as
+ *   cusafe_module_load_data().  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   module holds a reference on ctx.  source, name and options stay the
+ *   caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; the compile log is per thread. */
+CUSAFE_API cusafe_status cusafe_module_compile(
+    cusafe_module *out, cusafe_context ctx, const char *source,
+    const char *name, const char *const *options, size_t noptions);
+/* Returns the full NVRTC log of the calling thread's last
+ * cusafe_module_compile() whose compilation failed.
+ * Parameters: none.
+ * Returns: the log; "" before any such failure, after a compile that made
+ *   a cubin (whether CUDA then loaded it or not), or when NVRTC wrote no
+ *   log.  A compile that fails before compiling (a bad argument or handle,
+ *   nvrtcCreateProgram) or that compiles but gets no cubin leaves the log
+ *   as it was.  Never NULL.
+ * Errors: none.
+ * Ownership: the text is the library's; it stays valid until the next
+ *   cusafe_module_compile() on this thread that fails to compile or makes
+ *   a cubin, or until the thread exits.
+ * Handles: none taken.
+ * Threads: per-thread state; thread-safe; works after shutdown. */
 CUSAFE_API const char *cusafe_last_compile_log(void);
+/* Adds one reference of the caller to a module: the typed cusafe_retain().
+ * Parameters: module [in] the module.
+ * Returns: CUSAFE_SUCCESS: module holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: module is NULL, forged, stale or not
+ *   a module.  CUSAFE_ERROR_OUT_OF_MEMORY: module has too many references
+ *   (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_module_retain(cusafe_module module);
+/* Drops one reference of the caller to a module.  When the caller's last
+ * one goes the handle is stale; once its kernels are gone too, the module
+ * waits for its device to be idle (launches of its code may be queued) and
+ * unloads the code.
+ * Parameters: module [in] the module; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: module is forged, stale (a double
+ *   release) or not a module.  Where this release destroys the module, a
+ *   CUDA failure (cudaDeviceSynchronize, cudaLibraryUnload, or the teardown
+ *   of the context whose last reference it held): its mapped status (see
+ *   Releases at the top).  After shutdown and in a forked child:
+ *   CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_module_release(cusafe_module module);
 
 /* Looks up a kernel of the module by name and reads its parameter layout.
- * The kernel holds a reference on the module.  Errors: INVALID_VALUE (name
- * NULL), NOT_FOUND ("kernel \"<name>\" not found in module <module>"),
- * NOT_SUPPORTED (a parameter of more than 65 535 bytes, which CUDA does not
- * allow today: it allows 32 764 bytes for all the parameters together). */
+ * Each call makes a new kernel handle.
+ * Parameters: out [out] the new kernel; module [in] the module; name [in]
+ *   the kernel's name, NUL-terminated (mangled unless extern "C").
+ * Returns: CUSAFE_SUCCESS: *out is the new kernel.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or name is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: module is NULL, forged, stale or not a
+ *   module.  CUSAFE_ERROR_NOT_FOUND: "kernel \"<name>\" not found in module
+ *   <module>".  CUSAFE_ERROR_NOT_SUPPORTED: a parameter of 0 or of more
+ *   than 65 535 bytes (CUDA allows 32 764 bytes for all the parameters
+ *   together today).  CUSAFE_ERROR_INVALID_IMAGE: CUDA cannot load the
+ *   kernel's code.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the
+ *   handle table is full.  A CUDA failure (cudaLibraryGetKernel,
+ *   cudaFuncGetParamInfo, cudaFuncGetAttributes): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   kernel holds a reference on module, which the caller may release.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_module_get_kernel(cusafe_kernel *out,
                                                   cusafe_module module,
                                                   const char *name);
+/* Adds one reference of the caller to a kernel: the typed cusafe_retain().
+ * Parameters: kernel [in] the kernel.
+ * Returns: CUSAFE_SUCCESS: kernel holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale or not
+ *   a kernel.  CUSAFE_ERROR_OUT_OF_MEMORY: kernel has too many references
+ *   (65535 of the caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file); NULL is an error here.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_kernel_retain(cusafe_kernel kernel);
+/* Drops one reference of the caller to a kernel; the last one destroys it
+ * and drops its reference on the module.  Launches already queued still
+ * run (see cusafe_module_release()).
+ * Parameters: kernel [in] the kernel; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: kernel is forged, stale (a double
+ *   release) or not a kernel.  Where this release destroys the kernel and
+ *   it held the module's last reference, a CUDA failure of the module's
+ *   teardown (as cusafe_module_release()): its mapped status.  After
+ *   shutdown and in a forked child: CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe; see the top for a release racing a launch. */
 CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
-/* Stores the number of parameters of the kernel in *count and, if sizes is
- * not NULL, the size in bytes of the first min(*count, capacity) of them in
- * sizes[]. */
-CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
-                                                  size_t *sizes,
+/* Tells the number of parameters of the kernel and their sizes.
+ * Parameters: count [out] the number of parameters; sizes [out] NULL, or
+ *   an array of capacity elements; capacity [in] the elements of sizes;
+ *   kernel [in] the kernel.
+ * Returns: CUSAFE_SUCCESS: *count is set and, if sizes is not NULL, the
+ *   first min(*count, capacity) elements of sizes[] hold the parameters'
+ *   sizes in bytes; the others are left unchanged.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: count is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale or not a
+ *   kernel.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  The outputs are left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
                                                   size_t capacity,
                                                   cusafe_kernel kernel);
 
@@ -543,20 +1286,39 @@ typedef enum cusafe_arg_kind {
 } cusafe_arg_kind;
 
 /* One kernel argument: a tagged value, 16 bytes, easy to build from C (the
- * CUSAFE_ARG_* macros below) and from ctypes. */
+ * CUSAFE_ARG_ macros below) and from ctypes. */
 typedef struct cusafe_arg {
   uint32_t kind; /* a cusafe_arg_kind */
   uint32_t size; /* CUSAFE_ARG_BYTES only: the byte count */
   union {
     cusafe_buffer buffer;
-    int64_t i;    /* I8 .. I64 */
-    uint64_t u;   /* U8 .. U64 */
+    int64_t i;  /* I8 .. I64 */
+    uint64_t u; /* U8 .. U64 */
     float f32;
     double f64;
     const void *bytes;
   } value;
 } cusafe_arg;
 
+/* Build one cusafe_arg each, as a compound literal (C99; in C++ only where
+ * the compiler accepts compound literals as an extension, as GCC and Clang
+ * do).
+ * Parameters: CUSAFE_ARG_BUF(h): h [in] a buffer or view handle, passed as
+ *   its device address (a view at its offset).  CUSAFE_ARG_INT(k, v):
+ *   k [in] CUSAFE_ARG_I8, _I16, _I32 or _I64; CUSAFE_ARG_UINT(k, v): k [in]
+ *   CUSAFE_ARG_U8, _U16, _U32 or _U64; v [in] the value, passed in the
+ *   width of k.  CUSAFE_ARG_I32V, _U32V, _I64V, _U64V, _F32V, _F64V (v):
+ *   v [in] the value, of that type.  CUSAFE_ARG_STRUCT(p): p [in] a pointer
+ *   to an object whose sizeof(*p) bytes are passed by value.
+ * Returns: the cusafe_arg.
+ * Errors: none here; cusafe_kernel_launch() checks each argument (its kind
+ *   and size against the parameter, the buffer's handle, a NULL p).
+ * Ownership: nothing is taken: the caller holds its reference on a buffer
+ *   until the launch call returns, and the launch keeps the memory alive
+ *   until the kernel has completed; *p is read during the launch call
+ *   only.
+ * Handles: h is not checked until the launch.
+ * Threads: plain expressions. */
 #define CUSAFE_ARG_BUF(h) ((cusafe_arg){CUSAFE_ARG_BUFFER, 0, {.buffer = (h)}})
 #define CUSAFE_ARG_INT(k, v) ((cusafe_arg){(k), 0, {.i = (int64_t)(v)}})
 #define CUSAFE_ARG_UINT(k, v) ((cusafe_arg){(k), 0, {.u = (uint64_t)(v)}})
@@ -566,7 +1328,7 @@ typedef struct cusafe_arg {
 #define CUSAFE_ARG_U64V(v) CUSAFE_ARG_UINT(CUSAFE_ARG_U64, v)
 #define CUSAFE_ARG_F32V(v) ((cusafe_arg){CUSAFE_ARG_F32, 0, {.f32 = (v)}})
 #define CUSAFE_ARG_F64V(v) ((cusafe_arg){CUSAFE_ARG_F64, 0, {.f64 = (v)}})
-#define CUSAFE_ARG_STRUCT(p)                                                 \
+#define CUSAFE_ARG_STRUCT(p)                                                   \
   ((cusafe_arg){CUSAFE_ARG_BYTES, (uint32_t)sizeof(*(p)), {.bytes = (p)}})
 
 /* Where and how a kernel runs. */
@@ -578,34 +1340,92 @@ typedef struct cusafe_launch_config {
 } cusafe_launch_config;
 
 /* Launches `kernel`.  Before launching it checks, each with its own status
- * and a message: the number of arguments and each one's size against the
- * kernel's parameters (INVALID_ARGUMENTS: "kernel cusafe_axpy_f32 takes 4
- * arguments, 3 given", "argument 2 of kernel k is 4 bytes, parameter 2 is
- * 8 bytes"); grid, block and shared memory against the kernel's and the
- * device's limits (INVALID_CONFIGURATION); every buffer and the stream in
- * the kernel's context (CONTEXT_MISMATCH); handles (INVALID_HANDLE).
- * Buffers are passed as their device address (a view at its offset) and
- * stay alive until the kernel has completed, like every other operation on
- * them (see "Ordering" above).  Dynamic shared memory above the default
- * limit is opted into automatically.  `args` may be NULL when nargs is 0.
- * Thread-safe; a handle released by another thread during the call either
- * launches (its release waits for the call) or fails as stale. */
-CUSAFE_API cusafe_status cusafe_kernel_launch(
-    cusafe_kernel kernel, const cusafe_launch_config *config,
-    const cusafe_arg *args, size_t nargs);
+ * and a message: the handles, the number of arguments and each one's size
+ * against the kernel's parameters, grid, block and shared memory against
+ * the kernel's and the device's limits, and that every buffer and the
+ * stream belong to the kernel's context.  Buffers are passed as their
+ * device address (a view at its offset) and stay alive until the kernel
+ * has completed, like every other operation on them (see "Ordering"
+ * above).  Dynamic shared memory above the default limit is opted into
+ * automatically.
+ * Parameters: kernel [in] the kernel; config [in] grid, block, dynamic
+ *   shared memory and stream (CUSAFE_STREAM_DEFAULT: the default stream of
+ *   the kernel's context); args [in] nargs arguments, NULL allowed when
+ *   nargs is 0; nargs [in] their number.
+ * Returns: CUSAFE_SUCCESS: the kernel is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale or not
+ *   a kernel; config->stream or a buffer argument is forged, stale or not
+ *   of its type ("argument 2 0x... is stale: ..."), or a NULL buffer.
+ *   CUSAFE_ERROR_INVALID_VALUE: config is NULL; args is NULL with nargs >
+ *   0; a CUSAFE_ARG_BYTES argument of the right size with value.bytes
+ *   NULL.  CUSAFE_ERROR_INVALID_ARGUMENTS: nargs is not the kernel's
+ *   parameter count ("kernel cusafe_axpy_f32 takes 4 arguments, 3 given");
+ *   an argument of unknown kind, or whose size is not its parameter's
+ *   ("argument 2 of kernel k is 4 bytes, parameter 2 is 8 bytes").
+ *   CUSAFE_ERROR_INVALID_CONFIGURATION: a grid or block dimension that is
+ *   0 or above the device's limit, more threads per block than the kernel
+ *   allows, or more dynamic shared memory than the device allows it.
+ *   CUSAFE_ERROR_CONTEXT_MISMATCH: the stream or a buffer argument belongs
+ *   to another context.  CUSAFE_ERROR_OUT_OF_MEMORY: more than 32
+ *   arguments, and no host memory for them.  A CUDA failure
+ *   (cudaKernelSetAttributeForDevice for the shared memory opt-in, the
+ *   event record and stream wait that order a buffer's earlier work on
+ *   another stream, cudaLaunchKernel): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  The kernel is not queued on failure.
+ * Ownership: no reference is handed to the caller; the buffers' memory and
+ *   the kernel's code stay alive until the kernel has completed.  args and
+ *   the memory its CUSAFE_ARG_BYTES arguments point to are read during the
+ *   call only.
+ * Handles: as every call (see the top of this file); CUSAFE_STREAM_DEFAULT
+ *   as above.
+ * Threads: thread-safe; a kernel, stream or buffer released by another
+ *   thread during the call either launches (its release waits for the
+ *   call) or fails as stale. */
+CUSAFE_API cusafe_status
+cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
+                     const cusafe_arg *args, size_t nargs);
 
-/* The C convenience form: CUSAFE_LAUNCH(k, &config, CUSAFE_ARG_BUF(x),
- * CUSAFE_ARG_F32V(2.0f), CUSAFE_ARG_U64V(n)). */
-#define CUSAFE_LAUNCH(kernel, config, ...)                                   \
-  cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__}, \
-                       sizeof((const cusafe_arg[]){__VA_ARGS__}) /            \
+/* The C convenience form of cusafe_kernel_launch(), which counts the
+ * arguments: CUSAFE_LAUNCH(k, &config, CUSAFE_ARG_BUF(x),
+ * CUSAFE_ARG_F32V(2.0f), CUSAFE_ARG_U64V(n)).  C only (C++ rejects the
+ * address of its temporary array); ISO C wants at least one argument, so a
+ * kernel without parameters is launched with cusafe_kernel_launch(k,
+ * &config, NULL, 0).
+ * Parameters: kernel [in], config [in] as cusafe_kernel_launch(); then the
+ *   arguments [in], each a cusafe_arg (the CUSAFE_ARG_ macros above).
+ * Returns: cusafe_kernel_launch()'s status.
+ * Errors: those of cusafe_kernel_launch().
+ * Ownership: as cusafe_kernel_launch().
+ * Handles: as cusafe_kernel_launch().
+ * Threads: as cusafe_kernel_launch(). */
+#define CUSAFE_LAUNCH(kernel, config, ...)                                     \
+  cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__},  \
+                       sizeof((const cusafe_arg[]){__VA_ARGS__}) /             \
                            sizeof(cusafe_arg))
 
 /* Suggests a block size (threads, a multiple of the warp size) that gives
  * the kernel the highest occupancy with `shared_memory` bytes of dynamic
- * shared memory per block, and the grid that covers `n` threads with it
- * (at least 1; capped at the device's grid limit).  Errors: INVALID_VALUE
- * (block or grid NULL), INVALID_CONFIGURATION (shared_memory too large). */
+ * shared memory per block (the largest such size), and the grid that covers
+ * `n` threads with it.  Like a launch, it opts the kernel into that much
+ * dynamic shared memory if needed.
+ * Parameters: block [out] threads per block, for config.block[0]; grid
+ *   [out] blocks, for config.grid[0]; kernel [in] the kernel;
+ *   shared_memory [in] dynamic shared memory per block in bytes; n [in] the
+ *   number of threads wanted.
+ * Returns: CUSAFE_SUCCESS: *block is set, and *grid is n / *block rounded
+ *   up, at least 1 and at most the device's grid limit in x.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: block or grid is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale or not a
+ *   kernel.  CUSAFE_ERROR_INVALID_CONFIGURATION: shared_memory is more than
+ *   the device allows the kernel, or no block size can run with it.  A CUDA
+ *   failure (cudaKernelSetAttributeForDevice,
+ *   cudaOccupancyMaxActiveBlocksPerMultiprocessor): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *block and *grid are left unchanged on failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
                                                       uint32_t *grid,
                                                       cusafe_kernel kernel,
