@@ -467,7 +467,7 @@ CUSAFE_API cusafe_status cusafe_context_release(cusafe_context ctx);
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
  *   context.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
- *   in a forked child.  *out is left unchanged on failure.
+ *   in a forked child.  *out is -1 (no device) on failure.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
@@ -832,7 +832,7 @@ CUSAFE_API cusafe_status cusafe_buffer_release(cusafe_buffer buffer);
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
  *   buffer.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
- *   in a forked child.  *out is left unchanged on failure.
+ *   in a forked child.  *out is 0 on failure.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
@@ -844,7 +844,7 @@ CUSAFE_API cusafe_status cusafe_buffer_get_size(size_t *out,
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: buffer is NULL, forged, stale or not a
  *   buffer.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
- *   in a forked child.  *out is left unchanged on failure.
+ *   in a forked child.  *out is (cusafe_memory)-1, no kind, on failure.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
@@ -1060,8 +1060,7 @@ CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
  * a reference on its module, so a module lives while any kernel of it does.
  * Modules and kernels are released like every other handle.
  *
- * The four loaders set *out to CUSAFE_NULL_HANDLE on every failure except
- * CUSAFE_ERROR_SHUTDOWN and CUSAFE_ERROR_FORKED, which leave it unchanged.
+ * The four loaders set *out to CUSAFE_NULL_HANDLE on every failure.
  * They fail with CUSAFE_ERROR_INVALID_IMAGE, "module <name> cannot be
  * loaded: <CUDA's words>", where CUDA rejects the image (also with
  * cudaErrorInvalidValue).  With drivers of CUDA 12.0 and later the image is
@@ -1261,7 +1260,7 @@ CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
  * Errors: CUSAFE_ERROR_INVALID_VALUE: count is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale or not a
  *   kernel.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
- *   in a forked child.  The outputs are left unchanged on failure.
+ *   in a forked child.  *count is 0 and sizes[] unchanged on failure.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
