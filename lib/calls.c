@@ -27,7 +27,7 @@ cusafe_status cs_state_error(void) {
  * the parent's: from here on every call fails and releases do nothing. */
 static void at_fork_child(void) { atomic_store(&cs_hot.state, CS_FORKED); }
 
-/* ---- light calls ------------------------------------------------------------ */
+/* ---- light calls --------------------------------------------------------- */
 
 /* Registers for expedited membarrier(), which makes cheap calls possible;
  * where the kernel, a seccomp filter or Valgrind refuses it, calls keep
@@ -41,17 +41,26 @@ void cs_calls_init(void) {
 #endif
 }
 
-/* A full memory barrier on every thread of the process. */
+/* A full memory barrier on every thread of the process.  Should
+ * membarrier() fail after its registration (a seccomp filter installed
+ * since), calls go back to full fences, and the marks of calls entered
+ * with a compiler barrier only get a millisecond to leave their store
+ * buffers: lib/README.md, "Light calls". */
 static void heavy_barrier(void) {
+  if (!atomic_load(&cs_hot.light_calls)) {
+    atomic_thread_fence(memory_order_seq_cst);
+    return;
+  }
 #ifdef __NR_membarrier
-  if (atomic_load(&cs_hot.light_calls) &&
-      syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+  if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
     return;
 #endif
+  atomic_store(&cs_hot.light_calls, 0);
   atomic_thread_fence(memory_order_seq_cst);
+  nanosleep(&(struct timespec){0, 1000000}, NULL);
 }
 
-/* ---- thread records ------------------------------------------------------------ */
+/* ---- thread records ------------------------------------------------------ */
 
 __thread struct cs_thread *cs_tls_thread
     __attribute__((tls_model("initial-exec")));
@@ -95,7 +104,7 @@ struct cs_thread *cs_thread_register(void) {
   return t;
 }
 
-/* ---- the waits ------------------------------------------------------------------ */
+/* ---- the waits ----------------------------------------------------------- */
 
 void cs_pins_wait(void) {
   struct cs_thread *self = cs_tls_thread;
@@ -125,8 +134,7 @@ void cs_pins_wait(void) {
 
 bool cs_calls_stop(void) {
   int expected = CS_RUNNING;
-  return atomic_compare_exchange_strong(&cs_hot.state, &expected,
-                                        CS_SHUT_DOWN);
+  return atomic_compare_exchange_strong(&cs_hot.state, &expected, CS_SHUT_DOWN);
 }
 
 bool cs_calls_drain(int seconds) {
@@ -145,7 +153,7 @@ bool cs_calls_drain(int seconds) {
   return false;
 }
 
-/* ---- spinlocks ------------------------------------------------------------------- */
+/* ---- spinlocks ----------------------------------------------------------- */
 
 void cs_spin_wait(cs_spinlock *l) {
   for (unsigned spins = 0;
