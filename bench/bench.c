@@ -46,14 +46,14 @@ extern char **environ;
 
 static struct {
   int quick;
-  int samples;        /* 0: each group's default */
-  const char *only;   /* comma-separated groups, NULL: all */
-  const char *csv;    /* NULL: none, "-": stdout, else a file */
+  int samples;      /* 0: each group's default */
+  const char *only; /* comma-separated groups, NULL: all */
+  const char *csv;  /* NULL: none, "-": stdout, else a file */
   int device;
 } opt;
 
-static const char *const all_groups[] = {"launch", "alloc", "objects",
-                                         "copy", "refcount", "shutdown"};
+static const char *const all_groups[] = {"launch", "alloc",    "objects",
+                                         "copy",   "refcount", "shutdown"};
 #define NGROUPS (sizeof all_groups / sizeof *all_groups)
 
 static int group_selected(const char *group) {
@@ -109,23 +109,23 @@ static void cuda_failed(cudaError_t err, const char *what, int line) {
 }
 
 /* Checked calls: cusafe and the CUDA runtime. */
-#define CK(call)                                                             \
-  do {                                                                       \
-    cusafe_status ck_st_ = (call);                                           \
-    if (UNLIKELY(ck_st_ != CUSAFE_SUCCESS))                                  \
-      cs_failed(ck_st_, #call, __LINE__);                                    \
+#define CK(call)                                                               \
+  do {                                                                         \
+    cusafe_status ck_st_ = (call);                                             \
+    if (UNLIKELY(ck_st_ != CUSAFE_SUCCESS))                                    \
+      cs_failed(ck_st_, #call, __LINE__);                                      \
   } while (0)
-#define CU(call)                                                             \
-  do {                                                                       \
-    cudaError_t cu_err_ = (call);                                            \
-    if (UNLIKELY(cu_err_ != cudaSuccess))                                    \
-      cuda_failed(cu_err_, #call, __LINE__);                                 \
+#define CU(call)                                                               \
+  do {                                                                         \
+    cudaError_t cu_err_ = (call);                                              \
+    if (UNLIKELY(cu_err_ != cudaSuccess))                                      \
+      cuda_failed(cu_err_, #call, __LINE__);                                   \
   } while (0)
-#define NV(call)                                                             \
-  do {                                                                       \
-    nvrtcResult nv_res_ = (call);                                            \
-    if (UNLIKELY(nv_res_ != NVRTC_SUCCESS))                                  \
-      die("line %d: %s: %s", __LINE__, #call, nvrtcGetErrorString(nv_res_)); \
+#define NV(call)                                                               \
+  do {                                                                         \
+    nvrtcResult nv_res_ = (call);                                              \
+    if (UNLIKELY(nv_res_ != NVRTC_SUCCESS))                                    \
+      die("line %d: %s: %s", __LINE__, #call, nvrtcGetErrorString(nv_res_));   \
   } while (0)
 
 static void *xmalloc(size_t n) {
@@ -227,8 +227,10 @@ static FILE *csv_file;
 
 static void fmt_num(char *buf, size_t size, double v) {
   double a = v < 0 ? -v : v;
-  const char *f = a >= 1000 ? "%.0f" : a >= 100 ? "%.1f" : a >= 10 ? "%.2f"
-                                                                      : "%.3f";
+  const char *f = a >= 1000  ? "%.0f"
+                  : a >= 100 ? "%.1f"
+                  : a >= 10  ? "%.2f"
+                             : "%.3f";
   snprintf(buf, size, f, v);
 }
 
@@ -330,7 +332,10 @@ static void write_csv(FILE *f) {
     else
       fprintf(f, ",,,,,,");
     fprintf(f, "%s,%s,%d\n", target,
-            r->met < 0 ? "" : r->met ? "met" : "NOT met", r->cs.n);
+            r->met < 0 ? ""
+            : r->met   ? "met"
+                       : "NOT met",
+            r->cs.n);
   }
 }
 
@@ -453,9 +458,9 @@ static double launch_sample(void *arg) {
       }
     } else {
       for (int i = 0; i < LAUNCH_BATCH; i++) {
-        cudaError_t err = cudaLaunchKernel((const void *)c->raw_kernel, grid,
-                                           block, c->raw_args, 0,
-                                           c->raw_stream);
+        cudaError_t err =
+            cudaLaunchKernel((const void *)c->raw_kernel, grid, block,
+                             c->raw_args, 0, c->raw_stream);
         if (UNLIKELY(err != cudaSuccess))
           cuda_failed(err, "cudaLaunchKernel", __LINE__);
       }
@@ -481,11 +486,10 @@ static void launch_check(cusafe_module module, cudaLibrary_t library,
   CK(cusafe_module_get_kernel(&k, module, "probe"));
   CK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, sizeof got));
   CK(cusafe_buffer_fill(out, 0, sizeof got, 0xA5, CUSAFE_STREAM_DEFAULT));
-  cusafe_launch_config config = {{1, 1, 1}, {32, 1, 1}, 0,
-                                 CUSAFE_STREAM_DEFAULT};
+  cusafe_launch_config config = {
+      {1, 1, 1}, {32, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
   CK(CUSAFE_LAUNCH(k, &config, CUSAFE_ARG_BUF(out), CUSAFE_ARG_I32V(a),
-                   CUSAFE_ARG_I64V(b), CUSAFE_ARG_F32V(c),
-                   CUSAFE_ARG_F64V(d)));
+                   CUSAFE_ARG_I64V(b), CUSAFE_ARG_F32V(c), CUSAFE_ARG_F64V(d)));
   memset(got, 0x5A, sizeof got);
   CK(cusafe_buffer_read(out, 0, got, sizeof got));
   if (memcmp(got, want, sizeof got))
@@ -501,8 +505,8 @@ static void launch_check(cusafe_module module, cudaLibrary_t library,
   CU(cudaMalloc((void **)&dout, sizeof got));
   CU(cudaMemsetAsync(dout, 0xA5, sizeof got, stream));
   void *args[] = {&dout, &a, &b, &c, &d};
-  CU(cudaLaunchKernel((const void *)rk, (dim3){1, 1, 1}, (dim3){32, 1, 1},
-                      args, 0, stream));
+  CU(cudaLaunchKernel((const void *)rk, (dim3){1, 1, 1}, (dim3){32, 1, 1}, args,
+                      0, stream));
   memset(got, 0x5A, sizeof got);
   CU(cudaMemcpyAsync(got, dout, sizeof got, cudaMemcpyDeviceToHost, stream));
   CU(cudaStreamSynchronize(stream));
@@ -644,8 +648,8 @@ static void group_launch(void) {
         to_us(v[j].v, samples);
       report("launch", cases[i].label, "us", v[0].v, v[2].v, samples,
              "cudaLaunchKernel", T_RATIO_MAX, 1.03);
-      report("launch", "empty kernel, 0 args, on a cusafe stream", "us",
-             v[1].v, v[2].v, samples, "cudaLaunchKernel", T_RATIO_MAX, 1.03);
+      report("launch", "empty kernel, 0 args, on a cusafe stream", "us", v[1].v,
+             v[2].v, samples, "cudaLaunchKernel", T_RATIO_MAX, 1.03);
       report("launch", "(A/A: raw launch vs itself, 0 args)", "us", v[3].v,
              v[2].v, samples, "cudaLaunchKernel", T_NONE, 0);
     } else {
@@ -716,8 +720,7 @@ static double alloc_sample(void *arg) {
     case A_CUSAFE_STREAM:
       for (int i = 0; i < chunk; i++) {
         cusafe_buffer b;
-        cusafe_status st =
-            cusafe_buffer_alloc_async(&b, c->cs_stream, c->size);
+        cusafe_status st = cusafe_buffer_alloc_async(&b, c->cs_stream, c->size);
         if (UNLIKELY(st != CUSAFE_SUCCESS))
           cs_failed(st, "cusafe_buffer_alloc_async", __LINE__);
         st = cusafe_buffer_release(b);
@@ -803,8 +806,8 @@ static void group_alloc(void) {
            "cudaMallocAsync+cudaFreeAsync", T_RATIO_MAX, 1.2);
     snprintf(label, sizeof label,
              "buffer_alloc+release %s vs cudaMalloc+cudaFree", sz);
-    report("alloc", label, "us", v[0].v, v[3].v, samples,
-           "cudaMalloc+cudaFree", T_NONE, 0);
+    report("alloc", label, "us", v[0].v, v[3].v, samples, "cudaMalloc+cudaFree",
+           T_NONE, 0);
   }
   CU(cudaFreeAsync(anchor, stream));
   CU(cudaStreamSynchronize(stream));
@@ -884,11 +887,11 @@ enum dir { H2D, D2H, D2D };
 enum copy_impl { C_RAW, C_CS_SYNC, C_CS_ASYNC };
 
 struct copy_state {
-  cusafe_buffer a;  /* used with the synchronous forms (default stream) */
-  cusafe_buffer b;  /* used with the stream-ordered forms, on `s` */
-  cusafe_buffer c;  /* device-to-device destination, on `s` */
+  cusafe_buffer a; /* used with the synchronous forms (default stream) */
+  cusafe_buffer b; /* used with the stream-ordered forms, on `s` */
+  cusafe_buffer c; /* device-to-device destination, on `s` */
   cusafe_stream s;
-  void *ra, *rb;    /* the raw copies' device memory: b's and c's own */
+  void *ra, *rb; /* the raw copies' device memory: b's and c's own */
   cudaStream_t rs;
   void *pinned, *pageable;
 };
@@ -1063,8 +1066,8 @@ static void group_copy(void) {
                  d == H2D ? "write" : "read");
         report("copy", label, "GB/s", v[0].v, v[2].v, n,
                "cudaMemcpyAsync+cudaStreamSynchronize", tk, 0.97);
-        snprintf(label, sizeof label, "%s %s %s %s+sync", dn, host_names[h],
-                 sz, d == H2D ? "write_async" : "read_async");
+        snprintf(label, sizeof label, "%s %s %s %s+sync", dn, host_names[h], sz,
+                 d == H2D ? "write_async" : "read_async");
         report("copy", label, "GB/s", v[1].v, v[2].v, n,
                "cudaMemcpyAsync+cudaStreamSynchronize", tk, 0.97);
       }
@@ -1144,7 +1147,7 @@ static void *rc_thread_main(void *arg) {
 struct rc_case {
   enum rc_kind kind;
   int nthreads;
-  const cusafe_buffer *handles; /* one per thread */
+  const cusafe_buffer *handles;    /* one per thread */
   struct padded_counter *counters; /* one per thread, or all the same */
   int shared;
   long n;
@@ -1155,8 +1158,10 @@ struct rc_case {
 static double rc_sample(void *arg) {
   const struct rc_case *c = arg;
   if (c->nthreads == 1) {
-    struct rc_thread t = {.kind = c->kind, .handle = c->handles[0],
-                          .counter = &c->counters[0].n, .n = c->n};
+    struct rc_thread t = {.kind = c->kind,
+                          .handle = c->handles[0],
+                          .counter = &c->counters[0].n,
+                          .n = c->n};
     uint64_t t0 = now_ns();
     rc_loop(&t);
     return (double)(now_ns() - t0) / c->n;
@@ -1165,12 +1170,11 @@ static double rc_sample(void *arg) {
   struct rc_thread t[64];
   pthread_barrier_init(&barrier, NULL, (unsigned)c->nthreads);
   for (int i = 0; i < c->nthreads; i++) {
-    t[i] = (struct rc_thread){
-        .barrier = &barrier,
-        .kind = c->kind,
-        .handle = c->handles[c->shared ? 0 : i],
-        .counter = &c->counters[c->shared ? 0 : i].n,
-        .n = c->n};
+    t[i] = (struct rc_thread){.barrier = &barrier,
+                              .kind = c->kind,
+                              .handle = c->handles[c->shared ? 0 : i],
+                              .counter = &c->counters[c->shared ? 0 : i].n,
+                              .n = c->n};
     int err = pthread_create(&t[i].tid, NULL, rc_thread_main, &t[i]);
     if (err)
       die("pthread_create: %s", strerror(err));
@@ -1213,14 +1217,14 @@ static void group_refcount(void) {
   struct rc_case r1 = {RC_ATOMIC, 1, handles, counters, 0, n};
   struct variant v[2] = {{rc_sample, &c1, {0}}, {rc_sample, &r1, {0}}};
   measure(v, 2, samples, 2);
-  report("refcount", "retain+release, 1 thread", "ns", v[0].v, v[1].v,
-         samples, "atomic inc+dec", T_ABS_MAX, 25);
+  report("refcount", "retain+release, 1 thread", "ns", v[0].v, v[1].v, samples,
+         "atomic inc+dec", T_ABS_MAX, 25);
 
   struct rc_case l1 = {RC_LOOKUP, 1, handles, counters, 0, n};
   struct variant l[2] = {{rc_sample, &l1, {0}}, {rc_sample, &r1, {0}}};
   measure(l, 2, samples, 2);
-  report("refcount", "handle lookup (handle_get_type), 1 thread", "ns",
-         l[0].v, l[1].v, samples, "atomic inc+dec", T_NONE, 0);
+  report("refcount", "handle lookup (handle_get_type), 1 thread", "ns", l[0].v,
+         l[1].v, samples, "atomic inc+dec", T_NONE, 0);
 
   int nt = (int)nthreads;
   char label[80];
@@ -1381,10 +1385,9 @@ static void on_alarm(int sig) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: bench [--quick] [--only=GROUP[,GROUP...]] [--samples=N]\n"
-          "             [--csv[=FILE]] [--device=N]\n"
-          "groups: launch alloc objects copy refcount shutdown\n");
+  fprintf(f, "usage: bench [--quick] [--only=GROUP[,GROUP...]] [--samples=N]\n"
+             "             [--csv[=FILE]] [--device=N]\n"
+             "groups: launch alloc objects copy refcount shutdown\n");
 }
 
 static const char *cuda_version_text(int v, char *buf, size_t n) {
@@ -1428,8 +1431,8 @@ static void print_header(void) {
          "PCI %04x:%02x:%02x\n",
          opt.device, prop.name, prop.major, prop.minor,
          prop.multiProcessorCount,
-         (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024),
-         prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+         (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024), prop.pciDomainID,
+         prop.pciBusID, prop.pciDeviceID);
   printf("  driver:     %s%s(supports CUDA %s)\n", rel, *rel ? " " : "",
          cuda_version_text(driver, a, sizeof a));
   printf("  runtime:    CUDA %s, NVRTC %d.%d\n",
@@ -1478,8 +1481,8 @@ int main(int argc, char **argv) {
       size_t len = e ? (size_t)(e - p) : strlen(p);
       int known = 0;
       for (size_t g = 0; g < NGROUPS; g++)
-        known |= strlen(all_groups[g]) == len &&
-                 !strncmp(p, all_groups[g], len);
+        known |=
+            strlen(all_groups[g]) == len && !strncmp(p, all_groups[g], len);
       if (!known) {
         fprintf(stderr, "bench: unknown group \"%.*s\"\n", (int)len, p);
         usage(stderr);
@@ -1501,8 +1504,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (opt.device < 0 || opt.device >= count) {
-    fprintf(stderr, "bench: device %d does not exist (%d found)\n",
-            opt.device, count);
+    fprintf(stderr, "bench: device %d does not exist (%d found)\n", opt.device,
+            count);
     return 2;
   }
   /* A hung GPU or driver must not hang the run. */
@@ -1521,8 +1524,8 @@ int main(int argc, char **argv) {
       die("cannot write %s: %s", opt.csv, strerror(errno));
   }
 
-  static void (*const runs[])(void) = {group_launch, group_alloc,
-                                       group_objects, group_copy,
+  static void (*const runs[])(void) = {group_launch,   group_alloc,
+                                       group_objects,  group_copy,
                                        group_refcount, group_shutdown};
   uint64_t start = now_ns();
   for (size_t g = 0; g < NGROUPS; g++) {

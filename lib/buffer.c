@@ -34,7 +34,8 @@ static cusafe_status check_range(const char *what, const char *which,
 
 /* Whether root must hold a reference on q's owner: the stream must outlive
  * the free queued on it, but the root's own context it holds already. */
-static bool holds_owner(const struct cs_buffer *root, const struct cs_queue *q) {
+static bool holds_owner(const struct cs_buffer *root,
+                        const struct cs_queue *q) {
   return q->owner != &root->ctx->hdr;
 }
 
@@ -75,8 +76,7 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
 
 void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q) {
   cs_spin_lock(&root->lock);
-  struct cs_queue *now =
-      atomic_load_explicit(root->last, memory_order_relaxed);
+  struct cs_queue *now = atomic_load_explicit(root->last, memory_order_relaxed);
   /* If the hand-off fails, the kernel must end before anything later. */
   if (now != q && cs_queue_handoff(q, now) != CUSAFE_SUCCESS)
     cs_cu->stream_synchronize(q->stream);
@@ -121,7 +121,7 @@ static cusafe_status buffer_enter(struct cs_buffer *b) {
   return CUSAFE_SUCCESS;
 }
 
-/* ---- allocation ------------------------------------------------------------ */
+/* ---- allocation ---------------------------------------------------------- */
 
 /* Allocates size bytes of `kind` memory (ctx's device current). */
 static cusafe_status memory_alloc(void **ptr, cusafe_memory kind, size_t size,
@@ -131,12 +131,8 @@ static cusafe_status memory_alloc(void **ptr, cusafe_memory kind, size_t size,
   case CUSAFE_MEMORY_DEVICE:
     err = cs_cu->malloc_async(ptr, size, q->stream);
     break;
-  case CUSAFE_MEMORY_HOST_PINNED:
-    err = cs_cu->malloc_host(ptr, size);
-    break;
-  default:
-    err = cs_cu->malloc_managed(ptr, size, cudaMemAttachGlobal);
-    break;
+  case CUSAFE_MEMORY_HOST_PINNED: err = cs_cu->malloc_host(ptr, size); break;
+  default: err = cs_cu->malloc_managed(ptr, size, cudaMemAttachGlobal); break;
   }
   return err == cudaSuccess ? CUSAFE_SUCCESS
                             : cs_fail_cuda(err, kind_alloc_fn[kind]);
@@ -206,8 +202,7 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
 
 CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
                                              cusafe_context ctx_handle,
-                                             cusafe_memory kind,
-                                             size_t size) {
+                                             cusafe_memory kind, size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
   cusafe_status st = buffer_alloc(out, ctx, kind, size, &ctx->queue, false);
@@ -260,8 +255,8 @@ static cusafe_status view_new(cusafe_buffer *out, struct cs_buffer *p,
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
-                                            cusafe_buffer parent,
-                                            size_t offset, size_t size) {
+                                            cusafe_buffer parent, size_t offset,
+                                            size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_buffer, p, parent, CS_BUFFER, "parent");
   cusafe_status st = view_new(out, p, offset, size);
@@ -270,7 +265,7 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
   return st;
 }
 
-/* ---- release ---------------------------------------------------------------- */
+/* ---- release ------------------------------------------------------------- */
 
 /* Frees root memory after the work queued on it: device memory on the
  * stream of its latest operation (in its own context), pinned and managed
@@ -334,33 +329,31 @@ cusafe_status cs_buffer_fini(struct cs_object *obj) {
 void cs_buffer_free(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
   struct cs_queue *last =
-      b->root == b ? atomic_load_explicit(b->last, memory_order_relaxed)
-                   : NULL;
+      b->root == b ? atomic_load_explicit(b->last, memory_order_relaxed) : NULL;
   if (last && holds_owner(b, last))
     cs_unref(last->owner);
   buffer_free(b);
 }
 
-void cs_buffer_describe(const struct cs_object *obj, char *what,
-                        size_t size) {
+void cs_buffer_describe(const struct cs_object *obj, char *what, size_t size) {
   const struct cs_buffer *b = (const struct cs_buffer *)obj;
   snprintf(what, size, "%s%zu bytes of %s memory on device %d",
            b->root != b ? "view of " : "", b->size, kind_names[b->kind],
            b->ctx->device);
 }
 
-/* ---- queries ------------------------------------------------------------------ */
+/* ---- queries ------------------------------------------------------------- */
 
 CS_QUERY(cusafe_buffer_get_size, size_t, 0, cs_buffer, CS_BUFFER, "buffer",
          *out = o->size)
-CS_QUERY(cusafe_buffer_get_memory, cusafe_memory, (cusafe_memory)-1,
-         cs_buffer, CS_BUFFER, "buffer", *out = o->kind)
+CS_QUERY(cusafe_buffer_get_memory, cusafe_memory, (cusafe_memory)-1, cs_buffer,
+         CS_BUFFER, "buffer", *out = o->kind)
 CS_QUERY(cusafe_buffer_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
          cs_buffer, CS_BUFFER, "buffer", st = cs_context_hand_out(o->ctx, out))
 CS_QUERY(cusafe_buffer_interop_pointer, void *, NULL, cs_buffer, CS_BUFFER,
          "buffer", *out = o->ptr)
 
-/* ---- work on one buffer ---------------------------------------------------------- */
+/* ---- work on one buffer -------------------------------------------------- */
 
 /* What is done to one buffer: a write from or a read into host memory, or
  * a fill. */
@@ -415,9 +408,8 @@ static cusafe_status op_run(struct cs_buffer *b, size_t offset, size_t size,
 /* The call of an operation on one buffer: checks and queues op on
  * `buffer` on `stream` (CUSAFE_STREAM_DEFAULT: the default stream of the
  * buffer's context). */
-static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset,
-                               size_t size, cusafe_stream stream,
-                               struct op op) {
+static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset, size_t size,
+                               cusafe_stream stream, struct op op) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_buffer, b, buffer, CS_BUFFER, "buffer");
   struct cs_context *ctx = b->root->ctx;
@@ -448,17 +440,15 @@ CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
   return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT, op);
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer,
-                                            size_t offset, void *dst,
-                                            size_t size) {
+CUSAFE_API cusafe_status cusafe_buffer_read(cusafe_buffer buffer, size_t offset,
+                                            void *dst, size_t size) {
   return buffer_op(buffer, offset, size, CUSAFE_STREAM_DEFAULT,
                    (struct op){OP_READ, dst, 0, true});
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_write_async(cusafe_buffer buffer,
                                                    size_t offset,
-                                                   const void *src,
-                                                   size_t size,
+                                                   const void *src, size_t size,
                                                    cusafe_stream stream) {
   struct op op = {OP_WRITE, (void *)src, 0, false};
   return buffer_op(buffer, offset, size, stream, op);
@@ -472,15 +462,14 @@ CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
                    (struct op){OP_READ, dst, 0, false});
 }
 
-CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer,
-                                            size_t offset, size_t size,
-                                            unsigned char value,
+CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer, size_t offset,
+                                            size_t size, unsigned char value,
                                             cusafe_stream stream) {
   return buffer_op(buffer, offset, size, stream,
                    (struct op){OP_FILL, NULL, value, false});
 }
 
-/* ---- copies between buffers ------------------------------------------------------ */
+/* ---- copies between buffers ---------------------------------------------- */
 /* Locks the roots of two buffers in order (cs_root_before; once if the
  * same). */
 static void lock_pair(struct cs_buffer *a, struct cs_buffer *b) {
@@ -506,8 +495,8 @@ static void unlock_pair(struct cs_buffer *a, struct cs_buffer *b) {
 /* Chains a copy of `size` bytes from s in src to d in dst after the work
  * on both, and queues it on `run` (run's device current). */
 static cusafe_status copy_run(struct cs_buffer *dst, char *d,
-                              struct cs_buffer *src, const char *s,
-                              size_t size, struct cs_queue *run, bool peer) {
+                              struct cs_buffer *src, const char *s, size_t size,
+                              struct cs_queue *run, bool peer) {
   struct cs_buffer *dr = dst->root, *sr = src->root;
   struct cs_object *drop_s = NULL, *drop_d = NULL;
   lock_pair(dr, sr);
@@ -518,8 +507,7 @@ static cusafe_status copy_run(struct cs_buffer *dst, char *d,
     cudaError_t err =
         peer ? cs_cu->memcpy_peer_async(d, dst->ctx->device, s,
                                         src->ctx->device, size, run->stream)
-             : cs_cu->memcpy_async(d, s, size, cudaMemcpyDefault,
-                                   run->stream);
+             : cs_cu->memcpy_async(d, s, size, cudaMemcpyDefault, run->stream);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, peer ? "cudaMemcpyPeerAsync" : "cudaMemcpyAsync");
   }

@@ -10,9 +10,9 @@
  * range of a buffer (a root or a view), its parent. */
 struct cs_buffer {
   struct cs_object hdr;
-  struct cs_buffer *root;   /* the allocation (itself for a root buffer) */
-  struct cs_context *ctx;   /* the root's parent (hdr.parent) */
-  char *ptr;                /* first byte of this buffer or view */
+  struct cs_buffer *root; /* the allocation (itself for a root buffer) */
+  struct cs_context *ctx; /* the root's parent (hdr.parent) */
+  char *ptr;              /* first byte of this buffer or view */
   /* Root only: work on the memory is chained across streams; `*last` is
    * the queue of the latest operation (its owner referenced).  It changes
    * under `lock` only, and is CS_QUEUE_MOVING while a change is recorded;

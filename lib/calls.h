@@ -9,7 +9,7 @@
 
 #include "error.h"
 
-/* ---- the library's state ------------------------------------------------ */
+/* ---- the library's state ------------------------------------------------- */
 
 enum cs_state { CS_RUNNING = 0, CS_SHUT_DOWN = 1, CS_FORKED = 2 };
 
@@ -40,7 +40,7 @@ bool cs_calls_stop(void);
 /* Waits until no other thread is inside a call; false after `seconds`. */
 bool cs_calls_drain(int seconds);
 
-/* ---- threads inside calls ----------------------------------------------- */
+/* ---- threads inside calls ------------------------------------------------ */
 
 /* Every thread that calls into cusafe has a record that says whether it is
  * inside a call, so that the shutdown can wait for calls in progress on
@@ -85,17 +85,18 @@ static inline struct cs_thread *cs_call_enter(void) {
 
 static inline void cs_call_leave(struct cs_thread **t) {
   atomic_store_explicit(
-      &(*t)->depth, atomic_load_explicit(&(*t)->depth, memory_order_relaxed) - 1,
+      &(*t)->depth,
+      atomic_load_explicit(&(*t)->depth, memory_order_relaxed) - 1,
       memory_order_release);
 }
 
 /* Opens a public call: marks the thread inside a call until the function
  * returns (whatever the path), and returns `refused` after shutdown or in
  * a forked child. */
-#define CS_ENTER_OR(refused)                                                 \
-  struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =      \
-      cs_call_enter();                                                       \
-  (void)cs_call_;                                                            \
+#define CS_ENTER_OR(refused)                                                   \
+  struct cs_thread *cs_call_ __attribute__((cleanup(cs_call_leave))) =         \
+      cs_call_enter();                                                         \
+  (void)cs_call_;                                                              \
   if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))  \
   return (refused)
 /* Every call but a release is refused with SHUTDOWN or FORKED. */
@@ -104,14 +105,14 @@ static inline void cs_call_leave(struct cs_thread **t) {
 #define CS_ENTER_RELEASE() CS_ENTER_OR(CUSAFE_SUCCESS)
 /* CS_ENTER() for a call whose result goes to *out: *out is `empty` unless
  * the call succeeds, and a NULL out is refused ("out is NULL"). */
-#define CS_ENTER_OUT(out, empty)                                             \
-  if (out)                                                                   \
-    *(out) = (empty);                                                        \
-  CS_ENTER();                                                                \
-  if (CS_UNLIKELY(!(out)))                                                   \
+#define CS_ENTER_OUT(out, empty)                                               \
+  if (out)                                                                     \
+    *(out) = (empty);                                                          \
+  CS_ENTER();                                                                  \
+  if (CS_UNLIKELY(!(out)))                                                     \
   return cs_null(#out)
 
-/* ---- pins ----------------------------------------------------------------- */
+/* ---- pins ---------------------------------------------------------------- */
 
 /* A launch uses its kernel, stream and buffers without references: it
  * pins its thread first, and the destruction of such an object waits for
@@ -120,7 +121,7 @@ static inline void cs_call_leave(struct cs_thread **t) {
  * stores: either the launch sees the handle stale, or the destructor sees
  * the pin.  A pinned thread drops no reference and waits for nothing a
  * releasing thread may hold (buffers' spinlocks only).  lib/README.md,
- * "Pins". */
+ * "Pins: launches without references". */
 static inline void cs_pin(struct cs_thread *t) {
   if (CS_UNLIKELY(t->shared))
     atomic_fetch_add(&t->pins_begun, 1);
@@ -141,7 +142,7 @@ static inline void cs_unpin(struct cs_thread *t) {
 /* Waits until every other thread's pins begun before the call have ended. */
 void cs_pins_wait(void);
 
-/* ---- spinlocks -------------------------------------------------------------- */
+/* ---- spinlocks ----------------------------------------------------------- */
 
 /* A lock held for the few instructions that enqueue one operation (a
  * buffer's chain, the handle table's free list): its release is a plain
@@ -149,7 +150,8 @@ void cs_pins_wait(void);
 typedef struct {
   atomic_flag held;
 } cs_spinlock;
-#define CS_SPINLOCK_INIT {ATOMIC_FLAG_INIT}
+#define CS_SPINLOCK_INIT                                                       \
+  { ATOMIC_FLAG_INIT }
 void cs_spin_wait(cs_spinlock *l);
 static inline void cs_spin_lock(cs_spinlock *l) {
   if (CS_UNLIKELY(

@@ -103,8 +103,8 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
     return st;
   if (device >= MAX_DEVICES)
     return cs_fail(CUSAFE_ERROR_INVALID_DEVICE,
-                   "device %d is beyond the %d devices cusafe supports",
-                   device, MAX_DEVICES);
+                   "device %d is beyond the %d devices cusafe supports", device,
+                   MAX_DEVICES);
 
   pthread_mutex_lock(&registry_lock);
   struct cs_context *ctx = registry[device];
@@ -126,7 +126,7 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
   return st;
 }
 
-/* ---- children ---------------------------------------------------------------- */
+/* ---- children ------------------------------------------------------------ */
 
 /* Makes the child in obj (ctx acquired, arguments checked). */
 static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
@@ -139,8 +139,8 @@ static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
   if (st == CUSAFE_SUCCESS) {
     st = how->make(obj, ctx, args);
     obj->parent = &ctx->hdr; /* the caller's reference */
-    if (st == CUSAFE_SUCCESS && (st = cs_handle_new(obj, how->type)) !=
-                                    CUSAFE_SUCCESS)
+    if (st == CUSAFE_SUCCESS &&
+        (st = cs_handle_new(obj, how->type)) != CUSAFE_SUCCESS)
       how->unmake(obj);
     cs_device_leave(saved);
   }
@@ -163,7 +163,7 @@ cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx_handle,
   return st;
 }
 
-/* ---- libraries that outlive their module ---------------------------------- */
+/* ---- libraries that outlive their module --------------------------------- */
 
 void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library) {
   pthread_mutex_lock(&ctx->orphan_lock);
@@ -186,7 +186,7 @@ static void unload_orphans(struct cs_context *ctx) {
   pthread_mutex_unlock(&ctx->orphan_lock);
 }
 
-/* ---- teardown -------------------------------------------------------------- */
+/* ---- teardown ------------------------------------------------------------ */
 
 /* Releases what the context holds once its device is idle: stream-ordered
  * frees of its memory may still be queued.  Each step is attempted even if
@@ -228,20 +228,18 @@ void cs_context_settle(struct cs_object *obj) {
   cs_device_leave(saved);
 }
 
-void cs_context_describe(const struct cs_object *obj, char *what,
-                         size_t size) {
+void cs_context_describe(const struct cs_object *obj, char *what, size_t size) {
   snprintf(what, size, "device %d", ((const struct cs_context *)obj)->device);
 }
 
-cusafe_status cs_context_hand_out(struct cs_context *ctx,
-                                 cusafe_context *out) {
+cusafe_status cs_context_hand_out(struct cs_context *ctx, cusafe_context *out) {
   cusafe_status st = cs_user_ref(&ctx->hdr);
   if (st == CUSAFE_SUCCESS)
     *out = ctx->hdr.handle;
   return st;
 }
 
-/* ---- queries ---------------------------------------------------------------- */
+/* ---- queries ------------------------------------------------------------- */
 
 CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
          *out = o->device)
@@ -260,9 +258,8 @@ CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   return st;
 }
 
-CUSAFE_API cusafe_status
-cusafe_context_stream_priority_range(int *least, int *greatest,
-                                     cusafe_context h) {
+CUSAFE_API cusafe_status cusafe_context_stream_priority_range(
+    int *least, int *greatest, cusafe_context h) {
   CS_ENTER();
   if (!least || !greatest)
     return cs_null(least ? "greatest" : "least");

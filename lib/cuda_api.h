@@ -3,8 +3,9 @@
  * Every CUDA call of the library goes through `cs_cu`, the table
  * `cs_cuda_table`.  The shipped library defines it in lib/cuda_real.c with
  * the CUDA runtime's own functions; the test suite links the same library
- * sources with tests/fakecuda/fakecuda.c, which defines it with a fake.  Nothing in the shipped library can select
- * the fake: it is simply not compiled into it.
+ * sources with tests/fakecuda/fakecuda.c, which defines it with a fake. Nothing
+ * in the shipped library can select the fake: it is simply not compiled into
+ * it.
  *
  * Driver functions (the primary context) are not in the table: the library
  * asks for them through get_driver_entry_point, so that it loads, and
@@ -22,8 +23,7 @@ struct cs_cuda {
   cudaError_t (*get_device_count)(int *count);
   cudaError_t (*driver_get_version)(int *version);
   cudaError_t (*runtime_get_version)(int *version);
-  cudaError_t (*get_device_properties)(struct cudaDeviceProp *prop,
-                                       int device);
+  cudaError_t (*get_device_properties)(struct cudaDeviceProp *prop, int device);
   cudaError_t (*device_get_attribute)(int *value, enum cudaDeviceAttr attr,
                                       int device);
   cudaError_t (*get_device)(int *device);
@@ -72,14 +72,16 @@ struct cs_cuda {
                               cudaStream_t stream);
 
   /* modules and kernels (a cudaKernel_t is passed as `const void *func`) */
-  cudaError_t (*library_load_data)(
-      cudaLibrary_t *library, const void *code, enum cudaJitOption *jit_options,
-      void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
-      void **values, unsigned int noptions);
-  cudaError_t (*library_load_file)(
-      cudaLibrary_t *library, const char *path, enum cudaJitOption *jit_options,
-      void **jit_values, unsigned int njit, enum cudaLibraryOption *options,
-      void **values, unsigned int noptions);
+  cudaError_t (*library_load_data)(cudaLibrary_t *library, const void *code,
+                                   enum cudaJitOption *jit_options,
+                                   void **jit_values, unsigned int njit,
+                                   enum cudaLibraryOption *options,
+                                   void **values, unsigned int noptions);
+  cudaError_t (*library_load_file)(cudaLibrary_t *library, const char *path,
+                                   enum cudaJitOption *jit_options,
+                                   void **jit_values, unsigned int njit,
+                                   enum cudaLibraryOption *options,
+                                   void **values, unsigned int noptions);
   cudaError_t (*library_unload)(cudaLibrary_t library);
   cudaError_t (*library_get_kernel)(cudaKernel_t *kernel, cudaLibrary_t library,
                                     const char *name);

@@ -43,7 +43,8 @@ const struct cs_cuda cs_cuda_table = {
     .func_get_param_info = cudaFuncGetParamInfo,
     .func_get_attributes = cudaFuncGetAttributes,
     .kernel_set_attribute_for_device = cudaKernelSetAttributeForDevice,
-    .occupancy_max_active_blocks = cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+    .occupancy_max_active_blocks =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor,
     .launch_kernel = cudaLaunchKernel,
     .nvrtc_create_program = nvrtcCreateProgram,
     .nvrtc_compile_program = nvrtcCompileProgram,

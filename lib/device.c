@@ -37,8 +37,8 @@ cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
   return st;
 }
 
-cusafe_status cs_device_wait(int device, cudaStream_t stream,
-                             cudaEvent_t event, bool query) {
+cusafe_status cs_device_wait(int device, cudaStream_t stream, cudaEvent_t event,
+                             bool query) {
   int saved;
   cusafe_status st = cs_device_enter(device, &saved);
   if (st != CUSAFE_SUCCESS)
@@ -48,10 +48,10 @@ cusafe_status cs_device_wait(int device, cudaStream_t stream,
                : cs_status_pending(cs_cu->event_synchronize(event),
                                    "cudaEventSynchronize");
   else
-    st = query ? cs_status_pending(cs_cu->stream_query(stream),
-                                   "cudaStreamQuery")
-               : cs_status_pending(cs_cu->stream_synchronize(stream),
-                                   "cudaStreamSynchronize");
+    st = query
+             ? cs_status_pending(cs_cu->stream_query(stream), "cudaStreamQuery")
+             : cs_status_pending(cs_cu->stream_synchronize(stream),
+                                 "cudaStreamSynchronize");
   cs_device_leave(saved);
   return st;
 }

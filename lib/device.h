@@ -33,8 +33,8 @@ cusafe_status cs_device_teardown(int device, cudaError_t (*destroy)(void *),
 /* Waits for the work queued before it on `stream`, or before the latest
  * record of `event` (the other one NULL), with `device` current -- or,
  * with `query`, asks whether it is done: CUSAFE_ERROR_NOT_READY if not. */
-cusafe_status cs_device_wait(int device, cudaStream_t stream,
-                             cudaEvent_t event, bool query);
+cusafe_status cs_device_wait(int device, cudaStream_t stream, cudaEvent_t event,
+                             bool query);
 /* cs_device_enter_teardown(), then waits until the device is idle: the
  * start of a teardown that frees what queued work may still use. */
 cusafe_status cs_device_idle(int device, int *saved);

@@ -27,7 +27,8 @@ CUSAFE_API const char *cusafe_status_string(cusafe_status status) {
   case CUSAFE_ERROR_SHUTDOWN: return "library shut down";
   case CUSAFE_ERROR_FORKED: return "used in a forked child";
   case CUSAFE_ERROR_INVALID_ARGUMENTS: return "invalid kernel arguments";
-  case CUSAFE_ERROR_INVALID_CONFIGURATION: return "invalid launch configuration";
+  case CUSAFE_ERROR_INVALID_CONFIGURATION:
+    return "invalid launch configuration";
   case CUSAFE_ERROR_INVALID_IMAGE: return "invalid module image";
   case CUSAFE_ERROR_COMPILE: return "compilation failed";
   case CUSAFE_ERROR_NOT_FOUND: return "not found";
@@ -42,8 +43,8 @@ CUSAFE_API int cusafe_last_cuda_error(void) { return tls_cuda_error; }
 CUSAFE_API const char *cusafe_version_string(void) {
 #define CS_STR2(x) #x
 #define CS_STR(x) CS_STR2(x)
-  return CS_STR(CUSAFE_VERSION_MAJOR) "." CS_STR(CUSAFE_VERSION_MINOR) "." CS_STR(
-      CUSAFE_VERSION_PATCH);
+  return CS_STR(CUSAFE_VERSION_MAJOR) "." CS_STR(
+      CUSAFE_VERSION_MINOR) "." CS_STR(CUSAFE_VERSION_PATCH);
 }
 
 static cusafe_status record(cusafe_status status, cudaError_t err,
@@ -65,8 +66,8 @@ cusafe_status cs_null(const char *name) {
   return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "%s is NULL", name);
 }
 
-cusafe_status cs_fail_as(cusafe_status status, cudaError_t err,
-                         const char *fmt, ...) {
+cusafe_status cs_fail_as(cusafe_status status, cudaError_t err, const char *fmt,
+                         ...) {
   va_list ap;
   va_start(ap, fmt);
   record(status, err, fmt, ap);

@@ -32,9 +32,8 @@ cusafe_status cs_fail_cuda(cudaError_t err, const char *function)
     __attribute__((cold));
 /* cs_fail() for a CUDA error that cusafe words itself (a status of its
  * own, such as CUSAFE_ERROR_NOT_READY): the thread's CUDA error is err. */
-cusafe_status cs_fail_as(cusafe_status status, cudaError_t err,
-                         const char *fmt, ...)
-    __attribute__((cold, format(printf, 3, 4)));
+cusafe_status cs_fail_as(cusafe_status status, cudaError_t err, const char *fmt,
+                         ...) __attribute__((cold, format(printf, 3, 4)));
 /* The status of a synchronisation's or query's answer: success,
  * CUSAFE_ERROR_NOT_READY ("work is still pending") for cudaErrorNotReady,
  * else the failure of `function`. */

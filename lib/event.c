@@ -67,7 +67,7 @@ void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
            ((const struct cs_event *)obj)->ctx->device);
 }
 
-/* ---- records and waits -------------------------------------------------------- */
+/* ---- records and waits --------------------------------------------------- */
 
 CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
                                              cusafe_stream stream) {
@@ -106,7 +106,7 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
   return st;
 }
 
-/* ---- queries ----------------------------------------------------------------------- */
+/* ---- queries ------------------------------------------------------------- */
 
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event) {
   CS_ENTER();

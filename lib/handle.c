@@ -16,8 +16,9 @@
  * lookup may read any slot below the high-water mark.  The table's lock
  * guards only the free list and the growth, never a CUDA call.
  *
- * lib/README.md, "Handles", tells the whole protocol: what a lookup reads,
- * and why a launch may use a handle without a reference. */
+ * lib/README.md, "Objects and references" and "Pins", tells the whole
+ * protocol: what a lookup reads, and why a launch may use a handle without
+ * a reference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,7 @@
 #define ALL_MAX 0xFFFFFFull
 #define GEN_OF(w) ((w) >> GEN_SHIFT)
 #define USERS_OF(w) (((w) >> USER_SHIFT) & USER_MAX)
-#define ALL_OF(w) ((w) & ALL_MAX)
+#define ALL_OF(w) ((w)&ALL_MAX)
 
 /* One cache line each, so that threads using different handles do not
  * contend for one line.  A buffer's slot also holds what a launch needs of
@@ -51,8 +52,8 @@ struct cs_slot {
   uint32_t index;
   _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
   union {
-    uint32_t next_free;            /* a free slot's, under table_lock */
-    struct cs_buffer_slot buffer;  /* a buffer's (cs_handle_claim_buffer) */
+    uint32_t next_free;           /* a free slot's, under table_lock */
+    struct cs_buffer_slot buffer; /* a buffer's (cs_handle_claim_buffer) */
   } u;
 };
 _Static_assert(sizeof(struct cs_slot) == 64, "a slot is one cache line");
@@ -78,8 +79,8 @@ static inline struct cs_slot *slot_of(const struct cs_object *obj) {
 static inline struct cs_slot *slot_at(uint32_t index) {
   if (CS_LIKELY(index < CHUNK_SLOTS))
     return &first_chunk[index];
-  struct cs_slot *chunk = atomic_load_explicit(&chunks[index >> CHUNK_BITS],
-                                               memory_order_acquire);
+  struct cs_slot *chunk =
+      atomic_load_explicit(&chunks[index >> CHUNK_BITS], memory_order_acquire);
   return chunk ? &chunk[index & (CHUNK_SLOTS - 1)] : NULL;
 }
 
@@ -130,11 +131,10 @@ claim(struct cs_object *obj, enum cs_type type, struct cs_slot **out) {
   cs_spin_unlock(&table_lock);
   if (st != CUSAFE_SUCCESS)
     return st;
-  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
-                                             memory_order_relaxed));
+  uint64_t gen =
+      GEN_OF(atomic_load_explicit(&slot->word, memory_order_relaxed));
   obj->type = type;
-  obj->handle = ((uint64_t)(TAG_BASE | type) << 56) | (gen << 32) |
-                slot->index;
+  obj->handle = ((uint64_t)(TAG_BASE | type) << 56) | (gen << 32) | slot->index;
   atomic_store_explicit(&slot->obj, obj, memory_order_relaxed);
   atomic_store_explicit(&slot->type, (uint8_t)type, memory_order_relaxed);
   *out = slot;
@@ -144,8 +144,8 @@ claim(struct cs_object *obj, enum cs_type type, struct cs_slot **out) {
 /* Enters the claimed slot's object with one reference: a lookup that sees
  * the references sees everything stored in the slot and the object. */
 static inline void publish(struct cs_slot *slot) {
-  uint64_t gen = GEN_OF(atomic_load_explicit(&slot->word,
-                                             memory_order_relaxed));
+  uint64_t gen =
+      GEN_OF(atomic_load_explicit(&slot->word, memory_order_relaxed));
   atomic_store_explicit(&slot->word, (gen << GEN_SHIFT) | USER_ONE | 1,
                         memory_order_release);
 }
@@ -169,9 +169,9 @@ cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
 
 void cs_handle_publish(struct cs_object *obj) { publish(slot_of(obj)); }
 
-/* ---- the object types ------------------------------------------------------ */
+/* ---- the object types ---------------------------------------------------- */
 
-#define CS_TYPE_ROW(TYPE, name, article, peeked)                             \
+#define CS_TYPE_ROW(TYPE, name, article, peeked)                               \
   [CS_##TYPE] = {#name, article, cs_##name##_fini, cs_##name##_free, peeked},
 static const struct {
   const char *name, *article;
@@ -183,7 +183,7 @@ static const struct {
 
 const char *cs_type_name(enum cs_type type) { return types[type].name; }
 
-/* ---- the check of a handle ---------------------------------------------------- */
+/* ---- the check of a handle ----------------------------------------------- */
 
 /* A handle is checked one way, in two forms.  The fast form, inline, is
  * three tests that answer the common case in a few instructions:
@@ -203,16 +203,16 @@ static inline __attribute__((always_inline)) struct cs_slot *
 handle_slot(cusafe_handle h, enum cs_type type) {
   unsigned tag = (unsigned)(h >> 56);
   uint32_t index = (uint32_t)h;
-  if (CS_UNLIKELY((type ? tag != (TAG_BASE | (unsigned)type)
-                        : (tag & 0xF0u) != TAG_BASE) ||
-                  index >= atomic_load_explicit(&cs_hot.handles,
-                                                memory_order_acquire)))
+  if (CS_UNLIKELY(
+          (type ? tag != (TAG_BASE | (unsigned)type)
+                : (tag & 0xF0u) != TAG_BASE) ||
+          index >= atomic_load_explicit(&cs_hot.handles, memory_order_acquire)))
     return NULL;
   return slot_at(index);
 }
 
-static inline __attribute__((always_inline)) bool
-handle_live(cusafe_handle h, uint64_t word) {
+static inline __attribute__((always_inline)) bool handle_live(cusafe_handle h,
+                                                              uint64_t word) {
   /* h's generation, moved to the word's and xor'ed out, leaves the
    * caller's references, 1 to USER_MAX if the generation is h's. */
   uint64_t users =
@@ -267,8 +267,8 @@ forged:
                  "%s 0x%016llx is not a cusafe handle", name, hv);
 }
 
-__attribute__((cold, noinline)) static cusafe_status
-too_many(const char *name, cusafe_handle h) {
+__attribute__((cold, noinline)) static cusafe_status too_many(const char *name,
+                                                              cusafe_handle h) {
   return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
                  "%s 0x%016llx has too many references", name,
                  (unsigned long long)h);
@@ -365,7 +365,7 @@ cusafe_status cs_peek_buffer(cusafe_handle h, long index,
   return st;
 }
 
-/* ---- references ----------------------------------------------------------- */
+/* ---- references ---------------------------------------------------------- */
 
 /* Internal references are bounded by the table's size (16M handles), below
  * ALL_MAX: they need no check. */
@@ -455,7 +455,7 @@ uint32_t cs_user_refs(const struct cs_object *obj) {
       atomic_load_explicit(&slot_of(obj)->word, memory_order_acquire));
 }
 
-/* ---- the shutdown ---------------------------------------------------------- */
+/* ---- the shutdown -------------------------------------------------------- */
 
 void cs_handle_kill(struct cs_object *obj) {
   struct cs_slot *slot = slot_of(obj);
@@ -478,7 +478,7 @@ void cs_handle_foreach(enum cs_type type, void (*fn)(struct cs_object *obj)) {
       fn(obj);
   }
 }
-/* ---- the caller's references ------------------------------------------------ */
+/* ---- the caller's references --------------------------------------------- */
 
 /* Retains and releases mark no call in progress (CS_ENTER): the shutdown
  * need not wait for them, since a retain and a release that is not the
@@ -537,7 +537,8 @@ struct rc_memo {
   cusafe_handle handle;
   uint64_t word;
 };
-static __thread struct rc_memo rc_memo __attribute__((tls_model("initial-exec")));
+static __thread struct rc_memo rc_memo
+    __attribute__((tls_model("initial-exec")));
 
 /* The common case of a retain or release, in few instructions and no
  * call: a live handle of the right type, with room in its counts (and, for
@@ -552,15 +553,15 @@ count_fast(cusafe_handle h, enum cs_type type, int delta) {
     return false;
   struct rc_memo *memo = &rc_memo;
   bool typed = memo->handle == h; /* the memo's word passed handle_typed */
-  uint64_t word = typed ? memo->word
-                        : atomic_load_explicit(&slot->word,
-                                               memory_order_relaxed);
+  uint64_t word = typed
+                      ? memo->word
+                      : atomic_load_explicit(&slot->word, memory_order_relaxed);
   uint64_t change = delta > 0 ? USER_ONE + 1 : -(USER_ONE + 1);
   for (;;) {
     if (CS_UNLIKELY(!handle_live(h, word) ||
-                    (delta > 0 ? USERS_OF(word) == USER_MAX ||
-                                     ALL_OF(word) == ALL_MAX
-                               : ALL_OF(word) == 1)))
+                    (delta > 0
+                         ? USERS_OF(word) == USER_MAX || ALL_OF(word) == ALL_MAX
+                         : ALL_OF(word) == 1)))
       break;
     if (CS_UNLIKELY(!typed && !handle_typed(h, slot)))
       break;
@@ -591,12 +592,12 @@ release_handle(cusafe_handle h, enum cs_type type, const char *name) {
   return release_slow(h, type, name);
 }
 
-#define CS_RETAIN_RELEASE(what, type)                                        \
-  CUSAFE_API cusafe_status cusafe_##what##_retain(cusafe_##what h) {         \
-    return retain_handle(h, type, #what);                                    \
-  }                                                                          \
-  CUSAFE_API cusafe_status cusafe_##what##_release(cusafe_##what h) {        \
-    return release_handle(h, type, #what);                                   \
+#define CS_RETAIN_RELEASE(what, type)                                          \
+  CUSAFE_API cusafe_status cusafe_##what##_retain(cusafe_##what h) {           \
+    return retain_handle(h, type, #what);                                      \
+  }                                                                            \
+  CUSAFE_API cusafe_status cusafe_##what##_release(cusafe_##what h) {          \
+    return release_handle(h, type, #what);                                     \
   }
 CS_RETAIN_RELEASE(context, CS_CONTEXT)
 CS_RETAIN_RELEASE(stream, CS_STREAM)

@@ -6,7 +6,7 @@
 
 #include "calls.h"
 
-/* ---- the object types ----------------------------------------------------- */
+/* ---- the object types ---------------------------------------------------- */
 
 /* Every type of object, one row each, in the order in which the ordered
  * shutdown destroys them (shutdown.c): the users of memory and code first,
@@ -25,23 +25,23 @@
  *                the rest of its destruction, after fini: drops what it
  *                holds but its parent (whose reference cs_unref() drops
  *                after it) and frees its memory;
- *              void cs_<name>_describe(const struct cs_object *, char *, size_t)
- *                the leak report's words for it ("4096 bytes of ...");
- *   article  "a buffer", as in "0x... is a stream, not a buffer";
- *   peeked   launches use it without a reference (calls.h, pins): its
- *            destruction waits for the pins of launches in progress.
+ *              void cs_<name>_describe(const struct cs_object *, char *,
+ * size_t) the leak report's words for it ("4096 bytes of ..."); article  "a
+ * buffer", as in "0x... is a stream, not a buffer"; peeked   launches use it
+ * without a reference (calls.h, pins): its destruction waits for the pins of
+ * launches in progress.
  *
  * A new type is a CUSAFE_TYPE_ in cusafe.h, a row here, and its three
  * functions. */
-#define CS_TYPE_MAP(X)                                                       \
-  X(BUFFER, buffer, "a buffer", true)                                        \
-  X(EVENT, event, "an event", false)                                         \
-  X(STREAM, stream, "a stream", true)                                        \
-  X(KERNEL, kernel, "a kernel", true)                                        \
-  X(MODULE, module, "a module", false)                                       \
+#define CS_TYPE_MAP(X)                                                         \
+  X(BUFFER, buffer, "a buffer", true)                                          \
+  X(EVENT, event, "an event", false)                                           \
+  X(STREAM, stream, "a stream", true)                                          \
+  X(KERNEL, kernel, "a kernel", true)                                          \
+  X(MODULE, module, "a module", false)                                         \
   X(CONTEXT, context, "a context", false)
 
-#define CS_TYPE_ENUM(TYPE, name, article, peeked)                            \
+#define CS_TYPE_ENUM(TYPE, name, article, peeked)                              \
   CS_##TYPE = CUSAFE_TYPE_##TYPE,
 enum cs_type { CS_TYPE_MAP(CS_TYPE_ENUM) };
 #undef CS_TYPE_ENUM
@@ -65,10 +65,10 @@ struct cs_object {
   _Atomic(char *) label; /* the caller's words, for the leak report */
 };
 
-#define CS_TYPE_FUNCTIONS(TYPE, name, article, peeked)                       \
-  cusafe_status cs_##name##_fini(struct cs_object *obj);                     \
-  void cs_##name##_free(struct cs_object *obj);                              \
-  void cs_##name##_describe(const struct cs_object *obj, char *what,         \
+#define CS_TYPE_FUNCTIONS(TYPE, name, article, peeked)                         \
+  cusafe_status cs_##name##_fini(struct cs_object *obj);                       \
+  void cs_##name##_free(struct cs_object *obj);                                \
+  void cs_##name##_describe(const struct cs_object *obj, char *what,           \
                             size_t size);
 CS_TYPE_MAP(CS_TYPE_FUNCTIONS)
 #undef CS_TYPE_FUNCTIONS
@@ -76,7 +76,7 @@ CS_TYPE_MAP(CS_TYPE_FUNCTIONS)
 /* The type's word: "buffer".  `type` is one of 1 to CS_TYPES. */
 const char *cs_type_name(enum cs_type type);
 
-/* ---- entering objects -------------------------------------------------------- */
+/* ---- entering objects ---------------------------------------------------- */
 
 /* Enters obj, its parent set, into the table with one reference and sets
  * obj->handle and obj->type.  Returns CUSAFE_ERROR_OUT_OF_MEMORY if the
@@ -102,7 +102,7 @@ cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
                                      struct cs_buffer_slot **out);
 void cs_handle_publish(struct cs_object *obj);
 
-/* ---- checked lookups ---------------------------------------------------------- */
+/* ---- checked lookups ----------------------------------------------------- */
 
 /* Looks up `handle`, checks that it is live and of `type` (0: any type),
  * and takes a reference that the caller drops with cs_unref().  `name` is
@@ -110,7 +110,7 @@ void cs_handle_publish(struct cs_object *obj);
 cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
                          const char *name, struct cs_object **out);
 /* cs_acquire() into a pointer to the object's own structure. */
-#define CS_ACQUIRE(handle, type, name, out)                                  \
+#define CS_ACQUIRE(handle, type, name, out)                                    \
   cs_acquire((handle), (type), (name), (struct cs_object **)(out))
 
 /* A variable of a call that holds a reference on the object it points to
@@ -122,19 +122,18 @@ void cs_drop(void *held);
 /* Declares `struct T *var` CS_HELD, holding `h` acquired as TYPE (NAME in
  * messages) for the rest of the call; returns the failure from the calling
  * function otherwise. */
-#define CS_HOLD_OR_RETURN(T, var, h, TYPE, NAME)                             \
-  struct T *var CS_HELD = NULL;                                              \
-  do {                                                                       \
-    cusafe_status cs_held_ = CS_ACQUIRE(h, TYPE, NAME, &var);                \
-    if (CS_UNLIKELY(cs_held_ != CUSAFE_SUCCESS))                             \
-      return cs_held_;                                                       \
+#define CS_HOLD_OR_RETURN(T, var, h, TYPE, NAME)                               \
+  struct T *var CS_HELD = NULL;                                                \
+  do {                                                                         \
+    cusafe_status cs_held_ = CS_ACQUIRE(h, TYPE, NAME, &var);                  \
+    if (CS_UNLIKELY(cs_held_ != CUSAFE_SUCCESS))                               \
+      return cs_held_;                                                         \
   } while (0)
 /* Checks `handle` as cs_acquire() does, for a `type` other than 0, but
  * takes no reference: for a pinned thread only (cs_pin), until cs_unpin().
  * `index` >= 0 names the index-th element of a list. */
-cusafe_status cs_peek(cusafe_handle handle, enum cs_type type,
-                      const char *name, long index,
-                      struct cs_object **out) CS_HOT;
+cusafe_status cs_peek(cusafe_handle handle, enum cs_type type, const char *name,
+                      long index, struct cs_object **out) CS_HOT;
 /* cs_peek() of a buffer that is the index-th argument of a launch: *out
  * is what the launch reads of it, in the buffer's handle slot. */
 cusafe_status cs_peek_buffer(cusafe_handle handle, long index,
@@ -144,16 +143,16 @@ cusafe_status cs_peek_buffer(cusafe_handle handle, long index,
  * it succeeds), holds the handle `h` as a `struct T *o` of type TYPE
  * (named NAME in messages), and runs the statements `...`, which read o,
  * set *out and may set the status `st`. */
-#define CS_QUERY(fn, out_type, empty, T, TYPE, NAME, ...)                    \
-  CUSAFE_API cusafe_status fn(out_type *out, cusafe_handle h) {              \
-    CS_ENTER_OUT(out, empty);                                                \
-    CS_HOLD_OR_RETURN(T, o, h, TYPE, NAME);                                  \
-    cusafe_status st = CUSAFE_SUCCESS;                                       \
-    __VA_ARGS__;                                                             \
-    return st;                                                               \
+#define CS_QUERY(fn, out_type, empty, T, TYPE, NAME, ...)                      \
+  CUSAFE_API cusafe_status fn(out_type *out, cusafe_handle h) {                \
+    CS_ENTER_OUT(out, empty);                                                  \
+    CS_HOLD_OR_RETURN(T, o, h, TYPE, NAME);                                    \
+    cusafe_status st = CUSAFE_SUCCESS;                                         \
+    __VA_ARGS__;                                                               \
+    return st;                                                                 \
   }
 
-/* ---- references ----------------------------------------------------------------- */
+/* ---- references ---------------------------------------------------------- */
 
 /* Adds a reference to a live object the caller already holds. */
 void cs_ref(struct cs_object *obj);
@@ -167,13 +166,13 @@ bool cs_try_user_ref(struct cs_object *obj);
  * valid); used where a call returns an existing object. */
 cusafe_status cs_user_ref(struct cs_object *obj);
 /* Drops a reference; the last one destroys the object (cs_<name>_fini,
- * cs_<name>_free), retires its slot and drops its reference on its parent.  Returns the
- * status of the destruction. */
+ * cs_<name>_free), retires its slot and drops its reference on its parent.
+ * Returns the status of the destruction. */
 cusafe_status cs_unref(struct cs_object *obj);
 /* The references the caller holds on obj. */
 uint32_t cs_user_refs(const struct cs_object *obj);
 
-/* ---- the shutdown ------------------------------------------------------------------ */
+/* ---- the shutdown -------------------------------------------------------- */
 
 /* Calls fn on every live object of `type`, in slot order.  Used only by the
  * shutdown, which has stopped every other caller first. */

@@ -56,14 +56,14 @@ static cusafe_status init_driver(int n) {
     cs_calls_init();
     handlers_registered = 1;
   }
-  cusafe_status st = driver_entry("cuDevicePrimaryCtxRetain",
-                                  (void **)&primary_retain, true);
+  cusafe_status st =
+      driver_entry("cuDevicePrimaryCtxRetain", (void **)&primary_retain, true);
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuDevicePrimaryCtxRelease", (void **)&primary_release,
                       true);
   if (st == CUSAFE_SUCCESS)
-    st = driver_entry("cuLibraryGetModule", (void **)&library_get_module,
-                      false);
+    st =
+        driver_entry("cuLibraryGetModule", (void **)&library_get_module, false);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;

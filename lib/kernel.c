@@ -13,7 +13,7 @@
 
 static const char dims[3] = {'x', 'y', 'z'};
 
-/* ---- lookup ------------------------------------------------------------------ */
+/* ---- lookup -------------------------------------------------------------- */
 
 /* The most bytes one parameter may take: kept in 16 bits, far above the
  * 32 764 bytes that CUDA allows all the parameters of a kernel together.
@@ -42,8 +42,8 @@ static cusafe_status read_params(struct cs_kernel *k, const char *module) {
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   for (;; n++) {
     size_t offset, size;
-    cudaError_t err = cs_cu->func_get_param_info((const void *)k->fn, n,
-                                                 &offset, &size);
+    cudaError_t err =
+        cs_cu->func_get_param_info((const void *)k->fn, n, &offset, &size);
     if (err == cudaErrorInvalidValue) {
       cs_cu->get_last_error(); /* the end of the list is no error to others */
       break;
@@ -187,14 +187,12 @@ void cs_kernel_free(struct cs_object *obj) {
   kernel_free((struct cs_kernel *)obj);
 }
 
-void cs_kernel_describe(const struct cs_object *obj, char *what,
-                        size_t size) {
+void cs_kernel_describe(const struct cs_object *obj, char *what, size_t size) {
   const struct cs_kernel *k = (const struct cs_kernel *)obj;
   snprintf(what, size, "%s on device %d", k->name, k->ctx->device);
 }
 
-CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
-                                                  size_t *sizes,
+CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
                                                   size_t capacity,
                                                   cusafe_kernel kernel) {
   CS_ENTER_OUT(count, 0);
@@ -206,7 +204,7 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count,
   return CUSAFE_SUCCESS;
 }
 
-/* ---- limits -------------------------------------------------------------------- */
+/* ---- limits -------------------------------------------------------------- */
 
 /* The first of the three dimensions of a grid or block (`what`) that is
  * above its limit, in words. */
@@ -266,7 +264,7 @@ cusafe_status cs_kernel_raise_shared(struct cs_kernel *k, size_t bytes) {
   return st;
 }
 
-/* ---- queries ------------------------------------------------------------------- */
+/* ---- queries ------------------------------------------------------------- */
 
 /* The largest block size that reaches the highest occupancy, as the
  * runtime's own cudaOccupancyMaxPotentialBlockSize chooses (the kernel's
@@ -307,8 +305,8 @@ CUSAFE_API cusafe_status cusafe_kernel_suggest_config(uint32_t *block,
   if (st == CUSAFE_SUCCESS)
     st = cs_kernel_allow_shared(k, shared_memory);
   int saved, size = 0;
-  if (st == CUSAFE_SUCCESS && (st = cs_device_enter(k->ctx->device,
-                                                    &saved)) == CUSAFE_SUCCESS) {
+  if (st == CUSAFE_SUCCESS &&
+      (st = cs_device_enter(k->ctx->device, &saved)) == CUSAFE_SUCCESS) {
     st = best_block(&size, k, shared_memory);
     cs_device_leave(saved);
   }

@@ -44,12 +44,12 @@ _Static_assert(offsetof(struct cs_kernel, param_size) == 128,
 /* The size an argument of `kind` passes, or 0 for bytes (which say their
  * size) and unknown kinds.  The sizes of kinds 1 to 11 are the nibbles of
  * one constant: no table to load. */
-#define CS_KIND_SIZES                                                        \
-  ((uint64_t)8 << 4 * CUSAFE_ARG_BUFFER | (uint64_t)1 << 4 * CUSAFE_ARG_I8 |  \
-   (uint64_t)1 << 4 * CUSAFE_ARG_U8 | (uint64_t)2 << 4 * CUSAFE_ARG_I16 |     \
-   (uint64_t)2 << 4 * CUSAFE_ARG_U16 | (uint64_t)4 << 4 * CUSAFE_ARG_I32 |    \
-   (uint64_t)4 << 4 * CUSAFE_ARG_U32 | (uint64_t)8 << 4 * CUSAFE_ARG_I64 |    \
-   (uint64_t)8 << 4 * CUSAFE_ARG_U64 | (uint64_t)4 << 4 * CUSAFE_ARG_F32 |    \
+#define CS_KIND_SIZES                                                          \
+  ((uint64_t)8 << 4 * CUSAFE_ARG_BUFFER | (uint64_t)1 << 4 * CUSAFE_ARG_I8 |   \
+   (uint64_t)1 << 4 * CUSAFE_ARG_U8 | (uint64_t)2 << 4 * CUSAFE_ARG_I16 |      \
+   (uint64_t)2 << 4 * CUSAFE_ARG_U16 | (uint64_t)4 << 4 * CUSAFE_ARG_I32 |     \
+   (uint64_t)4 << 4 * CUSAFE_ARG_U32 | (uint64_t)8 << 4 * CUSAFE_ARG_I64 |     \
+   (uint64_t)8 << 4 * CUSAFE_ARG_U64 | (uint64_t)4 << 4 * CUSAFE_ARG_F32 |     \
    (uint64_t)8 << 4 * CUSAFE_ARG_F64)
 _Static_assert(sizeof(void *) == 8, "buffers pass 8-byte addresses");
 _Static_assert(CUSAFE_ARG_F64 < 16 && CUSAFE_ARG_BYTES < 16,
@@ -93,8 +93,8 @@ cusafe_status cs_kernel_raise_shared(struct cs_kernel *k, size_t bytes);
  * shared_limit), raising its limit if needed. */
 static inline cusafe_status cs_kernel_allow_shared(struct cs_kernel *k,
                                                    size_t bytes) {
-  if (CS_LIKELY(bytes <= atomic_load_explicit(&k->dynamic_limit,
-                                              memory_order_relaxed)))
+  if (CS_LIKELY(bytes <=
+                atomic_load_explicit(&k->dynamic_limit, memory_order_relaxed)))
     return CUSAFE_SUCCESS;
   return cs_kernel_raise_shared(k, bytes);
 }

@@ -8,7 +8,7 @@
  * other operation on them (buffer.c), which keeps them alive until the
  * kernel has completed (invariant 2).  The kernel, the stream and the
  * buffers are used without references, on a pinned thread: lib/README.md,
- * "Launches", says why that is safe. */
+ * "Pins: launches without references", says why that is safe. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,8 +159,8 @@ static inline cusafe_status queue_kernel(const struct cs_kernel *k,
                                          void **argv, cudaStream_t stream) {
   dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
   dim3 block = {c->block[0], c->block[1], c->block[2]};
-  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block,
-                                         argv, c->shared_memory, stream);
+  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block, argv,
+                                         c->shared_memory, stream);
   return err == cudaSuccess ? CUSAFE_SUCCESS
                             : cs_fail_cuda(err, "cudaLaunchKernel");
 }
@@ -190,9 +190,8 @@ launch_locked(struct cs_kernel *k, struct cs_queue *q, cudaStream_t stream,
 }
 
 static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
-                            cudaStream_t stream,
-                            const cusafe_launch_config *c, void **argv,
-                            struct launch_buffers *lb) {
+                            cudaStream_t stream, const cusafe_launch_config *c,
+                            void **argv, struct launch_buffers *lb) {
   struct cs_context *ctx = k->ctx;
   cusafe_status st = cs_kernel_allow_shared(k, c->shared_memory);
   if (st != CUSAFE_SUCCESS)
@@ -212,8 +211,8 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
        * kernel; one that moved is settled. */
       atomic_thread_fence(memory_order_seq_cst);
       for (size_t i = 0; i < lb->nroots; i++)
-        if (CS_UNLIKELY(atomic_load_explicit(lb->lasts[i],
-                                             memory_order_relaxed) != q))
+        if (CS_UNLIKELY(
+                atomic_load_explicit(lb->lasts[i], memory_order_relaxed) != q))
           cs_buffer_settle(lb->roots[i], q);
     }
   }
@@ -242,8 +241,7 @@ static bool space_make(struct launch_space *sp, size_t nargs) {
   sp->lb.roots = malloc(nargs * sizeof *sp->lb.roots);
   sp->lb.lasts = malloc(nargs * sizeof *sp->lb.lasts);
   sp->lb.drops = malloc(nargs * sizeof *sp->lb.drops);
-  return sp->argv && sp->values && sp->lb.roots && sp->lb.lasts &&
-         sp->lb.drops;
+  return sp->argv && sp->values && sp->lb.roots && sp->lb.lasts && sp->lb.drops;
 }
 
 static void space_free(struct launch_space *sp) {
@@ -263,8 +261,8 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
                                    const cusafe_arg *args, size_t nargs,
                                    struct launch_space *sp) {
   struct cs_kernel *k;
-  cusafe_status st = cs_peek(kernel, CS_KERNEL, "kernel", -1,
-                             (struct cs_object **)&k);
+  cusafe_status st =
+      cs_peek(kernel, CS_KERNEL, "kernel", -1, (struct cs_object **)&k);
   if (st != CUSAFE_SUCCESS)
     return st;
   struct cs_context *ctx = k->ctx;
@@ -300,9 +298,9 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   return launch(k, q, stream, config, sp->argv, &sp->lb);
 }
 
-CUSAFE_API CS_HOT cusafe_status cusafe_kernel_launch(
-    cusafe_kernel kernel, const cusafe_launch_config *config,
-    const cusafe_arg *args, size_t nargs) {
+CUSAFE_API CS_HOT cusafe_status
+cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
+                     const cusafe_arg *args, size_t nargs) {
   CS_ENTER();
   struct launch_space sp;
   sp.argv = sp.argv_stack;
@@ -318,4 +316,3 @@ CUSAFE_API CS_HOT cusafe_status cusafe_kernel_launch(
   space_free(&sp);
   return st;
 }
-

@@ -19,7 +19,7 @@
 #define BUILTIN_NAME "<built-in kernels>"
 #define MEMORY_NAME "<memory image>"
 
-/* ---- the compiler's log, per thread ---------------------------------------- */
+/* ---- the compiler's log, per thread -------------------------------------- */
 
 static pthread_key_t log_key;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -39,7 +39,7 @@ CUSAFE_API const char *cusafe_last_compile_log(void) {
   return text ? text : "";
 }
 
-/* ---- loading ------------------------------------------------------------------ */
+/* ---- loading ------------------------------------------------------------- */
 
 cusafe_status cs_module_load_failed(cudaError_t err, const char *function,
                                     const char *module) {
@@ -80,11 +80,10 @@ static cusafe_status module_new(cusafe_module *out, struct cs_context *ctx,
   if (st != CUSAFE_SUCCESS)
     goto fail;
   const char *fn = path ? "cudaLibraryLoadFromFile" : "cudaLibraryLoadData";
-  cudaError_t err =
-      path ? cs_cu->library_load_file(&m->library, path, NULL, NULL, 0, NULL,
-                                      NULL, 0)
-           : cs_cu->library_load_data(&m->library, image, NULL, NULL, 0, NULL,
-                                      NULL, 0);
+  cudaError_t err = path ? cs_cu->library_load_file(&m->library, path, NULL,
+                                                    NULL, 0, NULL, NULL, 0)
+                         : cs_cu->library_load_data(&m->library, image, NULL,
+                                                    NULL, 0, NULL, NULL, 0);
   if (err == cudaSuccess) {
     /* Binds the device's primary context to this thread, then loads the
      * code into it, so that a bad image fails here and not at first use. */
@@ -122,7 +121,7 @@ fail:
   return st;
 }
 
-/* ---- run-time compilation ------------------------------------------------------ */
+/* ---- run-time compilation ------------------------------------------------ */
 
 static cusafe_status nvrtc_failed(nvrtcResult res, const char *what) {
   const char *words = cs_cu->nvrtc_get_error_string(res);
@@ -173,8 +172,8 @@ static cusafe_status compile(struct cs_context *ctx, const char *source,
   }
   nvrtcProgram prog;
   cusafe_status st = CUSAFE_SUCCESS;
-  nvrtcResult res = cs_cu->nvrtc_create_program(&prog, source, name, 0, NULL,
-                                                NULL);
+  nvrtcResult res =
+      cs_cu->nvrtc_create_program(&prog, source, name, 0, NULL, NULL);
   if (res != NVRTC_SUCCESS) {
     free(opts);
     return nvrtc_failed(res, "nvrtcCreateProgram");
@@ -218,7 +217,7 @@ out:
   return st;
 }
 
-/* ---- loaders ------------------------------------------------------------------ */
+/* ---- loaders ------------------------------------------------------------- */
 
 /* Where a module's code comes from: an image in memory, a file, or CUDA
  * source to compile. */
@@ -226,7 +225,7 @@ struct code {
   enum { FROM_IMAGE, FROM_FILE, FROM_SOURCE } from;
   const void *image; /* FROM_IMAGE: `size` bytes */
   size_t size;
-  const char *path; /* FROM_FILE */
+  const char *path;   /* FROM_FILE */
   const char *source; /* FROM_SOURCE, with `noptions` options */
   const char *const *options;
   size_t noptions;
@@ -236,8 +235,7 @@ struct code {
 /* The arguments that describe the code, checked. */
 static cusafe_status code_check(const struct code *c) {
   switch (c->from) {
-  case FROM_FILE:
-    return c->path ? CUSAFE_SUCCESS : cs_null("path");
+  case FROM_FILE: return c->path ? CUSAFE_SUCCESS : cs_null("path");
   case FROM_SOURCE:
     if (!c->source)
       return cs_null("source");
@@ -260,8 +258,8 @@ static cusafe_status module_load(cusafe_module *out, cusafe_context ctx,
   char *cubin = NULL;
   cusafe_status st = code_check(&code);
   if (st == CUSAFE_SUCCESS && code.from == FROM_SOURCE) {
-    st = compile(c, code.source, code.name, code.options, code.noptions,
-                 &cubin);
+    st =
+        compile(c, code.source, code.name, code.options, code.noptions, &cubin);
     if (st == CUSAFE_SUCCESS)
       compile_log_set(NULL);
     code.image = cubin;
@@ -279,11 +277,10 @@ static cusafe_status load_image(cusafe_module *out, cusafe_context ctx,
                                 const void *image, size_t size,
                                 const char *name) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
-  return module_load(out, ctx,
-                     (struct code){.from = FROM_IMAGE,
-                                   .image = image,
-                                   .size = size,
-                                   .name = name});
+  return module_load(
+      out, ctx,
+      (struct code){
+          .from = FROM_IMAGE, .image = image, .size = size, .name = name});
 }
 
 CUSAFE_API cusafe_status cusafe_module_load_builtin(cusafe_module *out,
@@ -307,12 +304,9 @@ CUSAFE_API cusafe_status cusafe_module_load_data(cusafe_module *out,
   return load_image(out, ctx, image, size, MEMORY_NAME);
 }
 
-CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
-                                               cusafe_context ctx,
-                                               const char *source,
-                                               const char *name,
-                                               const char *const *options,
-                                               size_t noptions) {
+CUSAFE_API cusafe_status cusafe_module_compile(
+    cusafe_module *out, cusafe_context ctx, const char *source,
+    const char *name, const char *const *options, size_t noptions) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return module_load(out, ctx,
                      (struct code){.from = FROM_SOURCE,
@@ -322,7 +316,7 @@ CUSAFE_API cusafe_status cusafe_module_compile(cusafe_module *out,
                                    .name = name ? name : "source.cu"});
 }
 
-/* ---- lifetime ---------------------------------------------------------------------- */
+/* ---- lifetime ------------------------------------------------------------ */
 
 /* Unloads the module's code once its launches are done: they may still be
  * queued on any stream, and unloading does not wait for them.  Where the
@@ -348,8 +342,7 @@ void cs_module_free(struct cs_object *obj) {
   free(obj);
 }
 
-void cs_module_describe(const struct cs_object *obj, char *what,
-                        size_t size) {
+void cs_module_describe(const struct cs_object *obj, char *what, size_t size) {
   const struct cs_module *m = (const struct cs_module *)obj;
   snprintf(what, size, "%s on device %d", m->name, m->ctx->device);
 }

@@ -9,19 +9,19 @@
 #include "handle.h"
 #include "init.h"
 
-#define CS_TYPE_DESCRIBE(TYPE, name, article, peeked)                        \
+#define CS_TYPE_DESCRIBE(TYPE, name, article, peeked)                          \
   [CS_##TYPE] = cs_##name##_describe,
 static void (*const describe[CS_TYPES + 1])(const struct cs_object *obj,
-                                             char *what, size_t size) = {
+                                            char *what, size_t size) = {
     CS_TYPE_MAP(CS_TYPE_DESCRIBE)};
 #undef CS_TYPE_DESCRIBE
 
 /* shut_<name>(obj): frees obj's CUDA resources and retires its handle;
  * the object stays reachable through its slot. */
-#define CS_TYPE_SHUT(TYPE, name, article, peeked)                            \
-  static void shut_##name(struct cs_object *obj) {                           \
-    cs_##name##_fini(obj);                                                   \
-    cs_handle_kill(obj);                                                     \
+#define CS_TYPE_SHUT(TYPE, name, article, peeked)                              \
+  static void shut_##name(struct cs_object *obj) {                             \
+    cs_##name##_fini(obj);                                                     \
+    cs_handle_kill(obj);                                                       \
   }
 CS_TYPE_MAP(CS_TYPE_SHUT)
 #undef CS_TYPE_SHUT
@@ -56,7 +56,7 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
     for (int t = 1; t <= CS_TYPES; t++)
       cs_handle_foreach((enum cs_type)t, report_leak);
   cs_handle_foreach(CS_CONTEXT, cs_context_settle);
-#define CS_TYPE_SHUTDOWN(TYPE, name, article, peeked)                        \
+#define CS_TYPE_SHUTDOWN(TYPE, name, article, peeked)                          \
   cs_handle_foreach(CS_##TYPE, shut_##name);
   CS_TYPE_MAP(CS_TYPE_SHUTDOWN)
 #undef CS_TYPE_SHUTDOWN

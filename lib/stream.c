@@ -83,7 +83,7 @@ cudaError_t cs_queue_fini(struct cs_queue *q) {
   return cs_cu->stream_destroy(q->stream);
 }
 
-/* ---- streams ----------------------------------------------------------------- */
+/* ---- streams ------------------------------------------------------------- */
 
 /* What cusafe_stream_create() asks for. */
 struct stream_args {
@@ -98,23 +98,22 @@ static cusafe_status stream_check(const struct cs_context *ctx,
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown stream flags 0x%x",
                    a->flags & ~CUSAFE_STREAM_NON_BLOCKING);
   /* CUDA clamps a priority out of range silently; say so instead. */
-  if (a->priority < ctx->priority_greatest ||
-      a->priority > ctx->priority_least)
+  if (a->priority < ctx->priority_greatest || a->priority > ctx->priority_least)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                    "priority %d is outside the device's range [%d, %d]",
                    a->priority, ctx->priority_greatest, ctx->priority_least);
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status stream_make(struct cs_object *obj,
-                                 struct cs_context *ctx, const void *args) {
+static cusafe_status stream_make(struct cs_object *obj, struct cs_context *ctx,
+                                 const void *args) {
   const struct stream_args *a = args;
   struct cs_stream *s = (struct cs_stream *)obj;
-  cudaError_t err = cs_cu->stream_create(
-      &s->queue.stream,
-      (a->flags & CUSAFE_STREAM_NON_BLOCKING) ? cudaStreamNonBlocking
-                                              : cudaStreamDefault,
-      a->priority);
+  cudaError_t err = cs_cu->stream_create(&s->queue.stream,
+                                         (a->flags & CUSAFE_STREAM_NON_BLOCKING)
+                                             ? cudaStreamNonBlocking
+                                             : cudaStreamDefault,
+                                         a->priority);
   if (err != cudaSuccess)
     return cs_fail_cuda(err, "cudaStreamCreateWithPriority");
   s->queue.ctx = ctx;
@@ -131,8 +130,7 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                               unsigned int flags,
                                               int priority) {
   static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream),
-                                      stream_check, stream_make,
-                                      stream_unmake};
+                                      stream_check, stream_make, stream_unmake};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return cs_context_child(out, ctx, &how,
                           &(struct stream_args){flags, priority});
@@ -151,13 +149,12 @@ cusafe_status cs_stream_fini(struct cs_object *obj) {
 
 void cs_stream_free(struct cs_object *obj) { free(obj); }
 
-void cs_stream_describe(const struct cs_object *obj, char *what,
-                        size_t size) {
+void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
   snprintf(what, size, "device %d",
            ((const struct cs_stream *)obj)->queue.ctx->device);
 }
 
-/* ---- work ---------------------------------------------------------------------- */
+/* ---- work ---------------------------------------------------------------- */
 
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
@@ -171,7 +168,7 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, true);
 }
 
-/* ---- queries ---------------------------------------------------------------------- */
+/* ---- queries ------------------------------------------------------------- */
 
 CS_QUERY(cusafe_stream_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
          cs_stream, CS_STREAM, "stream",

@@ -28,7 +28,8 @@ struct cs_stream {
  * of `dflt` (no reference taken), else the stream is acquired into *held
  * (drop with cs_unref when not NULL).  A stream of another context than
  * dflt's is CUSAFE_ERROR_CONTEXT_MISMATCH ("stream belongs to device 1 but
- * <dflt_name> belongs to device 0") -- unless dflt_name is NULL: the caller checks. */
+ * <dflt_name> belongs to device 0") -- unless dflt_name is NULL: the caller
+ * checks. */
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            const char *dflt_name, struct cs_queue **out,
                            struct cs_object **held);

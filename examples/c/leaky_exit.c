@@ -18,8 +18,7 @@
 
 #define N ((size_t)1 << 20)
 
-static int report(const char *what, cusafe_status status)
-{
+static int report(const char *what, cusafe_status status) {
   if (status == CUSAFE_ERROR_NO_DRIVER) {
     fprintf(stderr, "cusafe: no CUDA driver found\n");
     return 1;
@@ -33,15 +32,14 @@ static int report(const char *what, cusafe_status status)
   return 2;
 }
 
-#define CHECK(call)                                                          \
-  do {                                                                       \
-    cusafe_status st_ = (call);                                              \
-    if (st_ != CUSAFE_SUCCESS)                                               \
-      return report(#call, st_);                                             \
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    cusafe_status st_ = (call);                                                \
+    if (st_ != CUSAFE_SUCCESS)                                                 \
+      return report(#call, st_);                                               \
   } while (0)
 
-int main(void)
-{
+int main(void) {
   cusafe_context ctx;
   cusafe_stream s1, s2;
   cusafe_event start, done;

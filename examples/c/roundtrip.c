@@ -11,8 +11,7 @@
 #define SIZE ((size_t)1 << 20)
 
 /* Prints why a call failed and returns the exit status that goes with it. */
-static int report(cusafe_status status)
-{
+static int report(cusafe_status status) {
   if (status == CUSAFE_ERROR_NO_DRIVER) {
     fprintf(stderr, "cusafe: no CUDA driver found\n");
     return 1;
@@ -27,14 +26,12 @@ static int report(cusafe_status status)
 }
 
 /* A failed release is reported unless an earlier failure already was. */
-static void release_checked(cusafe_status status, int *rc)
-{
+static void release_checked(cusafe_status status, int *rc) {
   if (status != CUSAFE_SUCCESS && *rc == 0)
     *rc = report(status);
 }
 
-int main(void)
-{
+int main(void) {
   cusafe_context ctx = CUSAFE_NULL_HANDLE;
   cusafe_buffer a = CUSAFE_NULL_HANDLE, b = CUSAFE_NULL_HANDLE;
   cusafe_device_properties props;
