@@ -3,9 +3,9 @@
  * Every CUDA call of the library goes through `cs_cu`, the table
  * `cs_cuda_table`.  The shipped library defines it in lib/cuda_real.c with
  * the CUDA runtime's own functions; the test suite links the same library
- * sources with tests/fakecuda/fakecuda.c, which defines it with a fake. Nothing
- * in the shipped library can select the fake: it is simply not compiled into
- * it.
+ * sources with tests/fakecuda/fakecuda.c, which defines it with a fake.
+ * Nothing in the shipped library can select the fake: it is simply not
+ * compiled into it.
  *
  * Driver functions (the primary context) are not in the table: the library
  * asks for them through get_driver_entry_point, so that it loads, and

@@ -10,29 +10,29 @@
 
 /* Every type of object, one row each, in the order in which the ordered
  * shutdown destroys them (shutdown.c): the users of memory and code first,
- * contexts last (invariant 5).
+ * contexts last (invariant 5).  X(TYPE, name, article, peeked):
  *
- *   X(TYPE, name, article, peeked)
- *   TYPE     CS_<TYPE>, equal to the public CUSAFE_TYPE_<TYPE>;
- *   name     the type's word in messages and leak reports, and the middle
- *            of the three functions each type defines in its own file:
- *              cusafe_status cs_<name>_fini(struct cs_object *)
- *                frees its CUDA resources: the first step of its
- *                destruction when the last reference went, and all that
- *                the ordered shutdown does to it (whose handle is then
- *                retired, its host memory left reachable);
- *              void cs_<name>_free(struct cs_object *)
- *                the rest of its destruction, after fini: drops what it
- *                holds but its parent (whose reference cs_unref() drops
- *                after it) and frees its memory;
- *              void cs_<name>_describe(const struct cs_object *, char *,
- * size_t) the leak report's words for it ("4096 bytes of ..."); article  "a
- * buffer", as in "0x... is a stream, not a buffer"; peeked   launches use it
- * without a reference (calls.h, pins): its destruction waits for the pins of
- * launches in progress.
+ * TYPE: CS_<TYPE>, equal to the public CUSAFE_TYPE_<TYPE>.
+ *
+ * name: the type's word in messages and leak reports, and the middle of
+ * the names of the three functions each type defines in its own file:
+ * - cs_<name>_fini(obj) frees its CUDA resources: the first step of its
+ *   destruction when the last reference went, and all that the ordered
+ *   shutdown does to it (whose handle is then retired, its host memory
+ *   left reachable);
+ * - cs_<name>_free(obj), the rest of its destruction, after fini, drops
+ *   what it holds but its parent (whose reference cs_unref() drops after
+ *   it) and frees its memory;
+ * - cs_<name>_describe(obj, what, size) words it for the leak report
+ *   ("4096 bytes of device memory on device 0").
+ *
+ * article: "a buffer", as in "0x... is a stream, not a buffer".
+ *
+ * peeked: launches use it without a reference (calls.h, pins), so its
+ * destruction waits for the pins of launches in progress.
  *
  * A new type is a CUSAFE_TYPE_ in cusafe.h, a row here, and its three
- * functions. */
+ * functions (lib/README.md, "Four questions"). */
 #define CS_TYPE_MAP(X)                                                         \
   X(BUFFER, buffer, "a buffer", true)                                          \
   X(EVENT, event, "an event", false)                                           \
