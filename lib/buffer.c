@@ -55,10 +55,8 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                    "stream 0x%016llx is stale: its object was released",
                    (unsigned long long)q->owner->handle);
   if (last) {
-    /* Launches that found `last` without the lock look again once their
-     * kernel is queued; the move must show before the hand-off is
-     * recorded, so that either the record comes after their kernel or
-     * they see the move and settle (cs_buffer_settle). */
+    /* The move shows before the hand-off is recorded: lib/README.md,
+     * "Buffers' chains of work". */
     atomic_store(root->last, CS_QUEUE_MOVING);
     cusafe_status st = cs_queue_handoff(last, q);
     if (st != CUSAFE_SUCCESS) {

@@ -114,14 +114,9 @@ static inline void cs_call_leave(struct cs_thread **t) {
 
 /* ---- pins ---------------------------------------------------------------- */
 
-/* A launch uses its kernel, stream and buffers without references: it
- * pins its thread first, and the destruction of such an object waits for
- * the pins begun before its last reference went (cs_pins_wait).  Both the
- * pin and the drop of the last reference are sequentially consistent
- * stores: either the launch sees the handle stale, or the destructor sees
- * the pin.  A pinned thread drops no reference and waits for nothing a
- * releasing thread may hold (buffers' spinlocks only).  lib/README.md,
- * "Pins: launches without references". */
+/* A launch pins its thread before it uses objects without references;
+ * their destruction waits for it (cs_pins_wait).  lib/README.md, "Pins:
+ * launches without references". */
 static inline void cs_pin(struct cs_thread *t) {
   if (CS_UNLIKELY(t->shared))
     atomic_fetch_add(&t->pins_begun, 1);

@@ -205,10 +205,8 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   } else {
     st = queue_kernel(k, c, argv, stream);
     if (st == CUSAFE_SUCCESS && lb->nroots) {
-      /* Another thread may have moved a buffer to another stream since:
-       * it marks the move (CS_QUEUE_MOVING) before recording the
-       * hand-off, so a buffer still on q here was handed off after the
-       * kernel; one that moved is settled. */
+      /* A buffer moved to another stream meanwhile is settled:
+       * lib/README.md, "Buffers' chains of work". */
       atomic_thread_fence(memory_order_seq_cst);
       for (size_t i = 0; i < lb->nroots; i++)
         if (CS_UNLIKELY(
