@@ -1,4 +1,5 @@
-/* error.c -- status strings and the per-thread detail message. */
+/* error.c -- status strings and the per-thread detail message (invariant
+ * 7: clear errors). */
 #include <stdarg.h>
 #include <stdio.h>
 
