@@ -125,7 +125,7 @@ typedef enum cusafe_status {
   /* A bad argument: a NULL pointer where one is required, unknown flags or
    * memory kind, a priority outside the device's range. */
   CUSAFE_ERROR_INVALID_VALUE = 2,
-  /* A size of zero where data is required (an allocation, a view). */
+  /* A size of zero where data is required (a module image). */
   CUSAFE_ERROR_INVALID_SIZE = 3,
   /* An offset or offset + size beyond the end of a buffer, also when the
    * sum overflows. */
@@ -720,6 +720,18 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
 /* Buffers                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Zero sizes.  Buffers and views of 0 bytes are legal, as NumPy's, CuPy's
+ * and DLPack's empty arrays are, so that callers need not treat n = 0
+ * apart.  Such a buffer has no memory behind it (no CUDA call allocates or
+ * frees it; its cusafe_buffer_interop_pointer() is NULL, a view's the
+ * parent's address plus its offset) but is an object like any other: it
+ * holds its references, is checked, and may be passed to launches (as its
+ * address).  A write, read, fill or copy of 0 bytes is checked like any
+ * other -- its handles, and its offset, which may be the buffer's size
+ * (the end) but not beyond -- and then does nothing: it queues no work and
+ * orders nothing.  A view of 0 bytes may start at any offset up to its
+ * parent's size. */
+
 typedef enum cusafe_memory {
   CUSAFE_MEMORY_DEVICE = 0, /* device memory, from the stream-ordered pool */
   CUSAFE_MEMORY_HOST_PINNED = 1, /* page-locked host memory */
@@ -729,15 +741,17 @@ typedef enum cusafe_memory {
 /* Allocates `size` bytes of `kind` memory in ctx.  Device memory comes from
  * the device's stream-ordered pool (cudaMallocAsync) on the context's
  * default stream; pinned memory from cudaMallocHost, managed memory from
- * cudaMallocManaged.  Contents are undefined until written.
+ * cudaMallocManaged.  Contents are undefined until written.  A buffer of 0
+ * bytes is legal, as NumPy's and DLPack's empty arrays are: no memory and
+ * no CUDA call behind it, its cusafe_buffer_interop_pointer() is NULL, and
+ * every operation on it is a checked no-op (see "Zero sizes" below).
  * Parameters: out [out] the new buffer; ctx [in] its context; kind [in] a
- *   cusafe_memory; size [in] bytes, at least 1.
+ *   cusafe_memory; size [in] bytes, 0 or more.
  * Returns: CUSAFE_SUCCESS: *out is the new buffer.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, or kind is unknown.
  *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
- *   context.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
- *   CUSAFE_ERROR_OUT_OF_MEMORY: device or managed memory of more than the
- *   device's total memory, no host memory, or the handle table is full.
+ *   context.  CUSAFE_ERROR_OUT_OF_MEMORY: device or managed memory of more than
+ * the device's total memory, no host memory, or the handle table is full.
  *   CUSAFE_ERROR_NOT_SUPPORTED: managed memory on a device without it.  A
  *   CUDA failure (cudaMallocAsync, cudaMallocHost, cudaMallocManaged; most
  *   often CUSAFE_ERROR_OUT_OF_MEMORY): its mapped status.
@@ -755,13 +769,13 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
  * after the allocation.
  * Parameters: out [out] the new buffer; stream [in] the stream (not
  *   CUSAFE_STREAM_DEFAULT: use cusafe_buffer_alloc() for the default
- *   stream); size [in] bytes, at least 1.
+ *   stream); size [in] bytes, 0 or more (0: no memory, as
+ *   cusafe_buffer_alloc()).
  * Returns: CUSAFE_SUCCESS: *out is the new buffer, of the stream's context.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
- *   stream.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
- *   CUSAFE_ERROR_OUT_OF_MEMORY: more than the device's total memory, no
- *   host memory, or the handle table is full.  A CUDA failure
+ *   stream.  CUSAFE_ERROR_OUT_OF_MEMORY: more than the device's total memory,
+ * no host memory, or the handle table is full.  A CUDA failure
  *   (cudaMallocAsync): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is
  *   CUSAFE_NULL_HANDLE on every failure.
@@ -777,13 +791,14 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
  * `parent` (a buffer or another view), usable wherever a buffer is.  The
  * memory lives as long as any view of it.
  * Parameters: out [out] the new view; parent [in] a buffer or view;
- *   offset [in] bytes into parent; size [in] bytes, at least 1.
+ *   offset [in] bytes into parent, at most its size; size [in] bytes, 0 or
+ *   more (a view of 0 bytes, at any offset up to the parent's size, is
+ *   legal: see "Zero sizes" below).
  * Returns: CUSAFE_SUCCESS: *out is the new view, of parent's memory kind
  *   and context.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: parent is NULL, forged, stale or not a
- *   buffer.  CUSAFE_ERROR_INVALID_SIZE: size is 0.
- *   CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond parent, or
+ *   buffer.  CUSAFE_ERROR_OUT_OF_RANGE: offset + size is beyond parent, or
  *   overflows.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
  *   table is full.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
  *   shutdown / in a forked child.  *out is CUSAFE_NULL_HANDLE on every

@@ -146,8 +146,6 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
       kind != CUSAFE_MEMORY_MANAGED)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind %d",
                    (int)kind);
-  if (size == 0)
-    return cs_fail(CUSAFE_ERROR_INVALID_SIZE, "allocation of 0 bytes");
   if (kind != CUSAFE_MEMORY_HOST_PINNED && size > ctx->total_memory)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
                    "allocation of %zu bytes exceeds the %zu bytes of device %d",
@@ -159,13 +157,16 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
   if (!b)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
 
-  int saved;
-  void *ptr = NULL;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = memory_alloc(&ptr, kind, size, q);
-    if (st != CUSAFE_SUCCESS)
-      cs_device_leave(saved);
+  int saved = -1;
+  void *ptr = NULL; /* none for 0 bytes: no CUDA call at all */
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (size) {
+    st = cs_device_enter(ctx->device, &saved);
+    if (st == CUSAFE_SUCCESS) {
+      st = memory_alloc(&ptr, kind, size, q);
+      if (st != CUSAFE_SUCCESS)
+        cs_device_leave(saved);
+    }
   }
   if (st != CUSAFE_SUCCESS) {
     buffer_free(b);
@@ -229,8 +230,6 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
  * caller's) becomes the view's. */
 static cusafe_status view_new(cusafe_buffer *out, struct cs_buffer *p,
                               size_t offset, size_t size) {
-  if (size == 0)
-    return cs_fail(CUSAFE_ERROR_INVALID_SIZE, "view of 0 bytes");
   cusafe_status st = check_range("view", NULL, offset, size, p->size);
   if (st != CUSAFE_SUCCESS)
     return st;
@@ -240,7 +239,7 @@ static cusafe_status view_new(cusafe_buffer *out, struct cs_buffer *p,
   v->root = p->root;
   v->hdr.parent = &p->hdr;
   v->ctx = p->ctx;
-  v->ptr = p->ptr + offset;
+  v->ptr = p->ptr ? p->ptr + offset : NULL; /* NULL: a root of 0 bytes */
   v->size = size;
   v->kind = p->kind;
   st = buffer_enter(v);
@@ -311,10 +310,11 @@ static cusafe_status free_memory(struct cs_buffer *b) {
 /* Frees root memory, also when its device cannot be made current: memory
  * left behind would outlive its context.  Stream-ordered like any release
  * (also in the ordered shutdown, in case the synchronisation of the
- * devices that came first failed).  A view holds no memory of its own. */
+ * devices that came first failed).  A view holds no memory of its own, nor
+ * does a root of 0 bytes. */
 cusafe_status cs_buffer_fini(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
-  if (b->root != b)
+  if (b->root != b || b->size == 0)
     return CUSAFE_SUCCESS;
   int saved;
   cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);
@@ -530,7 +530,9 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
     st = check_range("copy", "destination", dst_offset, size, dst->size);
   if (st != CUSAFE_SUCCESS)
     return st;
-  char *d = dst->ptr + dst_offset, *s = src->ptr + src_offset;
+  /* Addresses as integers: a buffer of 0 bytes has none. */
+  uintptr_t d = (uintptr_t)dst->ptr + dst_offset,
+            s = (uintptr_t)src->ptr + src_offset;
   if (dst->root == src->root && size && d < s + size && s < d + size)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                    "source and destination ranges overlap");
@@ -559,7 +561,7 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
   if (run != q)
     st = cs_queue_handoff(q, run);
   if (st == CUSAFE_SUCCESS)
-    st = copy_run(dst, d, src, s, size, run, peer);
+    st = copy_run(dst, (char *)d, src, (const char *)s, size, run, peer);
   /* Later work on the caller's stream comes after the copy. */
   if (st == CUSAFE_SUCCESS && run != q)
     st = cs_queue_handoff(run, q);

@@ -1165,12 +1165,26 @@ START_TEST(test_view_bounds) {
            bad[i].size, bad[i].offset);
     ck_assert_uint_eq(v, CUSAFE_NULL_HANDLE);
   }
+  /* Views of 0 bytes, at any offset up to the end: at the parent's
+   * address plus the offset, of 0 bytes; beyond the end, out of range. */
+  char *base = NULL;
+  TU_OK(cusafe_buffer_interop_pointer((void **)&base, p));
   for (size_t off = 0; off <= 64; off += 32) {
     cusafe_buffer v = CUSAFE_NULL_HANDLE;
-    TU_ERR(cusafe_buffer_view(&v, p, off, 0), CUSAFE_ERROR_INVALID_SIZE,
-           "view of 0 bytes");
-    ck_assert_uint_eq(v, CUSAFE_NULL_HANDLE);
+    size_t size = 99;
+    char *at = NULL;
+    TU_OK(cusafe_buffer_view(&v, p, off, 0));
+    ck_assert_uint_ne(v, CUSAFE_NULL_HANDLE);
+    TU_OK(cusafe_buffer_get_size(&size, v));
+    ck_assert_uint_eq(size, 0);
+    TU_OK(cusafe_buffer_interop_pointer((void **)&at, v));
+    ck_assert_ptr_eq(at, base + off);
+    TU_OK(cusafe_buffer_release(v));
   }
+  cusafe_buffer v0 = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_buffer_view(&v0, p, 65, 0), CUSAFE_ERROR_OUT_OF_RANGE,
+         "view of 0 bytes at offset 65 exceeds buffer of 64 bytes");
+  ck_assert_uint_eq(v0, CUSAFE_NULL_HANDLE);
   cusafe_buffer v = CUSAFE_NULL_HANDLE, whole = CUSAFE_NULL_HANDLE;
   TU_OK(cusafe_buffer_view(&v, p, 60, 4));
   TU_OK(cusafe_buffer_view(&whole, p, 0, 64));
@@ -1180,20 +1194,92 @@ START_TEST(test_view_bounds) {
 }
 END_TEST
 
+/* Checks a buffer of 0 bytes: its size, kind and NULL address; each
+ * operation of 0 bytes at its end succeeds and does nothing, one byte or
+ * one offset beyond is out of range; a view of 0 bytes of it works. */
+static void check_empty_buffer(cusafe_buffer b, cusafe_memory kind,
+                               cusafe_stream s) {
+  size_t size = 99;
+  cusafe_memory mk = (cusafe_memory)99;
+  void *at = (void *)&size;
+  unsigned char byte = 0x5a;
+  TU_OK(cusafe_buffer_get_size(&size, b));
+  ck_assert_uint_eq(size, 0);
+  TU_OK(cusafe_buffer_get_memory(&mk, b));
+  ck_assert_int_eq(mk, kind);
+  TU_OK(cusafe_buffer_interop_pointer(&at, b));
+  ck_assert_ptr_null(at);
+  cusafe_buffer other = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 16, 1, NULL);
+#ifdef CUSAFE_TEST_FAKE
+  unsigned long calls = fake_call_count();
+#endif
+  TU_OK(cusafe_buffer_write(b, 0, NULL, 0));
+  TU_OK(cusafe_buffer_read(b, 0, NULL, 0));
+  TU_OK(cusafe_buffer_write_async(b, 0, &byte, 0, s));
+  TU_OK(cusafe_buffer_read_async(b, 0, &byte, 0, s));
+  TU_OK(cusafe_buffer_fill(b, 0, 0, 0xff, s));
+  TU_OK(cusafe_buffer_copy(b, 0, other, 16, 0, s));
+  TU_OK(cusafe_buffer_copy(other, 16, b, 0, 0, s));
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_call_count(), calls); /* no work queued */
+#endif
+  ck_assert_int_eq(byte, 0x5a);
+  TU_ERR(cusafe_buffer_write(b, 1, NULL, 0), CUSAFE_ERROR_OUT_OF_RANGE,
+         "write of 0 bytes at offset 1 exceeds buffer of 0 bytes");
+  TU_ERR(cusafe_buffer_read(b, 0, &byte, 1), CUSAFE_ERROR_OUT_OF_RANGE,
+         "read of 1 bytes at offset 0 exceeds buffer of 0 bytes");
+  TU_ERR(cusafe_buffer_fill(b, 0, 1, 0, s), CUSAFE_ERROR_OUT_OF_RANGE,
+         "fill of 1 bytes at offset 0 exceeds buffer of 0 bytes");
+  TU_ERR(cusafe_buffer_copy(other, 0, b, 0, 1, s), CUSAFE_ERROR_OUT_OF_RANGE,
+         "copy of 1 bytes at offset 0 exceeds source buffer of 0 bytes");
+  cusafe_buffer v = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_view(&v, b, 0, 0));
+  TU_OK(cusafe_buffer_get_size(&size, v));
+  ck_assert_uint_eq(size, 0);
+  TU_OK(cusafe_buffer_release(v));
+  TU_ERR(cusafe_buffer_view(&v, b, 1, 0), CUSAFE_ERROR_OUT_OF_RANGE,
+         "view of 0 bytes at offset 1 exceeds buffer of 0 bytes");
+  ck_assert_uint_eq(v, CUSAFE_NULL_HANDLE);
+  TU_OK(cusafe_buffer_release(other));
+}
+
 START_TEST(test_alloc_zero_bytes) {
   cusafe_stream s = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0, 0));
   for (int k = 0; k < NKINDS; k++) {
     cusafe_buffer b = CUSAFE_NULL_HANDLE;
-    TU_ERR(cusafe_buffer_alloc(&b, ctx, all_kinds[k], 0),
-           CUSAFE_ERROR_INVALID_SIZE, "allocation of 0 bytes");
-    ck_assert_uint_eq(b, CUSAFE_NULL_HANDLE);
+#ifdef CUSAFE_TEST_FAKE
+    unsigned long calls = fake_call_count();
+    size_t live = fake_live_allocations(0);
+#endif
+    TU_OK(cusafe_buffer_alloc(&b, ctx, all_kinds[k], 0));
+    ck_assert_uint_ne(b, CUSAFE_NULL_HANDLE);
+#ifdef CUSAFE_TEST_FAKE
+    /* No memory behind it: no CUDA call at all. */
+    ck_assert_uint_eq(fake_call_count(), calls);
+    ck_assert_uint_eq(fake_live_allocations(0), live);
+#endif
+    check_empty_buffer(b, all_kinds[k], s);
+    TU_OK(cusafe_buffer_release(b));
+#ifdef CUSAFE_TEST_FAKE
+    ck_assert_uint_eq(fake_live_allocations(0), live);
+#endif
   }
-  TU_OK(cusafe_stream_create(&s, ctx, 0, 0));
+  /* On a stream, which it keeps alive like any buffer allocated there. */
   cusafe_buffer b = CUSAFE_NULL_HANDLE;
-  TU_ERR(cusafe_buffer_alloc_async(&b, s, 0), CUSAFE_ERROR_INVALID_SIZE,
-         "allocation of 0 bytes");
-  ck_assert_uint_eq(b, CUSAFE_NULL_HANDLE);
+  TU_OK(cusafe_buffer_alloc_async(&b, s, 0));
+  check_empty_buffer(b, CUSAFE_MEMORY_DEVICE, s);
+#ifdef CUSAFE_TEST_FAKE
+  size_t streams = fake_live_streams(0);
+#endif
   TU_OK(cusafe_stream_release(s));
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_live_streams(0), streams);
+#endif
+  TU_OK(cusafe_buffer_release(b));
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_live_streams(0), streams - 1);
+#endif
 }
 END_TEST
 

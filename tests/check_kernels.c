@@ -383,7 +383,7 @@ START_TEST(test_builtin_exact) {
 }
 END_TEST
 
-/* n = 0 is a valid launch that touches nothing. */
+/* n = 0 is a valid launch that touches nothing, also over empty buffers. */
 START_TEST(test_builtin_zero_elements) {
   const struct builtin_kernel *b = &builtins[_i];
   cusafe_kernel k = tu_get_kernel(builtin, b->name);
@@ -404,6 +404,14 @@ START_TEST(test_builtin_zero_elements) {
     check_elems(got, init, b->elem, count, b->name);
     TU_OK(cusafe_buffer_release(bufs[j]));
   }
+  /* And over buffers of 0 bytes, with no memory behind them (NULL). */
+  for (size_t j = 0; j < op_buffers(b->op); j++)
+    TU_OK(cusafe_buffer_alloc(&bufs[j], ctx, CUSAFE_MEMORY_DEVICE, 0));
+  launch_ok(k, b->name, &cfg, args, builtin_args(args, b, bufs, 0),
+            "n = 0, empty buffers");
+  TU_OK(cusafe_context_synchronize(ctx));
+  for (size_t j = 0; j < op_buffers(b->op); j++)
+    TU_OK(cusafe_buffer_release(bufs[j]));
   free(init);
   free(got);
   TU_OK(cusafe_kernel_release(k));

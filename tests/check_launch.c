@@ -1296,6 +1296,42 @@ START_TEST(test_builtin_other_memory) {
 }
 END_TEST
 
+/* Empty arrays: a launch over buffers and views of 0 bytes (n = 0) is a
+ * launch like any other, with NULL or the view's address as the argument,
+ * and keeps them alive until it ends. */
+START_TEST(test_builtin_zero_size) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  cusafe_buffer x = CUSAFE_NULL_HANDLE, y = CUSAFE_NULL_HANDLE;
+  cusafe_buffer big = CUSAFE_NULL_HANDLE, end = CUSAFE_NULL_HANDLE;
+  cusafe_launch_config c = config1();
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel k = tu_get_kernel(m, "cusafe_axpy_f32");
+  size_t live = fake_live_allocations(0);
+  TU_OK(cusafe_buffer_alloc(&x, ctx, CUSAFE_MEMORY_DEVICE, 0));
+  TU_OK(cusafe_buffer_alloc(&y, ctx, CUSAFE_MEMORY_MANAGED, 0));
+  ck_assert_uint_eq(fake_live_allocations(0), live);
+  TU_OK(cusafe_buffer_alloc(&big, ctx, CUSAFE_MEMORY_DEVICE, 64));
+  TU_OK(cusafe_buffer_view(&end, big, 64, 0));
+  size_t launches = fake_log_count("cudaLaunchKernel");
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(y), CUSAFE_ARG_F32V(2.0f),
+                      CUSAFE_ARG_BUF(x), CUSAFE_ARG_U64V(0)));
+  TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(end), CUSAFE_ARG_F32V(2.0f),
+                      CUSAFE_ARG_BUF(x), CUSAFE_ARG_U64V(0)));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), launches + 2);
+  TU_OK(cusafe_release(x));
+  TU_OK(cusafe_release(y));
+  TU_OK(cusafe_release(end));
+  TU_OK(cusafe_release(big));
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_release(k));
+  TU_OK(cusafe_release(m));
+  TU_OK(cusafe_release(ctx));
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A float pointer at an odd byte address faults the device, as on a GPU:
  * the error is sticky, and everything can still be released. */
 START_TEST(test_builtin_misaligned_faults) {
@@ -1737,6 +1773,7 @@ static Suite *launch_suite(void) {
   tc = tcase_create("builtin");
   tcase_add_loop_test(tc, test_builtin_kernels, 0, 2);
   tcase_add_test(tc, test_builtin_other_memory);
+  tcase_add_test(tc, test_builtin_zero_size);
   tcase_add_test(tc, test_builtin_misaligned_faults);
   suite_add_tcase(s, tc);
 
