@@ -1064,6 +1064,68 @@ CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
                                                       cusafe_stream stream);
+/* Wraps a CUDA stream that another library owns (PyTorch's current stream,
+ * a stream of CuPy or of the application) as a cusafe stream of ctx, so
+ * that cusafe's work orders with that library's: copies, fills, launches
+ * and allocations queued on the wrapper go to that stream, the buffers
+ * they use are kept alive and freed stream-ordered after it, exactly as on
+ * a stream of cusafe's.  cusafe never destroys the stream.
+ * Parameters: out [out] the wrapper; ctx [in] the context of the stream's
+ *   device; cuda_stream [in] the cudaStream_t, or NULL, cudaStreamLegacy
+ *   or cudaStreamPerThread for the device's default streams.
+ * Returns: CUSAFE_SUCCESS: *out is a stream usable wherever a stream is.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream belongs to another
+ *   device ("stream 0x... belongs to device 1 but context belongs to
+ *   device 0").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
+ *   table is full.  A CUDA failure (cudaStreamGetDevice, cudaSetDevice):
+ *   its mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.  *out is CUSAFE_NULL_HANDLE on every
+ *   failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   wrapper holds a reference on ctx.  The stream stays its owner's, who
+ *   must keep it valid while the wrapper lives -- until its last reference
+ *   is gone, which buffers last used on it hold too (synchronise the
+ *   wrapper, or move the buffers' work elsewhere, before destroying the
+ *   stream).  Releasing the wrapper destroys only cusafe's bookkeeping.
+ * Handles: as every call (see the top of this file).  cuda_stream is not
+ *   a handle: a pointer that is not a live stream is undefined behaviour,
+ *   as in CUDA.
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
+                                            cusafe_context ctx,
+                                            void *cuda_stream);
+/* Records that `stream` reads or writes `buffers` in work that other code
+ * queues on it by address (cuBLAS, NCCL, a kernel launched by hand through
+ * cusafe_buffer_interop_pointer() and cusafe_stream_interop_handle()).
+ * Call it before queueing that work: the stream then waits for the work
+ * queued earlier on those buffers on any stream, and from then on the
+ * buffers are ordered and kept alive as if a cusafe operation had used them
+ * on `stream` -- later work on them waits for the stream, and releasing
+ * their last references frees them only after the stream's work.
+ * Parameters: stream [in] the stream, or CUSAFE_STREAM_DEFAULT for the
+ *   default stream of the first buffer's context; buffers [in] count
+ *   buffers or views (repeats allowed), NULL when count is 0; count [in]
+ *   their number (0: nothing to record; the stream is still checked).
+ * Returns: CUSAFE_SUCCESS: the work is recorded.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: buffers is NULL and count is not.
+ *   CUSAFE_ERROR_INVALID_HANDLE: an element of buffers ("buffers 2") or
+ *   the stream is NULL, forged, stale or of the wrong type.
+ *   CUSAFE_ERROR_CONTEXT_MISMATCH: a buffer belongs to another device than
+ *   the stream ("buffers 1 belongs to device 1 but stream belongs to
+ *   device 0").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA
+ *   failure (cudaEventCreateWithFlags, cudaEventRecord,
+ *   cudaStreamWaitEvent, cudaSetDevice): its mapped status; buffers before
+ *   the failing one may be recorded already.  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing changes hands; the buffers hold a reference on the
+ *   stream while their latest work is on it.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
+                                                   const cusafe_buffer *buffers,
+                                                   size_t count);
 
 /* ------------------------------------------------------------------------ */
 /* Modules and kernels                                                        */

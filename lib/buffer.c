@@ -72,6 +72,40 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   return CUSAFE_SUCCESS;
 }
 
+/* An operation has few buffers: an insertion sort beats qsort's calls
+ * through a comparator. */
+cusafe_status cs_roots_chain(struct cs_buffer **roots, size_t *n,
+                             struct cs_queue *q, struct cs_object **drops,
+                             size_t *ndrops) {
+  for (size_t i = 1; i < *n; i++) {
+    struct cs_buffer *r = roots[i];
+    size_t j = i;
+    for (; j > 0 && cs_root_before(r, roots[j - 1]); j--)
+      roots[j] = roots[j - 1];
+    roots[j] = r;
+  }
+  size_t unique = *n ? 1 : 0;
+  for (size_t i = 1; i < *n; i++)
+    if (roots[i] != roots[unique - 1])
+      roots[unique++] = roots[i];
+  *n = unique;
+  for (size_t i = 0; i < unique; i++)
+    cs_spin_lock(&roots[i]->lock);
+  cusafe_status st = CUSAFE_SUCCESS;
+  for (size_t i = 0; i < unique && st == CUSAFE_SUCCESS; i++) {
+    struct cs_object *drop;
+    st = cs_buffer_chain(roots[i], q, &drop);
+    if (drop)
+      drops[(*ndrops)++] = drop;
+  }
+  return st;
+}
+
+void cs_roots_unlock(struct cs_buffer **roots, size_t n) {
+  for (size_t i = n; i-- > 0;)
+    cs_spin_unlock(&roots[i]->lock);
+}
+
 void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q) {
   cs_spin_lock(&root->lock);
   struct cs_queue *now = atomic_load_explicit(root->last, memory_order_relaxed);
@@ -566,5 +600,80 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
   if (st == CUSAFE_SUCCESS && run != q)
     st = cs_queue_handoff(run, q);
   cs_device_leave(saved);
+  return st;
+}
+
+/* ---- work of other libraries ----------------------------------------------
+ */
+
+/* Buffers held on the stack; more go to the heap. */
+#define STACK_BUFFERS 16
+
+/* Chains the next operation of each of the held buffers bufs[0..n) onto
+ * q: q waits for their earlier work, and their later work and frees for
+ * q's. */
+static cusafe_status use_on(struct cs_buffer **bufs, size_t n,
+                            struct cs_queue *q) {
+  struct cs_buffer *roots_stack[STACK_BUFFERS], **roots = roots_stack;
+  struct cs_object *drops_stack[STACK_BUFFERS], **drops = drops_stack;
+  if (n > STACK_BUFFERS) {
+    roots = malloc(n * sizeof *roots);
+    drops = malloc(n * sizeof *drops);
+  }
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (!roots || !drops) {
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (bufs[i]->ctx != q->ctx) {
+      char name[32];
+      snprintf(name, sizeof name, "buffers %zu", i);
+      st = cs_mismatch(name, bufs[i]->ctx, "stream", q->ctx);
+      goto out;
+    }
+    roots[i] = bufs[i]->root;
+  }
+  size_t nroots = n, ndrops = 0;
+  st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
+  cs_roots_unlock(roots, nroots);
+  for (size_t i = 0; i < ndrops; i++)
+    cs_unref(drops[i]);
+out:
+  if (roots != roots_stack) {
+    free(roots);
+    free(drops);
+  }
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
+                                                   const cusafe_buffer *buffers,
+                                                   size_t count) {
+  CS_ENTER();
+  if (!buffers && count)
+    return cs_null("buffers");
+  struct cs_buffer *stack[STACK_BUFFERS], **bufs = stack;
+  if (count > STACK_BUFFERS && !(bufs = calloc(count, sizeof *bufs)))
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  size_t held_bufs = 0;
+  cusafe_status st = CUSAFE_SUCCESS;
+  for (; held_bufs < count && st == CUSAFE_SUCCESS; held_bufs++)
+    st = cs_acquire_at(buffers[held_bufs], CS_BUFFER, "buffers",
+                       (long)held_bufs, (struct cs_object **)&bufs[held_bufs]);
+  if (st != CUSAFE_SUCCESS) {
+    held_bufs--; /* the one that failed holds nothing */
+  } else if (count > 0 || stream != CUSAFE_STREAM_DEFAULT) {
+    /* With no buffers, only the stream's handle is checked. */
+    struct cs_queue *q;
+    struct cs_object *held CS_HELD = NULL;
+    st = cs_queue_get(stream, count ? bufs[0]->ctx : NULL, NULL, &q, &held);
+    if (st == CUSAFE_SUCCESS && count > 0)
+      st = use_on(bufs, count, q);
+  }
+  for (size_t i = 0; i < held_bufs; i++)
+    cs_unref(&bufs[i]->hdr);
+  if (bufs != stack)
+    free(bufs);
   return st;
 }

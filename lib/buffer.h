@@ -46,6 +46,15 @@ extern struct cs_queue cs_queue_moving;
  * reference went meanwhile (peeked by a pinned launch). */
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                               struct cs_object **drop);
+/* Sorts the roots[0..*n) of an operation's buffers in lock order
+ * (cs_root_before), drops repeats, locks them all, and chains each one's
+ * next operation on q (cs_buffer_chain) until one fails; the references
+ * let go of are appended to drops[*ndrops], to be dropped once the roots
+ * are unlocked (cs_roots_unlock), which the caller does in any case. */
+cusafe_status cs_roots_chain(struct cs_buffer **roots, size_t *n,
+                             struct cs_queue *q, struct cs_object **drops,
+                             size_t *ndrops);
+void cs_roots_unlock(struct cs_buffer **roots, size_t n);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

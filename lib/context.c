@@ -196,7 +196,7 @@ cusafe_status cs_context_fini(struct cs_object *obj) {
   int saved;
   cusafe_status st = cs_device_idle(ctx->device, &saved);
   unload_orphans(ctx);
-  cudaError_t err = cs_queue_fini(&ctx->queue);
+  cudaError_t err = cs_queue_fini(&ctx->queue, true);
   if (err != cudaSuccess && st == CUSAFE_SUCCESS)
     st = cs_fail_cuda(err, "cudaStreamDestroy");
   CUresult res = cs_primary_ctx_release(ctx->device);

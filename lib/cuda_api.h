@@ -43,6 +43,7 @@ struct cs_cuda {
   cudaError_t (*stream_destroy)(cudaStream_t stream);
   cudaError_t (*stream_synchronize)(cudaStream_t stream);
   cudaError_t (*stream_query)(cudaStream_t stream);
+  cudaError_t (*stream_get_device)(cudaStream_t stream, int *device);
   cudaError_t (*stream_wait_event)(cudaStream_t stream, cudaEvent_t event,
                                    unsigned int flags);
 

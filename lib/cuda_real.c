@@ -20,6 +20,7 @@ const struct cs_cuda cs_cuda_table = {
     .stream_destroy = cudaStreamDestroy,
     .stream_synchronize = cudaStreamSynchronize,
     .stream_query = cudaStreamQuery,
+    .stream_get_device = cudaStreamGetDevice,
     .stream_wait_event = cudaStreamWaitEvent,
     .event_create = cudaEventCreateWithFlags,
     .event_destroy = cudaEventDestroy,

@@ -314,6 +314,12 @@ cusafe_status cs_acquire(cusafe_handle h, enum cs_type type, const char *name,
   return update(h, type, (struct param){name, -1}, 0, 1, false, out, NULL);
 }
 
+cusafe_status cs_acquire_at(cusafe_handle h, enum cs_type type,
+                            const char *name, long index,
+                            struct cs_object **out) {
+  return update(h, type, (struct param){name, index}, 0, 1, false, out, NULL);
+}
+
 /* A peek's whole check, in its fast form: the slot of h if h is a live
  * handle of `type` (never 0).  The word is read sequentially consistent:
  * after the pin (calls.h). */

@@ -109,6 +109,11 @@ void cs_handle_publish(struct cs_object *obj);
  * the parameter's name for the message. */
 cusafe_status cs_acquire(cusafe_handle handle, enum cs_type type,
                          const char *name, struct cs_object **out);
+/* cs_acquire() of the index-th element of a list named `name` ("buffers
+ * 2" in messages). */
+cusafe_status cs_acquire_at(cusafe_handle handle, enum cs_type type,
+                            const char *name, long index,
+                            struct cs_object **out);
 /* cs_acquire() into a pointer to the object's own structure. */
 #define CS_ACQUIRE(handle, type, name, out)                                    \
   cs_acquire((handle), (type), (name), (struct cs_object **)(out))

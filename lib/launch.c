@@ -54,33 +54,13 @@ static void *scalar_value(const cusafe_arg *a, uint64_t *slot) {
 
 /* The buffers of one launch: their roots, locked in order, and
  * where each root's latest queue is (lasts[i] is roots[i]'s until
- * roots_unique() sorts the roots). */
+ * cs_roots_chain() sorts the roots). */
 struct launch_buffers {
   struct cs_buffer **roots;
   _Atomic(struct cs_queue *) **lasts;
   struct cs_object **drops; /* references to drop after the launch */
   size_t nroots, ndrops;
 };
-
-/* Sorts and deduplicates the roots so that two launches sharing buffers
- * always lock them in the same order (cs_root_before).  A launch has few
- * buffers: an insertion sort beats qsort's calls through a comparator. */
-static void roots_unique(struct launch_buffers *lb) {
-  if (lb->nroots < 2)
-    return;
-  for (size_t i = 1; i < lb->nroots; i++) {
-    struct cs_buffer *r = lb->roots[i];
-    size_t j = i;
-    for (; j > 0 && cs_root_before(r, lb->roots[j - 1]); j--)
-      lb->roots[j] = lb->roots[j - 1];
-    lb->roots[j] = r;
-  }
-  size_t n = 1;
-  for (size_t i = 1; i < lb->nroots; i++)
-    if (lb->roots[i] != lb->roots[n - 1])
-      lb->roots[n++] = lb->roots[i];
-  lb->nroots = n;
-}
 
 /* Why argument i, whose kind parameter i does not accept as it is, is
  * wrong; or, for a bytes argument of the right size, its address in *arg. */
@@ -172,20 +152,11 @@ __attribute__((noinline)) static cusafe_status
 launch_locked(struct cs_kernel *k, struct cs_queue *q, cudaStream_t stream,
               const cusafe_launch_config *c, void **argv,
               struct launch_buffers *lb) {
-  cusafe_status st = CUSAFE_SUCCESS;
-  roots_unique(lb);
-  for (size_t i = 0; i < lb->nroots; i++)
-    cs_spin_lock(&lb->roots[i]->lock);
-  for (size_t i = 0; i < lb->nroots && st == CUSAFE_SUCCESS; i++) {
-    struct cs_object *drop;
-    st = cs_buffer_chain(lb->roots[i], q, &drop);
-    if (drop)
-      lb->drops[lb->ndrops++] = drop;
-  }
+  cusafe_status st =
+      cs_roots_chain(lb->roots, &lb->nroots, q, lb->drops, &lb->ndrops);
   if (st == CUSAFE_SUCCESS)
     st = queue_kernel(k, c, argv, stream);
-  for (size_t i = lb->nroots; i-- > 0;)
-    cs_spin_unlock(&lb->roots[i]->lock);
+  cs_roots_unlock(lb->roots, lb->nroots);
   return st;
 }
 

@@ -76,11 +76,11 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   return st;
 }
 
-cudaError_t cs_queue_fini(struct cs_queue *q) {
+cudaError_t cs_queue_fini(struct cs_queue *q, bool owned) {
   cudaEvent_t ev = atomic_load(&q->handoff);
   if (ev)
     cs_cu->event_destroy(ev);
-  return cs_cu->stream_destroy(q->stream);
+  return owned ? cs_cu->stream_destroy(q->stream) : cudaSuccess;
 }
 
 /* ---- streams ------------------------------------------------------------- */
@@ -136,22 +136,69 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                           &(struct stream_args){flags, priority});
 }
 
+/* ---- streams of other libraries ------------------------------------------ */
+
+static cusafe_status wrap_check(const struct cs_context *ctx,
+                                const void *args) {
+  (void)ctx;
+  (void)args;
+  return CUSAFE_SUCCESS;
+}
+
+/* Checks that the stream is one of ctx's device (which is current: the
+ * special handles of the default streams mean that device's). */
+static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
+                               const void *args) {
+  cudaStream_t stream = *(const cudaStream_t *)args;
+  struct cs_stream *s = (struct cs_stream *)obj;
+  int device = -1;
+  cudaError_t err = cs_cu->stream_get_device(stream, &device);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamGetDevice");
+  if (device != ctx->device)
+    return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
+                   "stream %p belongs to device %d but context belongs to "
+                   "device %d",
+                   (void *)stream, device, ctx->device);
+  s->queue.stream = stream;
+  s->queue.ctx = ctx;
+  s->queue.owner = obj;
+  s->borrowed = true;
+  return CUSAFE_SUCCESS;
+}
+
+static void wrap_unmake(struct cs_object *obj) { (void)obj; }
+
+CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
+                                            cusafe_context ctx,
+                                            void *cuda_stream) {
+  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream),
+                                      wrap_check, wrap_make, wrap_unmake};
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
+  cudaStream_t stream = (cudaStream_t)cuda_stream;
+  return cs_context_child(out, ctx, &how, &stream);
+}
+
 /* Destroys the CUDA stream -- also when its device cannot be made current,
  * since a stream left behind would outlive its context.  Queued work still
  * runs: CUDA defers the destruction until it is done. */
-static cudaError_t queue_fini(void *q) { return cs_queue_fini(q); }
+static cudaError_t queue_fini(void *obj) {
+  struct cs_stream *s = obj;
+  return cs_queue_fini(&s->queue, !s->borrowed);
+}
 
 cusafe_status cs_stream_fini(struct cs_object *obj) {
   struct cs_stream *s = (struct cs_stream *)obj;
-  return cs_device_teardown(s->queue.ctx->device, queue_fini, &s->queue,
+  return cs_device_teardown(s->queue.ctx->device, queue_fini, s,
                             "cudaStreamDestroy");
 }
 
 void cs_stream_free(struct cs_object *obj) { free(obj); }
 
 void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
-  snprintf(what, size, "device %d",
-           ((const struct cs_stream *)obj)->queue.ctx->device);
+  const struct cs_stream *s = (const struct cs_stream *)obj;
+  snprintf(what, size, "device %d%s", s->queue.ctx->device,
+           s->borrowed ? ", wrapped" : "");
 }
 
 /* ---- work ---------------------------------------------------------------- */

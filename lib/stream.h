@@ -22,6 +22,9 @@ struct cs_queue {
 struct cs_stream {
   struct cs_object hdr;
   struct cs_queue queue; /* queue.ctx holds a reference */
+  /* A stream another library owns (cusafe_stream_wrap): cusafe never
+   * destroys it. */
+  bool borrowed;
 };
 
 /* Resolves a stream argument: CUSAFE_STREAM_DEFAULT gives the default queue
@@ -35,8 +38,8 @@ cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            struct cs_object **held);
 /* Makes later work on `to` wait for the work queued so far on `from`. */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
-/* Destroys a queue's hand-off event, if it was made, and its CUDA stream;
- * returns the stream's cudaStreamDestroy answer. */
-cudaError_t cs_queue_fini(struct cs_queue *q);
+/* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
+ * CUDA stream: returns the stream's cudaStreamDestroy answer. */
+cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);
 
 #endif /* CUSAFE_STREAM_H */

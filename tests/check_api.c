@@ -489,6 +489,156 @@ START_TEST(test_stream_interop_handles_are_distinct) {
 }
 END_TEST
 
+/* A stream of another library (here the raw stream of a cusafe stream,
+ * and the device's legacy default stream) wrapped: work on the wrapper
+ * goes to that stream, and releasing the wrapper leaves it alone. */
+START_TEST(test_stream_wrap) {
+  cusafe_stream own = CUSAFE_NULL_HANDLE, w = CUSAFE_NULL_HANDLE;
+  void *raw = NULL, *back = NULL;
+  unsigned char data[256], got[256];
+  tu_pattern(data, sizeof data, 77);
+  TU_OK(cusafe_stream_create(&own, ctx, 0, 0));
+  TU_OK(cusafe_stream_interop_handle(&raw, own));
+  void *const streams[] = {raw, NULL};
+  for (size_t i = 0; i < 2; i++) {
+    cusafe_buffer b = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 256, 3, NULL);
+    cusafe_context c = CUSAFE_NULL_HANDLE;
+    TU_OK(cusafe_stream_wrap(&w, ctx, streams[i]));
+    ck_assert_uint_ne(w, CUSAFE_NULL_HANDLE);
+    TU_OK(cusafe_stream_interop_handle(&back, w));
+    ck_assert_ptr_eq(back, streams[i]);
+    TU_OK(cusafe_stream_get_context(&c, w));
+    ck_assert_uint_eq(c, ctx);
+    TU_OK(cusafe_context_release(c));
+    memset(got, 0, sizeof got);
+    TU_OK(cusafe_buffer_write_async(b, 0, data, sizeof data, w));
+    TU_OK(cusafe_buffer_read_async(b, 0, got, sizeof got, w));
+    TU_OK(cusafe_stream_synchronize(w));
+    ck_assert_mem_eq(got, data, sizeof data);
+    /* The buffer's latest work is on the wrapper: it outlives the handle. */
+    TU_OK(cusafe_stream_release(w));
+    TU_OK(cusafe_buffer_release(b));
+  }
+  /* The wrapped stream was not destroyed: its owner still uses it. */
+  TU_OK(cusafe_stream_synchronize(own));
+  TU_OK(cusafe_stream_release(own));
+  TU_ERR(cusafe_stream_wrap(NULL, ctx, NULL), CUSAFE_ERROR_INVALID_VALUE,
+         "out is NULL");
+  w = 42;
+  TU_ERR(cusafe_stream_wrap(&w, CUSAFE_NULL_HANDLE, NULL),
+         CUSAFE_ERROR_INVALID_HANDLE, "context is the NULL handle");
+  ck_assert_uint_eq(w, CUSAFE_NULL_HANDLE);
+}
+END_TEST
+
+/* A stream of device 1 cannot be wrapped on device 0's context. */
+START_TEST(test_stream_wrap_other_device) {
+  if (!have_two_devices("test_stream_wrap_other_device"))
+    return;
+  cusafe_context c1 = CUSAFE_NULL_HANDLE;
+  cusafe_stream s1 = CUSAFE_NULL_HANDLE, w = 42;
+  void *raw = NULL;
+  TU_OK(cusafe_context_create(&c1, 1));
+  TU_OK(cusafe_stream_create(&s1, c1, 0, 0));
+  TU_OK(cusafe_stream_interop_handle(&raw, s1));
+  TU_ERR(cusafe_stream_wrap(&w, ctx, raw), CUSAFE_ERROR_CONTEXT_MISMATCH,
+         "stream %p belongs to device 1 but context belongs to device 0", raw);
+  ck_assert_uint_eq(w, CUSAFE_NULL_HANDLE);
+  TU_OK(cusafe_stream_wrap(&w, c1, raw));
+  TU_OK(cusafe_stream_release(w));
+  TU_OK(cusafe_stream_release(s1));
+  TU_OK(cusafe_context_release(c1));
+}
+END_TEST
+
+/* Work queued by other code on a stream, recorded: checks and errors. */
+START_TEST(test_stream_use_buffers) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, gone = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 64, 5, NULL);
+  cusafe_buffer v = CUSAFE_NULL_HANDLE, dead = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0, 0));
+  TU_OK(cusafe_buffer_view(&v, b, 8, 16));
+  TU_OK(cusafe_buffer_alloc(&dead, ctx, CUSAFE_MEMORY_DEVICE, 8));
+  TU_OK(cusafe_buffer_release(dead));
+  TU_OK(cusafe_stream_create(&gone, ctx, 0, 0));
+  TU_OK(cusafe_stream_release(gone));
+  const cusafe_buffer list[] = {b, v, b, v};
+  TU_OK(cusafe_stream_use_buffers(s, list, 4));
+  TU_OK(cusafe_stream_use_buffers(CUSAFE_STREAM_DEFAULT, list, 2));
+  TU_OK(cusafe_stream_use_buffers(CUSAFE_STREAM_DEFAULT, NULL, 0));
+  TU_OK(cusafe_stream_use_buffers(s, NULL, 0));
+  TU_ERR(cusafe_stream_use_buffers(s, NULL, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "buffers is NULL");
+  const cusafe_buffer bad[] = {b, CUSAFE_NULL_HANDLE};
+  TU_ERR(cusafe_stream_use_buffers(s, bad, 2), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffers 1 is the NULL handle");
+  TU_ERR(cusafe_stream_use_buffers(s, &dead, 1), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffers 0 0x%016llx is stale: its object was released",
+         (unsigned long long)dead);
+  const cusafe_buffer typed[] = {v, s};
+  TU_ERR(cusafe_stream_use_buffers(s, typed, 2), CUSAFE_ERROR_INVALID_HANDLE,
+         "buffers 1 0x%016llx is a stream, not a buffer",
+         (unsigned long long)s);
+  TU_ERR(cusafe_stream_use_buffers(gone, NULL, 0), CUSAFE_ERROR_INVALID_HANDLE,
+         "stream 0x%016llx is stale: its object was released",
+         (unsigned long long)gone);
+  TU_ERR(cusafe_stream_use_buffers(gone, list, 1), CUSAFE_ERROR_INVALID_HANDLE,
+         "stream 0x%016llx is stale: its object was released",
+         (unsigned long long)gone);
+  if (have_two_devices("test_stream_use_buffers")) {
+    cusafe_context c1 = CUSAFE_NULL_HANDLE;
+    TU_OK(cusafe_context_create(&c1, 1));
+    cusafe_buffer other = make_buffer(c1, CUSAFE_MEMORY_DEVICE, 8, 6, NULL);
+    const cusafe_buffer mixed[] = {b, other};
+    TU_ERR(cusafe_stream_use_buffers(s, mixed, 2),
+           CUSAFE_ERROR_CONTEXT_MISMATCH,
+           "buffers 1 belongs to device 1 but stream belongs to device 0");
+    TU_OK(cusafe_buffer_release(other));
+    TU_OK(cusafe_context_release(c1));
+  }
+  TU_OK(cusafe_stream_synchronize(s));
+  TU_OK(cusafe_buffer_release(v));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+#ifdef CUSAFE_TEST_FAKE
+/* A buffer recorded as used by another library's work on its stream:
+ * that stream waits for the buffer's earlier work, and the buffer,
+ * released meanwhile, is freed on that stream after the work -- and the
+ * foreign stream, wrapped, is never destroyed by cusafe. */
+START_TEST(test_stream_use_buffers_orders_and_keeps_alive) {
+  cusafe_stream w = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 64, 7, NULL);
+  cudaStream_t foreign = fake_foreign_stream(0);
+  size_t live = fake_live_allocations(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, foreign));
+  fake_set_paused(1);
+  TU_OK(cusafe_buffer_fill(b, 0, 64, 0x11, CUSAFE_STREAM_DEFAULT));
+  size_t from = fake_log_length();
+  TU_OK(cusafe_stream_use_buffers(w, &b, 1));
+  /* The foreign stream waits for the fill on the context's stream. */
+  ck_assert_int_ge(fake_log_find("cudaEventRecord", from), 0);
+  ck_assert_int_ge(fake_log_find("cudaStreamWaitEvent", from), 0);
+  /* The other library's work would be queued here; both handles go. */
+  TU_OK(cusafe_stream_release(w));
+  TU_OK(cusafe_buffer_release(b));
+  ck_assert_int_ge(fake_log_find("cudaFreeAsync", from), 0);
+  ck_assert_uint_eq(fake_live_allocations(0), live); /* freed not yet */
+  /* The owner finishes its stream: the fill, then the free run. */
+  fake_foreign_stream_destroy(foreign);
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), live - 1);
+  long fill = fake_log_find("exec:cudaMemsetAsync", from);
+  long freed = fake_log_find("exec:cudaFreeAsync", from);
+  ck_assert_int_ge(fill, 0);
+  ck_assert_int_gt(freed, fill);
+}
+END_TEST
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* 5. Events                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -2810,6 +2960,12 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_stream_priorities);
   tcase_add_test(tc, test_stream_query_after_synchronize);
   tcase_add_test(tc, test_stream_interop_handles_are_distinct);
+  tcase_add_test(tc, test_stream_wrap);
+  tcase_add_test(tc, test_stream_wrap_other_device);
+  tcase_add_test(tc, test_stream_use_buffers);
+#ifdef CUSAFE_TEST_FAKE
+  tcase_add_test(tc, test_stream_use_buffers_orders_and_keeps_alive);
+#endif
   suite_add_tcase(s, tc);
 
   tc = with_context(tcase_create("events"));

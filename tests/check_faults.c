@@ -554,6 +554,38 @@ static cusafe_status op_stream_release(struct world *w) {
   return cusafe_stream_release(w->gone);
 }
 
+/* Another library's stream: here the raw stream of s1. */
+static cusafe_status op_stream_wrap(struct world *w) {
+  void *raw = NULL;
+  OK(cusafe_stream_interop_handle(&raw, w->s1));
+  w->out = SENTINEL;
+  return cusafe_stream_wrap(&w->out, w->ctx, raw);
+}
+
+/* s3 wraps s1's raw stream and has a hand-off event: buffer a's work moved
+ * from it to the context's stream. */
+static void su_wrap_release(struct world *w) {
+  void *raw = NULL;
+  su_ctx_s1(w);
+  OK(cusafe_stream_interop_handle(&raw, w->s1));
+  OK(cusafe_stream_wrap(&w->s3, w->ctx, raw));
+  OK(cusafe_buffer_alloc(&w->a, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
+  OK(cusafe_buffer_fill(w->a, 0, SIZE, 5, w->s3));
+  OK(cusafe_buffer_fill(w->a, 0, SIZE, 6, CUSAFE_STREAM_DEFAULT));
+}
+
+static cusafe_status op_wrap_release(struct world *w) {
+  w->gone = w->s3;
+  w->s3 = CUSAFE_NULL_HANDLE;
+  return cusafe_stream_release(w->gone);
+}
+
+/* Buffer a, last used on s1, recorded as used by work on s2. */
+static cusafe_status op_use_buffers(struct world *w) {
+  const cusafe_buffer list[] = {w->a, w->a};
+  return cusafe_stream_use_buffers(w->s2, list, 2);
+}
+
 static cusafe_status op_event_create(struct world *w) {
   w->out = SENTINEL;
   return cusafe_event_create(&w->out, w->ctx, CUSAFE_EVENT_BLOCKING_SYNC);
@@ -915,6 +947,11 @@ static const struct op ops[] = {
     {"cusafe_stream_wait_event", su_stream_wait_event, op_stream_wait_event, 0},
     {"cusafe_stream_release (last reference, work queued)", su_stream_release,
      op_stream_release, OP_CONSUMES},
+    {"cusafe_stream_wrap", su_ctx_s1, op_stream_wrap, OP_CREATES},
+    {"cusafe_stream_release (a wrapped stream)", su_wrap_release,
+     op_wrap_release, OP_CONSUMES},
+    {"cusafe_stream_use_buffers (work on another stream)", su_handoff_s2,
+     op_use_buffers, 0},
     {"cusafe_event_create", su_ctx, op_event_create, OP_CREATES},
     {"cusafe_event_record", su_event, op_event_record, 0},
     {"cusafe_event_synchronize", su_event_synchronize, op_event_synchronize, 0},

@@ -270,6 +270,8 @@ _PROTOTYPES = {
     # interop
     "cusafe_buffer_interop_pointer": (c_status, [_P(_vp), _h]),
     "cusafe_stream_interop_handle": (c_status, [_P(_vp), _h]),
+    "cusafe_stream_wrap": (c_status, [_P(_h), _h, _vp]),
+    "cusafe_stream_use_buffers": (c_status, [_h, _P(_h), _sz]),
     # modules and kernels
     "cusafe_module_load_builtin": (c_status, [_P(_h), _h]),
     "cusafe_module_load_file": (c_status, [_P(_h), _h, ctypes.c_char_p]),
@@ -735,6 +737,24 @@ class Stream(_Object):
         p = ctypes.c_void_p()
         _call("cusafe_stream_interop_handle", ctypes.byref(p), self.handle)
         return p.value or 0
+
+    @classmethod
+    def wrap(cls, ctx, cuda_stream):
+        """A stream of another library (a cudaStream_t as an int; 0 for the
+        device's default stream) as a cusafe stream of ctx
+        (cusafe_stream_wrap).  cusafe never destroys it: its owner keeps it
+        valid while this object, and buffers last used on it, live."""
+        h = c_handle(0)
+        _call("cusafe_stream_wrap", ctypes.byref(h), ctx.handle,
+              ctypes.c_void_p(cuda_stream or None))
+        return cls._adopt(h.value)
+
+    def use_buffers(self, *buffers):
+        """Records that work other code queues on this stream by address
+        uses `buffers` (cusafe_stream_use_buffers): call it before queueing
+        that work."""
+        arr = (c_handle * len(buffers))(*[b.handle for b in buffers])
+        _call("cusafe_stream_use_buffers", self.handle, arr, len(buffers))
 
 
 class Event(_Object):

@@ -1415,6 +1415,15 @@ static cudaError_t fk_stream_synchronize(cudaStream_t stream) {
   return leave(sticky(s->device));
 }
 
+static cudaError_t fk_stream_get_device(cudaStream_t stream, int *device) {
+  struct fstream *s;
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamGetDevice", stream, 0, &s);
+  if (!device)
+    return leave(cudaErrorInvalidValue);
+  *device = s->device;
+  return leave(cudaSuccess);
+}
+
 /* Paused, a query only looks; unpaused, the infinitely fast GPU has
  * finished whatever was left over from a paused period. */
 static cudaError_t fk_stream_query(cudaStream_t stream) {
@@ -2989,6 +2998,7 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .stream_destroy = fk_stream_destroy,
     .stream_synchronize = fk_stream_synchronize,
     .stream_query = fk_stream_query,
+    .stream_get_device = fk_stream_get_device,
     .stream_wait_event = fk_stream_wait_event,
     .event_create = fk_event_create,
     .event_destroy = fk_event_destroy,
@@ -3246,6 +3256,32 @@ FAKE_EXPORT size_t fake_live_bytes(int device) {
       n += a->size;
   unlock();
   return n;
+}
+
+FAKE_EXPORT cudaStream_t fake_foreign_stream(int device) {
+  struct fstream *s = calloc(1, sizeof *s);
+  if (!s)
+    abort();
+  lock();
+  s->device = device;
+  g.streams = grow(g.streams, g.nstreams, &g.cap_streams, sizeof *g.streams);
+  g.streams[g.nstreams++] = s;
+  unlock();
+  return (cudaStream_t)s;
+}
+
+FAKE_EXPORT void fake_foreign_stream_destroy(cudaStream_t stream) {
+  lock();
+  struct fstream *s = find_stream(stream);
+  if (!s)
+    violation("fake_foreign_stream_destroy of %p, which is not a stream",
+              (void *)stream);
+  if (s->destroyed)
+    violation("the foreign stream %p was destroyed by someone else",
+              (void *)stream);
+  s->destroyed = 1;
+  run_stream(s);
+  unlock();
 }
 
 FAKE_EXPORT size_t fake_live_streams(int device) {

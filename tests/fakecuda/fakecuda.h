@@ -261,6 +261,11 @@ void fake_log_clear(void);
 size_t fake_live_allocations(int device); /* device, pinned and managed */
 size_t fake_live_bytes(int device);
 size_t fake_live_streams(int device);
+/* A stream of `device` made by another library in the process, made and
+ * destroyed here without a counted call; destroying it twice (cusafe
+ * destroyed it first) is a VIOLATION. */
+cudaStream_t fake_foreign_stream(int device);
+void fake_foreign_stream_destroy(cudaStream_t stream);
 size_t fake_live_events(int device);
 /* Libraries loaded on a device (all devices: -1) and not unloaded. */
 size_t fake_live_libraries(int device);

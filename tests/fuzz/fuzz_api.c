@@ -115,6 +115,7 @@ struct ent {
   int dev;      /* device of its context, -1 unknown */
   size_t size;  /* buffers */
   int skew;     /* buffers: address modulo 8 (roots are aligned) */
+  int wrapped;  /* streams: a device's default stream (raw stream NULL) */
   int nk;       /* modules: kernels in ks; kernels: 1 */
   struct kspec ks[MAXK];
 };
@@ -1024,7 +1025,7 @@ static void op_stream(struct th *t) {
                            ? cusafe_stream_interop_handle(NULL, s)
                            : cusafe_stream_interop_handle(&p, s);
     check(st, "cusafe_stream_interop_handle");
-    if (st == CUSAFE_SUCCESS && !p)
+    if (st == CUSAFE_SUCCESS && !p && held && !se.wrapped)
       die("cusafe_stream_interop_handle gave NULL");
     break;
   }
@@ -1036,6 +1037,73 @@ static void op_stream(struct th *t) {
       struct ent e = {.dev = se.dev};
       keep(c, T_CTX, &e);
     }
+  }
+  }
+}
+
+/* Other libraries' streams and work: a device's default stream wrapped
+ * (which lives for ever, so the wrapper joins the pool), a held stream's
+ * raw stream wrapped and used while the stream is held, and buffers
+ * recorded as used by work on a stream. */
+static void op_foreign(struct th *t) {
+  struct ent ce, se;
+  int held, sheld;
+  switch (u8(&t->r) % 3) {
+  case 0: {
+    cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+    cusafe_stream w = 42;
+    cusafe_status st = check_out(cusafe_stream_wrap(&w, c, NULL), w, T_STREAM,
+                                 "cusafe_stream_wrap");
+    if (st == CUSAFE_SUCCESS) {
+      struct ent e = {.dev = ce.dev, .wrapped = 1};
+      keep(w, T_STREAM, &e);
+    } else if (held && t->strict && quiet()) {
+      die("cusafe_stream_wrap of the default stream failed: %s",
+          cusafe_last_error_message());
+    }
+    break;
+  }
+  case 1: {
+    cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+    cusafe_stream s = choose(t, T_STREAM, -1, &se, &sheld);
+    void *raw = NULL;
+    /* Only a stream kept alive meanwhile: its owner must. */
+    if (cusafe_stream_retain(s) != CUSAFE_SUCCESS)
+      break;
+    if (cusafe_stream_interop_handle(&raw, s) != CUSAFE_SUCCESS) {
+      check(cusafe_stream_release(s), "cusafe_stream_release");
+      break;
+    }
+    cusafe_stream w = 42;
+    /* The raw stream of a wrapped default stream is NULL: any device's. */
+    int same = !raw || ce.dev == se.dev;
+    cusafe_status st = check_out(cusafe_stream_wrap(&w, c, raw), w, T_STREAM,
+                                 "cusafe_stream_wrap");
+    if (st == CUSAFE_SUCCESS) {
+      if (held && sheld && t->strict && !same)
+        die("a stream of device %d wrapped on device %d", se.dev, ce.dev);
+      check(cusafe_stream_synchronize(w), "cusafe_stream_synchronize");
+      check(cusafe_stream_release(w), "cusafe_stream_release");
+    } else if (held && sheld && t->strict && quiet() && same) {
+      die("cusafe_stream_wrap failed: %s", cusafe_last_error_message());
+    } else if (held && sheld && t->strict && !faults_armed && !same &&
+               st != CUSAFE_ERROR_CONTEXT_MISMATCH) {
+      die("a stream of device %d wrapped on device %d returned %s", se.dev,
+          ce.dev, cusafe_status_string(st));
+    }
+    check(cusafe_stream_release(s), "cusafe_stream_release");
+    break;
+  }
+  default: {
+    cusafe_buffer list[3];
+    size_t n = u8(&t->r) % 4;
+    cusafe_stream s = choose_stream(t, -1);
+    for (size_t i = 0; i < n; i++)
+      list[i] = choose(t, T_BUF, -1, NULL, &held);
+    cusafe_status st = u8(&t->r) % 16 == 15
+                           ? cusafe_stream_use_buffers(s, NULL, n)
+                           : cusafe_stream_use_buffers(s, list, n);
+    check(st, "cusafe_stream_use_buffers");
   }
   }
 }
@@ -1840,7 +1908,8 @@ static void op_buffer_query(struct th *t) {
     st = m % 32 == 2 ? cusafe_buffer_interop_pointer(NULL, b)
                      : cusafe_buffer_interop_pointer(&p, b);
     check(st, "cusafe_buffer_interop_pointer");
-    if (st == CUSAFE_SUCCESS && !p)
+    /* NULL is the address of a buffer of 0 bytes (and of its views). */
+    if (st == CUSAFE_SUCCESS && !p && held && t->strict && be.size > 0)
       die("cusafe_buffer_interop_pointer gave NULL");
     break;
   }
@@ -2019,8 +2088,8 @@ static void run_ops(struct th *t) {
     case 17:
     case 18: op_launch(t); break;
     case 19: op_kernel_query(t); break;
-    case 20:
-    case 21: op_refs(t); break;
+    case 20: op_refs(t); break;
+    case 21: op_foreign(t); break;
     case 22: op_buffer_query(t); break;
     default:
       if (t->control && !(op & 0x80))
