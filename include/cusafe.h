@@ -810,6 +810,56 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
 CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
                                             cusafe_buffer parent, size_t offset,
                                             size_t size);
+
+/* The function through which cusafe gives memory it wrapped back to its
+ * owner (cusafe_buffer_wrap): called once, with the user data given. */
+typedef void (*cusafe_release_fn)(void *user);
+
+/* Wraps memory that cusafe did not allocate -- device, pinned or managed
+ * memory of another library, at an address -- as a buffer of ctx: views,
+ * copies, fills, transfers and launches work on it as on cusafe's own.
+ * When its last reference is gone (also a view's, and queued work's),
+ * cusafe waits for the work queued on it and calls release(user), once:
+ * the memory is its owner's to free then.  If cusafe shuts down first
+ * (cusafe_shutdown(), process exit), release runs during the ordered
+ * shutdown, before the CUDA runtime's teardown, and never again.
+ * Before wrapping, cusafe asks CUDA what the memory is
+ * (cudaPointerGetAttributes) and how far its allocation reaches
+ * (cuMemGetAddressRange, where the driver has it).
+ * Parameters: out [out] the new buffer; ctx [in] its context; kind [in]
+ *   what the memory is: CUSAFE_MEMORY_DEVICE (of ctx's device),
+ *   CUSAFE_MEMORY_HOST_PINNED or CUSAFE_MEMORY_MANAGED; ptr [in] its first
+ *   byte (NULL allowed when size is 0); size [in] bytes, 0 or more;
+ *   release [in] the function to call, or NULL for none (the caller then
+ *   keeps the memory valid by other means until the buffer is gone);
+ *   user [in] its argument.
+ * Returns: CUSAFE_SUCCESS: *out is the new buffer.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, ptr is NULL while size
+ *   is not 0, kind is unknown, or the memory is of another kind ("memory at
+ *   0x... is host memory unknown to CUDA, not device memory").
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_CONTEXT_MISMATCH: device memory of another
+ *   device.  CUSAFE_ERROR_OUT_OF_RANGE: [ptr, ptr + size) goes beyond the
+ *   allocation ("wrap of 96 bytes at offset 0 exceeds the allocation of 64
+ *   bytes at 0x...").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the
+ *   handle table is full.  A CUDA failure (cudaPointerGetAttributes,
+ *   cuMemGetAddressRange, cudaSetDevice): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure, and then
+ *   release is not called: the memory stays the caller's.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   buffer holds a reference on ctx.  The memory stays its owner's, who
+ *   must not free it before release is called.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe.  release runs once, on the thread that drops the
+ *   last reference (in a release, or in any call whose work let go of the
+ *   buffer) or that shuts cusafe down, with no lock of cusafe's held: it
+ *   may call cusafe (after shutdown, calls fail and releases do nothing).
+ *   The release of the last reference waits for the buffer's queued work,
+ *   as that of pinned and managed memory does. */
+CUSAFE_API cusafe_status cusafe_buffer_wrap(
+    cusafe_buffer *out, cusafe_context ctx, cusafe_memory kind, void *ptr,
+    size_t size, cusafe_release_fn release, void *user);
 /* Adds one reference of the caller to a buffer or view: the typed
  * cusafe_retain().
  * Parameters: buffer [in] the buffer or view.

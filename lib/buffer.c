@@ -14,6 +14,7 @@
 #include "buffer.h"
 #include "context.h"
 #include "device.h"
+#include "init.h"
 
 static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
                                             "cudaMallocManaged"};
@@ -130,6 +131,17 @@ static struct cs_buffer *buffer_new(void) {
 
 static void buffer_free(struct cs_buffer *b) { free(b); }
 
+/* Makes b a root buffer: memory of its own, ctx its parent. */
+static void root_init(struct cs_buffer *b, struct cs_context *ctx, void *ptr,
+                      size_t size, cusafe_memory kind) {
+  b->root = b;
+  b->hdr.parent = &ctx->hdr;
+  b->ctx = ctx;
+  b->ptr = ptr;
+  b->size = size;
+  b->kind = kind;
+}
+
 /* Enters b into the handle table with what launches read of it in its
  * slot; a root's `last` moves there. */
 static cusafe_status buffer_enter(struct cs_buffer *b) {
@@ -206,12 +218,7 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
     buffer_free(b);
     return st;
   }
-  b->root = b;
-  b->hdr.parent = &ctx->hdr;
-  b->ctx = ctx;
-  b->ptr = ptr;
-  b->size = size;
-  b->kind = kind;
+  root_init(b, ctx, ptr, size, kind);
   if (kind == CUSAFE_MEMORY_DEVICE) {
     /* Later work on other streams must wait for the allocation. */
     atomic_init(b->last, q);
@@ -296,6 +303,102 @@ CUSAFE_API cusafe_status cusafe_buffer_view(cusafe_buffer *out,
   return st;
 }
 
+/* ---- memory of other owners --------------------------------------------- */
+
+/* The memory that cudaPointerGetAttributes found, in words. */
+static const char *memory_words(enum cudaMemoryType type) {
+  switch (type) {
+  case cudaMemoryTypeDevice: return "device memory";
+  case cudaMemoryTypeHost: return "pinned host memory";
+  case cudaMemoryTypeManaged: return "managed memory";
+  default: return "host memory unknown to CUDA";
+  }
+}
+
+/* Checks that [ptr, ptr + size) is memory of `kind` that ctx may use, as
+ * CUDA reports it (ctx's device current). */
+static cusafe_status check_foreign(struct cs_context *ctx, cusafe_memory kind,
+                                   const void *ptr, size_t size) {
+  static const enum cudaMemoryType want[] = {
+      cudaMemoryTypeDevice, cudaMemoryTypeHost, cudaMemoryTypeManaged};
+  struct cudaPointerAttributes attr;
+  cudaError_t err = cs_cu->pointer_get_attributes(&attr, ptr);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaPointerGetAttributes");
+  if (attr.type != want[kind])
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "memory at %p is %s, not %s memory", ptr,
+                   memory_words(attr.type), kind_names[kind]);
+  if (kind == CUSAFE_MEMORY_DEVICE && attr.device != ctx->device)
+    return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
+                   "memory at %p belongs to device %d but context belongs "
+                   "to device %d",
+                   ptr, attr.device, ctx->device);
+  char *base = NULL;
+  size_t bytes = 0;
+  CUresult res = cs_mem_range(ptr, &base, &bytes);
+  if (res == CUDA_ERROR_NOT_SUPPORTED)
+    return CUSAFE_SUCCESS; /* a driver without the call: no size to check */
+  if (res != CUDA_SUCCESS)
+    return cs_fail_cuda((cudaError_t)res, "cuMemGetAddressRange");
+  size_t offset = (size_t)((uintptr_t)ptr - (uintptr_t)base);
+  if (size > bytes - offset)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_RANGE,
+                   "wrap of %zu bytes at offset %zu exceeds the allocation "
+                   "of %zu bytes at %p",
+                   size, offset, bytes, (void *)base);
+  return CUSAFE_SUCCESS;
+}
+
+/* Wraps memory of another owner in a new root buffer of ctx, whose
+ * parent ctx becomes (the caller's reference). */
+static cusafe_status wrap_new(cusafe_buffer *out, struct cs_context *ctx,
+                              cusafe_memory kind, void *ptr, size_t size,
+                              cusafe_release_fn release, void *user) {
+  if (kind != CUSAFE_MEMORY_DEVICE && kind != CUSAFE_MEMORY_HOST_PINNED &&
+      kind != CUSAFE_MEMORY_MANAGED)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind %d",
+                   (int)kind);
+  if (!ptr && size)
+    return cs_null("ptr");
+  int saved = -1;
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (size) { /* 0 bytes: nothing to ask CUDA about */
+    st = cs_device_enter(ctx->device, &saved);
+    if (st == CUSAFE_SUCCESS) {
+      st = check_foreign(ctx, kind, ptr, size);
+      cs_device_leave(saved);
+    }
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
+  struct cs_buffer *b = buffer_new();
+  if (!b)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  root_init(b, ctx, ptr, size, kind);
+  b->wrapped = true;
+  b->release = release;
+  b->user = user;
+  st = buffer_enter(b);
+  if (st != CUSAFE_SUCCESS) {
+    buffer_free(b); /* the memory stays the caller's: no release */
+    return st;
+  }
+  *out = b->hdr.handle;
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_buffer_wrap(
+    cusafe_buffer *out, cusafe_context ctx_handle, cusafe_memory kind,
+    void *ptr, size_t size, cusafe_release_fn release, void *user) {
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
+  CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
+  cusafe_status st = wrap_new(out, ctx, kind, ptr, size, release, user);
+  if (st == CUSAFE_SUCCESS)
+    ctx = NULL; /* the buffer's reference now */
+  return st;
+}
+
 /* ---- release ------------------------------------------------------------- */
 
 /* Frees root memory after the work queued on it: device memory on the
@@ -341,6 +444,30 @@ static cusafe_status free_memory(struct cs_buffer *b) {
   return st;
 }
 
+/* Gives wrapped memory back to its owner once the work queued on it is
+ * done (waited for: CUDA has no stream-ordered callback as cheap as a
+ * free), then calls its release function -- with no lock held, so that it
+ * may call cusafe.  Where neither the stream nor the device can be waited
+ * for, the device is broken and its work will not run: the memory goes
+ * back all the same. */
+static cusafe_status give_back(struct cs_buffer *b) {
+  struct cs_queue *q = atomic_load_explicit(b->last, memory_order_relaxed);
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (q) {
+    int saved;
+    st = cs_device_enter_teardown(q->ctx->device, &saved);
+    cudaError_t err = cs_cu->stream_synchronize(q->stream);
+    if (err != cudaSuccess && cs_cu->device_synchronize() == cudaSuccess)
+      err = cudaSuccess;
+    if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+      st = cs_fail_cuda(err, "cudaStreamSynchronize");
+    cs_device_leave(saved);
+  }
+  if (b->release)
+    b->release(b->user);
+  return st;
+}
+
 /* Frees root memory, also when its device cannot be made current: memory
  * left behind would outlive its context.  Stream-ordered like any release
  * (also in the ordered shutdown, in case the synchronisation of the
@@ -348,7 +475,11 @@ static cusafe_status free_memory(struct cs_buffer *b) {
  * does a root of 0 bytes. */
 cusafe_status cs_buffer_fini(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
-  if (b->root != b || b->size == 0)
+  if (b->root != b)
+    return CUSAFE_SUCCESS;
+  if (b->wrapped)
+    return give_back(b);
+  if (b->size == 0)
     return CUSAFE_SUCCESS;
   int saved;
   cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);

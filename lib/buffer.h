@@ -24,6 +24,11 @@ struct cs_buffer {
   cusafe_memory kind;
   size_t size;
   _Atomic(struct cs_queue *) early_last;
+  /* Root only: memory of another owner (cusafe_buffer_wrap), given back
+   * by release(user) (if not NULL), once, instead of freed. */
+  bool wrapped;
+  cusafe_release_fn release;
+  void *user;
 };
 
 /* The order in which buffers' roots are locked, the same for every

@@ -71,6 +71,8 @@ struct cs_cuda {
                                    cudaStream_t stream);
   cudaError_t (*memset_async)(void *ptr, int value, size_t size,
                               cudaStream_t stream);
+  cudaError_t (*pointer_get_attributes)(struct cudaPointerAttributes *attr,
+                                        const void *ptr);
 
   /* modules and kernels (a cudaKernel_t is passed as `const void *func`) */
   cudaError_t (*library_load_data)(cudaLibrary_t *library, const void *code,

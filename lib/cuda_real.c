@@ -37,6 +37,7 @@ const struct cs_cuda cs_cuda_table = {
     .memcpy_async = cudaMemcpyAsync,
     .memcpy_peer_async = cudaMemcpyPeerAsync,
     .memset_async = cudaMemsetAsync,
+    .pointer_get_attributes = cudaPointerGetAttributes,
     .library_load_data = cudaLibraryLoadData,
     .library_load_file = cudaLibraryLoadFromFile,
     .library_unload = cudaLibraryUnload,

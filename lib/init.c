@@ -16,9 +16,11 @@ static int device_count;
 typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*release_fn)(CUdevice);
 typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
+typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 static retain_fn primary_retain;
 static release_fn primary_release;
 static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
+static range_fn mem_get_address_range;   /* NULL where missing */
 
 static void at_exit(void) { cusafe_shutdown(); }
 
@@ -64,6 +66,9 @@ static cusafe_status init_driver(int n) {
   if (st == CUSAFE_SUCCESS)
     st =
         driver_entry("cuLibraryGetModule", (void **)&library_get_module, false);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuMemGetAddressRange", (void **)&mem_get_address_range,
+                      false);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;
@@ -117,6 +122,15 @@ CUresult cs_primary_ctx_retain(CUcontext *ctx, int device) {
 
 CUresult cs_primary_ctx_release(int device) {
   return primary_release((CUdevice)device);
+}
+
+CUresult cs_mem_range(const void *ptr, char **base, size_t *size) {
+  if (!mem_get_address_range)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  CUdeviceptr b = 0;
+  CUresult res = mem_get_address_range(&b, size, (CUdeviceptr)(uintptr_t)ptr);
+  *base = (char *)(uintptr_t)b;
+  return res;
 }
 
 CUresult cs_library_load_now(cudaLibrary_t library) {

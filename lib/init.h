@@ -18,6 +18,9 @@ cusafe_status cs_check_device(int device, int *count);
 /* The primary context, through the driver's entry points. */
 CUresult cs_primary_ctx_retain(CUcontext *ctx, int device);
 CUresult cs_primary_ctx_release(int device);
+/* The allocation that contains ptr (cuMemGetAddressRange): its first byte
+ * and size.  CUDA_ERROR_NOT_SUPPORTED where the driver lacks the call. */
+CUresult cs_mem_range(const void *ptr, char **base, size_t *size);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

@@ -1433,6 +1433,119 @@ START_TEST(test_alloc_zero_bytes) {
 }
 END_TEST
 
+/* The owner of memory that cusafe wraps: here another cusafe buffer, which
+ * the release function lets go of. */
+struct owner {
+  int calls;
+  cusafe_buffer mem;
+};
+
+static void give_back_memory(void *user) {
+  struct owner *o = user;
+  o->calls++;
+  if (cusafe_buffer_release(o->mem) != CUSAFE_SUCCESS)
+    o->calls += 100; /* seen by the test as a failure */
+}
+
+/* Memory of another owner, of each kind, wrapped whole and in part: it
+ * works as a buffer, and its owner gets it back once, when the last
+ * reference (a view's) is gone. */
+START_TEST(test_buffer_wrap) {
+  const cusafe_memory kind = all_kinds[_i];
+  unsigned char data[256], got[256];
+  struct owner o = {0, make_buffer(ctx, kind, 256, 40, data)};
+  char *ptr = NULL;
+  TU_OK(cusafe_buffer_interop_pointer((void **)&ptr, o.mem));
+  cusafe_buffer w = CUSAFE_NULL_HANDLE, v = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_wrap(&w, ctx, kind, ptr, 256, give_back_memory, &o));
+  size_t size = 0;
+  cusafe_memory mk = (cusafe_memory)-1;
+  void *at = NULL;
+  TU_OK(cusafe_buffer_get_size(&size, w));
+  ck_assert_uint_eq(size, 256);
+  TU_OK(cusafe_buffer_get_memory(&mk, w));
+  ck_assert_int_eq(mk, kind);
+  TU_OK(cusafe_buffer_interop_pointer(&at, w));
+  ck_assert_ptr_eq(at, ptr);
+  TU_OK(cusafe_buffer_read(w, 0, got, sizeof got));
+  ck_assert_mem_eq(got, data, sizeof got);
+  /* Written through a view of the wrapper, read through the owner's. */
+  TU_OK(cusafe_buffer_view(&v, w, 64, 128));
+  TU_OK(cusafe_buffer_fill(v, 0, 128, 0x3c, CUSAFE_STREAM_DEFAULT));
+  TU_OK(cusafe_buffer_read(o.mem, 0, got, sizeof got));
+  for (size_t i = 0; i < sizeof got; i++)
+    ck_assert_int_eq(got[i], i >= 64 && i < 192 ? 0x3c : data[i]);
+  TU_OK(cusafe_buffer_release(w));
+  ck_assert_int_eq(o.calls, 0); /* the view holds it */
+  TU_OK(cusafe_buffer_release(v));
+  ck_assert_int_eq(o.calls, 1);
+}
+END_TEST
+
+/* What CUDA says of the memory is checked: its kind, its device, its
+ * extent; every refusal leaves the memory to its owner. */
+START_TEST(test_buffer_wrap_checks) {
+  unsigned char *host = tu_xmalloc(64);
+  struct owner o = {0, make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 256, 41, NULL)};
+  char *ptr = NULL;
+  TU_OK(cusafe_buffer_interop_pointer((void **)&ptr, o.mem));
+  cusafe_buffer w = 42;
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_HOST_PINNED, ptr, 256,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE,
+         "memory at %p is device memory, not pinned host memory", ptr);
+  ck_assert_uint_eq(w, CUSAFE_NULL_HANDLE);
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_MANAGED, ptr, 256,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE,
+         "memory at %p is device memory, not managed memory", ptr);
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, host, 64,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE,
+         "memory at %p is host memory unknown to CUDA, not device memory",
+         (void *)host);
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, (cusafe_memory)7, ptr, 256,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind 7");
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, NULL, 1,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE, "ptr is NULL");
+  TU_ERR(cusafe_buffer_wrap(NULL, ctx, CUSAFE_MEMORY_DEVICE, ptr, 256,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_VALUE, "out is NULL");
+  TU_ERR(cusafe_buffer_wrap(&w, CUSAFE_NULL_HANDLE, CUSAFE_MEMORY_DEVICE, ptr,
+                            256, give_back_memory, &o),
+         CUSAFE_ERROR_INVALID_HANDLE, "context is the NULL handle");
+  /* CUDA reports the extent of the allocation (cuMemGetAddressRange). */
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr + 64, 193,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_OUT_OF_RANGE,
+         "wrap of 193 bytes at offset 64 exceeds the allocation of 256 "
+         "bytes at %p",
+         (void *)ptr);
+  if (have_two_devices("test_buffer_wrap_checks")) {
+    cusafe_context c1 = CUSAFE_NULL_HANDLE;
+    TU_OK(cusafe_context_create(&c1, 1));
+    TU_ERR(cusafe_buffer_wrap(&w, c1, CUSAFE_MEMORY_DEVICE, ptr, 256,
+                              give_back_memory, &o),
+           CUSAFE_ERROR_CONTEXT_MISMATCH,
+           "memory at %p belongs to device 0 but context belongs to device 1",
+           ptr);
+    TU_OK(cusafe_context_release(c1));
+  }
+  ck_assert_int_eq(o.calls, 0);
+  /* A part of it, and 0 bytes at no address: legal. */
+  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr + 64, 192, NULL,
+                           NULL));
+  TU_OK(cusafe_buffer_release(w));
+  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, NULL, 0,
+                           give_back_memory, &o));
+  TU_OK(cusafe_buffer_release(w));
+  ck_assert_int_eq(o.calls, 1);
+  free(host);
+}
+END_TEST
+
 START_TEST(test_alloc_too_large) {
   cusafe_device_properties p;
   cusafe_stream s = CUSAFE_NULL_HANDLE;
@@ -3000,6 +3113,8 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_copy_bounds);
   tcase_add_test(tc, test_view_bounds);
   tcase_add_test(tc, test_alloc_zero_bytes);
+  tcase_add_loop_test(tc, test_buffer_wrap, 0, NKINDS);
+  tcase_add_test(tc, test_buffer_wrap_checks);
   tcase_add_test(tc, test_alloc_too_large);
   tcase_add_test(tc, test_null_host_pointers);
   tcase_add_test(tc, test_overlapping_copy_rejected);

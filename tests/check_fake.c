@@ -513,6 +513,101 @@ START_TEST(test_shutdown_with_queued_work) {
 }
 END_TEST
 
+/* Memory of another owner, wrapped: its release function, once, after the
+ * work queued on it -- at the last release, or in the shutdown. */
+struct wrapped {
+  int calls;
+  long work_ran; /* the log entry of the queued fill, when release ran */
+  int torn_down; /* whether the runtime was torn down when release ran */
+};
+
+static void wrapped_release(void *user) {
+  struct wrapped *w = user;
+  w->calls++;
+  w->work_ran = fake_log_find("exec:cudaMemsetAsync", 0);
+  w->torn_down = fake_torn_down();
+}
+
+/* Wraps the memory of a new buffer of 4096 bytes, which *mem keeps. */
+static cusafe_buffer wrap_memory(cusafe_context ctx, cusafe_buffer *mem,
+                                 struct wrapped *w) {
+  void *ptr = NULL;
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_alloc(mem, ctx, CUSAFE_MEMORY_DEVICE, 4096));
+  TU_OK(cusafe_buffer_interop_pointer(&ptr, *mem));
+  TU_OK(cusafe_buffer_wrap(&b, ctx, CUSAFE_MEMORY_DEVICE, ptr, 4096,
+                           wrapped_release, w));
+  return b;
+}
+
+START_TEST(test_wrapped_release_waits_for_work) {
+  struct world w;
+  struct wrapped o = {0, -1, 0};
+  cusafe_buffer mem = CUSAFE_NULL_HANDLE;
+  world_make(&w);
+  cusafe_buffer b = wrap_memory(w.ctx, &mem, &o);
+  fake_set_paused(1);
+  fake_log_clear();
+  TU_OK(cusafe_buffer_fill(b, 0, 4096, 7, w.stream));
+  TU_OK(cusafe_buffer_release(b));
+  ck_assert_int_eq(o.calls, 1);
+  ck_assert_msg(o.work_ran >= 0, "released before the queued fill ran");
+  ck_assert_int_eq(fake_log_count("cudaFreeAsync"), 0); /* not cusafe's */
+  fake_set_paused(0);
+  TU_OK(cusafe_buffer_release(mem));
+  world_release(&w);
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_wrapped_release_in_shutdown) {
+  struct world w;
+  struct wrapped o = {0, -1, 0};
+  cusafe_buffer mem = CUSAFE_NULL_HANDLE;
+  world_make(&w);
+  cusafe_buffer b = wrap_memory(w.ctx, &mem, &o);
+  fake_set_paused(1);
+  fake_log_clear();
+  TU_OK(cusafe_buffer_fill(b, 0, 4096, 9, w.stream));
+  TU_OK(cusafe_shutdown());
+  ck_assert_int_eq(o.calls, 1);
+  ck_assert_msg(o.work_ran >= 0, "released before the queued fill ran");
+  ck_assert_int_eq(o.torn_down, 0);
+  TU_OK(cusafe_buffer_release(b)); /* a no-op now: never twice */
+  ck_assert_int_eq(o.calls, 1);
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+static struct wrapped exit_wrapped;
+
+/* Registered before CUDA's first call: runs after cusafe's exit handler
+ * and the runtime's teardown. */
+static void check_wrapped_at_exit(void) {
+  if (exit_wrapped.calls != 1 || exit_wrapped.torn_down) {
+    fprintf(stderr, "release ran %d times, %s the runtime's teardown\n",
+            exit_wrapped.calls, exit_wrapped.torn_down ? "after" : "before");
+    _exit(TU_CHILD_FAILED);
+  }
+}
+
+static void exit_with_wrapped(void *arg) {
+  (void)arg;
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_buffer mem = CUSAFE_NULL_HANDLE;
+  atexit(check_wrapped_at_exit);
+  TU_OK(cusafe_context_create(&ctx, 0));
+  (void)wrap_memory(ctx, &mem, &exit_wrapped);
+  exit(0);
+}
+
+/* A program that exits with wrapped memory: its owner gets it back from
+ * the ordered shutdown, before the runtime's teardown, once. */
+START_TEST(test_wrapped_release_at_exit) {
+  CHECK_CHILD_EXITED_0(tu_run_in_child(exit_with_wrapped, NULL, NULL, 0));
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* 15. Ordering across streams                                               */
 /* ------------------------------------------------------------------------ */
@@ -1204,6 +1299,9 @@ static Suite *fake_suite(void) {
   tcase_add_loop_test(tc, test_release_host_memory_of_queued_copy, 0, 2);
   tcase_add_test(tc, test_release_stream_and_context_with_queued_work);
   tcase_add_test(tc, test_shutdown_with_queued_work);
+  tcase_add_test(tc, test_wrapped_release_waits_for_work);
+  tcase_add_test(tc, test_wrapped_release_in_shutdown);
+  tcase_add_test(tc, test_wrapped_release_at_exit);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("ordering");

@@ -670,6 +670,58 @@ static void su_buffer(struct world *w) {
   OK(cusafe_buffer_alloc(&w->a, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
 }
 
+/* Wrapped memory: a refused wrap leaves it to its owner (never released). */
+static int wrap_releases;
+
+static void count_release(void *user) {
+  (void)user;
+  wrap_releases++;
+}
+
+static cusafe_status op_wrap(struct world *w) {
+  void *ptr = NULL;
+  OK(cusafe_buffer_interop_pointer(&ptr, w->a));
+  w->out = SENTINEL;
+  wrap_releases = 0;
+  cusafe_status st = cusafe_buffer_wrap(&w->out, w->ctx, CUSAFE_MEMORY_DEVICE,
+                                        ptr, SIZE, count_release, NULL);
+  if (st != CUSAFE_SUCCESS)
+    TU_ASSERT(wrap_releases == 0, "a refused wrap gave the memory back");
+  return st;
+}
+
+/* Wrapped memory whose last reference goes with work queued: its owner
+ * (a buffer of the world's, which it no longer holds) gets it back once,
+ * and frees it then, whatever fails meanwhile. */
+static cusafe_buffer wrapped_owner;
+
+static void free_owner(void *user) {
+  (void)user;
+  wrap_releases++;
+  (void)cusafe_buffer_release(wrapped_owner);
+}
+
+static void su_release_wrapped(struct world *w) {
+  void *ptr = NULL;
+  su_ctx_s1(w);
+  OK(cusafe_buffer_alloc(&wrapped_owner, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
+  OK(cusafe_buffer_interop_pointer(&ptr, wrapped_owner));
+  OK(cusafe_buffer_wrap(&w->tmp, w->ctx, CUSAFE_MEMORY_DEVICE, ptr, SIZE,
+                        free_owner, NULL));
+  fake_set_paused(1);
+  OK(cusafe_buffer_fill(w->tmp, 0, SIZE, 8, w->s1));
+  wrap_releases = 0;
+}
+
+static cusafe_status op_release_wrapped(struct world *w) {
+  w->gone = w->tmp;
+  w->tmp = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_buffer_release(w->gone);
+  TU_ASSERT(wrap_releases == 1, "wrapped memory given back %d times",
+            wrap_releases);
+  return st;
+}
+
 static cusafe_status op_view(struct world *w) {
   w->out = SENTINEL;
   return cusafe_buffer_view(&w->out, w->a, 16, 256);
@@ -964,6 +1016,9 @@ static const struct op ops[] = {
     {"cusafe_buffer_alloc (managed)", su_ctx, op_alloc_managed, OP_CREATES},
     {"cusafe_buffer_alloc_async", su_ctx_s1, op_alloc_async, OP_CREATES},
     {"cusafe_buffer_view", su_buffer, op_view, OP_CREATES},
+    {"cusafe_buffer_wrap", su_buffer, op_wrap, OP_CREATES},
+    {"cusafe_buffer_release (wrapped memory, work queued)", su_release_wrapped,
+     op_release_wrapped, OP_CONSUMES},
     {"cusafe_buffer_write", su_handoff, op_write, 0},
     {"cusafe_buffer_read", su_handoff, op_read, 0},
     {"cusafe_buffer_write_async", su_handoff_s2, op_write_async, 0},

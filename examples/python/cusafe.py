@@ -271,6 +271,10 @@ _PROTOTYPES = {
     "cusafe_buffer_interop_pointer": (c_status, [_P(_vp), _h]),
     "cusafe_stream_interop_handle": (c_status, [_P(_vp), _h]),
     "cusafe_stream_wrap": (c_status, [_P(_h), _h, _vp]),
+    # the release function (cusafe_release_fn) as an address: see
+    # cusafe_buffer_wrap in cusafe.h
+    "cusafe_buffer_wrap": (c_status, [_P(_h), _h, c_enum, _vp, _sz,
+                                      _vp, _vp]),
     "cusafe_stream_use_buffers": (c_status, [_h, _P(_h), _sz]),
     # modules and kernels
     "cusafe_module_load_builtin": (c_status, [_P(_h), _h]),

@@ -665,6 +665,15 @@ static cudaError_t allocate(void **out, size_t size, int device,
 }
 
 /* The live (or free-pending) allocation that starts exactly at p. */
+/* The live allocation that contains p, or NULL. */
+static struct falloc *find_live_containing(const void *p) {
+  for (struct falloc *a = g.live; a; a = a->next)
+    if ((uintptr_t)p >= (uintptr_t)a->base &&
+        (uintptr_t)p - (uintptr_t)a->base < a->size)
+      return a;
+  return NULL;
+}
+
 static struct falloc *find_live_base(const void *p) {
   for (struct falloc *a = g.live; a; a = a->next)
     if (a->base == p)
@@ -1294,6 +1303,21 @@ static CUresult CUDAAPI fk_library_get_module(CUmodule *pmod, CUlibrary lib) {
   return leave_driver(cudaSuccess);
 }
 
+/* cuMemGetAddressRange: the live allocation around dptr. */
+static CUresult CUDAAPI fk_mem_get_address_range(CUdeviceptr *base,
+                                                 size_t *size,
+                                                 CUdeviceptr dptr) {
+  ENTER_DRIVER_OR_RETURN("cuMemGetAddressRange");
+  struct falloc *a = find_live_containing((const void *)(uintptr_t)dptr);
+  if (!a)
+    return leave_driver(CUDA_ERROR_NOT_FOUND);
+  if (base)
+    *base = (CUdeviceptr)(uintptr_t)a->base;
+  if (size)
+    *size = a->size;
+  return leave_driver(cudaSuccess);
+}
+
 static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
   ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRelease");
   if (!valid_device(dev))
@@ -1336,7 +1360,12 @@ fk_get_driver_entry_point(const char *symbol, void **func,
   _Static_assert(sizeof fn == sizeof retain, "function pointer size");
   int is_retain = strcmp(symbol, "cuDevicePrimaryCtxRetain") == 0;
   int is_release = strcmp(symbol, "cuDevicePrimaryCtxRelease") == 0;
-  if (strcmp(symbol, "cuLibraryGetModule") == 0) {
+  if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
+    CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr) =
+        fk_mem_get_address_range;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &range, sizeof fn);
+  } else if (strcmp(symbol, "cuLibraryGetModule") == 0) {
     CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
     result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
                                   : cudaDriverEntryPointSuccess;
@@ -1413,6 +1442,38 @@ static cudaError_t fk_stream_synchronize(cudaStream_t stream) {
   ENTER_ON_STREAM_OR_RETURN("cudaStreamSynchronize", stream, 0, &s);
   run_stream(s); /* discards instead, on a sticky device */
   return leave(sticky(s->device));
+}
+
+/* cudaPointerGetAttributes: what the fake allocated, by kind; any other
+ * address is host memory CUDA does not know (cudaMemoryTypeUnregistered,
+ * as since CUDA 11). */
+static cudaError_t fk_pointer_get_attributes(struct cudaPointerAttributes *attr,
+                                             const void *ptr) {
+  ENTER_OR_RETURN("cudaPointerGetAttributes", 0);
+  if (!attr)
+    return leave(cudaErrorInvalidValue);
+  memset(attr, 0, sizeof *attr);
+  struct falloc *a = find_live_containing(ptr);
+  if (!a) {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+    attr->hostPointer = (void *)ptr;
+    return leave(cudaSuccess);
+  }
+  attr->device = a->device;
+  attr->devicePointer = (void *)ptr;
+  switch (a->kind) {
+  case KIND_DEVICE: attr->type = cudaMemoryTypeDevice; break;
+  case KIND_PINNED:
+    attr->type = cudaMemoryTypeHost;
+    attr->hostPointer = (void *)ptr;
+    break;
+  default:
+    attr->type = cudaMemoryTypeManaged;
+    attr->hostPointer = (void *)ptr;
+    break;
+  }
+  return leave(cudaSuccess);
 }
 
 static cudaError_t fk_stream_get_device(cudaStream_t stream, int *device) {
@@ -2999,6 +3060,7 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .stream_synchronize = fk_stream_synchronize,
     .stream_query = fk_stream_query,
     .stream_get_device = fk_stream_get_device,
+    .pointer_get_attributes = fk_pointer_get_attributes,
     .stream_wait_event = fk_stream_wait_event,
     .event_create = fk_event_create,
     .event_destroy = fk_event_destroy,

@@ -49,6 +49,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_api.h"
 #include "cusafe.h"
 #include "fakecuda.h"
 #include "../abortutil.h"
@@ -1041,6 +1042,79 @@ static void op_stream(struct th *t) {
   }
 }
 
+/* Memory of another library, which op_wrap() wraps: made and freed through
+ * the CUDA table, as that library would (counted and failed like cusafe's
+ * own calls), on the device current on the thread. */
+struct foreign {
+  void *ptr;
+  int kind;
+};
+
+/* The release function: the other library frees its memory, which cusafe
+ * hands back from inside one of its calls or from its shutdown. */
+static void free_foreign(void *user) {
+  struct foreign *f = user;
+  if (f->kind == CUSAFE_MEMORY_HOST_PINNED)
+    cs_cu->free_host(f->ptr);
+  else
+    cs_cu->free(f->ptr);
+  free(f);
+}
+
+/* Memory of another library wrapped (sometimes said to be of another
+ * kind): given back, and freed, when the wrapper goes. */
+static void op_wrap(struct th *t) {
+  struct ent ce;
+  int held;
+  cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+  static const size_t sizes[] = {64, 4096, 1, 0, 100};
+  size_t size = PICK(&t->r, sizes);
+  struct foreign *f = malloc(sizeof *f);
+  if (!f)
+    die("out of memory");
+  f->kind = u8(&t->r) % 3;
+  f->ptr = NULL;
+  int dev = 0;
+  if (ce.dev >= 0)
+    cs_cu->set_device(ce.dev);
+  cs_cu->get_device(&dev);
+  if (ce.dev >= 0 && dev != ce.dev) {
+    free(f); /* not made on the context's device: the context may go first */
+    return;
+  }
+  cudaError_t err = cudaSuccess;
+  if (size) {
+    if (f->kind == CUSAFE_MEMORY_DEVICE)
+      err = cs_cu->malloc_async(&f->ptr, size, NULL);
+    else if (f->kind == CUSAFE_MEMORY_HOST_PINNED)
+      err = cs_cu->malloc_host(&f->ptr, size);
+    else
+      err = cs_cu->malloc_managed(&f->ptr, size, cudaMemAttachGlobal);
+  }
+  if (err != cudaSuccess) {
+    free(f);
+    return;
+  }
+  int said = u8(&t->r) % 8 == 7 ? (f->kind + 1) % 3 : f->kind;
+  cusafe_buffer w = 42;
+  cusafe_status st =
+      check_out(cusafe_buffer_wrap(&w, c, (cusafe_memory)said, f->ptr, size,
+                                   free_foreign, f),
+                w, T_BUF, "cusafe_buffer_wrap");
+  if (st == CUSAFE_SUCCESS) {
+    if (held && t->strict && size > 0 && said != f->kind)
+      die("memory of kind %d wrapped as kind %d", f->kind, said);
+    check_buffer(w, size, ce.dev);
+    struct ent e = {.dev = ce.dev, .size = size};
+    keep(w, T_BUF, &e);
+    return;
+  }
+  if (held && t->strict && quiet() && said == f->kind && dev == ce.dev)
+    die("cusafe_buffer_wrap of another library's memory failed: %s",
+        cusafe_last_error_message());
+  free_foreign(f); /* refused: the memory stays its owner's */
+}
+
 /* Other libraries' streams and work: a device's default stream wrapped
  * (which lives for ever, so the wrapper joins the pool), a held stream's
  * raw stream wrapped and used while the stream is held, and buffers
@@ -1048,7 +1122,8 @@ static void op_stream(struct th *t) {
 static void op_foreign(struct th *t) {
   struct ent ce, se;
   int held, sheld;
-  switch (u8(&t->r) % 3) {
+  switch (u8(&t->r) % 4) {
+  case 3: op_wrap(t); break;
   case 0: {
     cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
     cusafe_stream w = 42;
