@@ -540,15 +540,22 @@ static cusafe_buffer wrap_memory(cusafe_context ctx, cusafe_buffer *mem,
   return b;
 }
 
+/* A world, and wrapped memory with a fill queued on it, paused. */
+static cusafe_buffer wrap_with_work(struct world *w, cusafe_buffer *mem,
+                                    struct wrapped *o) {
+  world_make(w);
+  cusafe_buffer b = wrap_memory(w->ctx, mem, o);
+  fake_set_paused(1);
+  fake_log_clear();
+  TU_OK(cusafe_buffer_fill(b, 0, 4096, 7, w->stream));
+  return b;
+}
+
 START_TEST(test_wrapped_release_waits_for_work) {
   struct world w;
   struct wrapped o = {0, -1, 0};
   cusafe_buffer mem = CUSAFE_NULL_HANDLE;
-  world_make(&w);
-  cusafe_buffer b = wrap_memory(w.ctx, &mem, &o);
-  fake_set_paused(1);
-  fake_log_clear();
-  TU_OK(cusafe_buffer_fill(b, 0, 4096, 7, w.stream));
+  cusafe_buffer b = wrap_with_work(&w, &mem, &o);
   TU_OK(cusafe_buffer_release(b));
   ck_assert_int_eq(o.calls, 1);
   ck_assert_msg(o.work_ran >= 0, "released before the queued fill ran");
@@ -564,11 +571,7 @@ START_TEST(test_wrapped_release_in_shutdown) {
   struct world w;
   struct wrapped o = {0, -1, 0};
   cusafe_buffer mem = CUSAFE_NULL_HANDLE;
-  world_make(&w);
-  cusafe_buffer b = wrap_memory(w.ctx, &mem, &o);
-  fake_set_paused(1);
-  fake_log_clear();
-  TU_OK(cusafe_buffer_fill(b, 0, 4096, 9, w.stream));
+  cusafe_buffer b = wrap_with_work(&w, &mem, &o);
   TU_OK(cusafe_shutdown());
   ck_assert_int_eq(o.calls, 1);
   ck_assert_msg(o.work_ran >= 0, "released before the queued fill ran");
