@@ -141,7 +141,8 @@ static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
     obj->parent = &ctx->hdr; /* the caller's reference */
     if (st == CUSAFE_SUCCESS &&
         (st = cs_handle_new(obj, how->type)) != CUSAFE_SUCCESS)
-      how->unmake(obj);
+      if (how->unmake)
+        how->unmake(obj);
     cs_device_leave(saved);
   }
   if (st != CUSAFE_SUCCESS) {
@@ -155,7 +156,7 @@ static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
 cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx_handle,
                                const struct cs_child *how, const void *args) {
   CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
-  cusafe_status st = how->check(ctx, args);
+  cusafe_status st = how->check ? how->check(ctx, args) : CUSAFE_SUCCESS;
   if (st == CUSAFE_SUCCESS)
     st = child_new(out, ctx, how, args);
   if (st == CUSAFE_SUCCESS)

@@ -41,12 +41,13 @@ struct cs_child {
   enum cs_type type;
   size_t size; /* of its structure, allocated zeroed */
   /* Checks the caller's arguments against the context, before anything
-   * is made. */
+   * is made; NULL: nothing to check. */
   cusafe_status (*check)(const struct cs_context *ctx, const void *args);
   /* Creates the child's CUDA object, with the context's device current. */
   cusafe_status (*make)(struct cs_object *obj, struct cs_context *ctx,
                         const void *args);
-  /* Destroys what make() created (the handle could not be entered). */
+  /* Destroys what make() created (the handle could not be entered);
+   * NULL: nothing to destroy. */
   void (*unmake)(struct cs_object *obj);
 };
 /* The one path that creates a child of the context `ctx`: acquires it,

@@ -84,8 +84,6 @@ cusafe_status cs_status_pending(cudaError_t err, const char *function) {
   return cs_fail_cuda(err, function);
 }
 
-void cs_note_cuda_error(cudaError_t err) { tls_cuda_error = (int)err; }
-
 cusafe_status cs_status_of(cudaError_t err) {
   switch (err) {
   case cudaSuccess: return CUSAFE_SUCCESS;

@@ -38,8 +38,6 @@ cusafe_status cs_fail_as(cusafe_status status, cudaError_t err, const char *fmt,
  * CUSAFE_ERROR_NOT_READY ("work is still pending") for cudaErrorNotReady,
  * else the failure of `function`. */
 cusafe_status cs_status_pending(cudaError_t err, const char *function);
-/* Sets the calling thread's last CUDA error (after cs_fail). */
-void cs_note_cuda_error(cudaError_t err);
 /* The status a CUDA error maps to. */
 cusafe_status cs_status_of(cudaError_t err);
 

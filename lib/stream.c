@@ -138,13 +138,6 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
 
 /* ---- streams of other libraries ------------------------------------------ */
 
-static cusafe_status wrap_check(const struct cs_context *ctx,
-                                const void *args) {
-  (void)ctx;
-  (void)args;
-  return CUSAFE_SUCCESS;
-}
-
 /* Checks that the stream is one of ctx's device (which is current: the
  * special handles of the default streams mean that device's). */
 static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
@@ -167,13 +160,11 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   return CUSAFE_SUCCESS;
 }
 
-static void wrap_unmake(struct cs_object *obj) { (void)obj; }
-
 CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
                                             cusafe_context ctx,
                                             void *cuda_stream) {
-  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream),
-                                      wrap_check, wrap_make, wrap_unmake};
+  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream), NULL,
+                                      wrap_make, NULL};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   cudaStream_t stream = (cudaStream_t)cuda_stream;
   return cs_context_child(out, ctx, &how, &stream);
