@@ -1177,6 +1177,23 @@ CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
                                                    const cusafe_buffer *buffers,
                                                    size_t count);
 
+/* Drops one reference of a Python object (Py_DecRef, with the GIL taken)
+ * that a binding gave cusafe as the user data of a wrapped buffer: a
+ * cusafe_release_fn for bindings through a foreign-function interface
+ * (ctypes: cusafe_buffer_wrap(..., cusafe_python_release, obj) after
+ * Py_IncRef(obj)), so that the object, which owns the memory, lives until
+ * cusafe gives the memory back.  Python's functions are found in the
+ * process; in a process whose interpreter has finalized (cusafe's own exit
+ * handler runs after Python's) or that has no Python, it does nothing:
+ * the object goes with the process.
+ * Parameters: object [in] the PyObject *, or NULL (then nothing).
+ * Returns: nothing.
+ * Errors: none; never raises, never prints.
+ * Ownership: takes the one reference that the binding added for cusafe.
+ * Handles: none.
+ * Threads: any thread; it takes the GIL itself. */
+CUSAFE_API void cusafe_python_release(void *object);
+
 /* ------------------------------------------------------------------------ */
 /* Modules and kernels                                                        */
 /* ------------------------------------------------------------------------ */

@@ -350,11 +350,9 @@ static cusafe_status check_foreign(struct cs_context *ctx, cusafe_memory kind,
   return CUSAFE_SUCCESS;
 }
 
-/* Wraps memory of another owner in a new root buffer of ctx, whose
- * parent ctx becomes (the caller's reference). */
-static cusafe_status wrap_new(cusafe_buffer *out, struct cs_context *ctx,
-                              cusafe_memory kind, void *ptr, size_t size,
-                              cusafe_release_fn release, void *user) {
+cusafe_status cs_buffer_wrap_new(cusafe_buffer *out, struct cs_context *ctx,
+                                 cusafe_memory kind, void *ptr, size_t size,
+                                 cusafe_release_fn release, void *user) {
   if (kind != CUSAFE_MEMORY_DEVICE && kind != CUSAFE_MEMORY_HOST_PINNED &&
       kind != CUSAFE_MEMORY_MANAGED)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "unknown memory kind %d",
@@ -393,7 +391,8 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
     void *ptr, size_t size, cusafe_release_fn release, void *user) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_context, ctx, ctx_handle, CS_CONTEXT, "context");
-  cusafe_status st = wrap_new(out, ctx, kind, ptr, size, release, user);
+  cusafe_status st =
+      cs_buffer_wrap_new(out, ctx, kind, ptr, size, release, user);
   if (st == CUSAFE_SUCCESS)
     ctx = NULL; /* the buffer's reference now */
   return st;

@@ -60,6 +60,12 @@ cusafe_status cs_roots_chain(struct cs_buffer **roots, size_t *n,
                              struct cs_queue *q, struct cs_object **drops,
                              size_t *ndrops);
 void cs_roots_unlock(struct cs_buffer **roots, size_t n);
+/* Wraps memory of another owner in a new root buffer of ctx, whose parent
+ * ctx becomes (the caller's reference, on success only): the work of
+ * cusafe_buffer_wrap() (and of the DLPack imports) once ctx is held. */
+cusafe_status cs_buffer_wrap_new(cusafe_buffer *out, struct cs_context *ctx,
+                                 cusafe_memory kind, void *ptr, size_t size,
+                                 cusafe_release_fn release, void *user);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

@@ -52,6 +52,9 @@
 #include <unistd.h>
 
 #include "cusafe.h"
+#ifdef CUSAFE_HAVE_DLPACK
+#include "cusafe_dlpack.h"
+#endif
 #include "fakecuda.h"
 #include "testutil.h"
 #include "fakeutil.h"
@@ -722,6 +725,82 @@ static cusafe_status op_release_wrapped(struct world *w) {
   return st;
 }
 
+#ifdef CUSAFE_HAVE_DLPACK
+/* A DLPack tensor of another library over buffer a's memory, whose
+ * deleter counts: a refused import leaves it to its producer. */
+static DLManagedTensorVersioned import_tensor;
+static int64_t import_shape[1] = {SIZE};
+
+static void count_delete(DLManagedTensorVersioned *t) {
+  (void)t;
+  wrap_releases++;
+}
+
+static void tensor_over(cusafe_buffer b) {
+  void *ptr = NULL;
+  OK(cusafe_buffer_interop_pointer(&ptr, b));
+  import_tensor =
+      (DLManagedTensorVersioned){.version = {1, 0},
+                                 .deleter = count_delete,
+                                 .dl_tensor = {.data = ptr,
+                                               .device = {kDLCUDA, 0},
+                                               .ndim = 1,
+                                               .dtype = {kDLUInt, 8, 1},
+                                               .shape = import_shape}};
+}
+
+static cusafe_status op_from_dlpack(struct world *w) {
+  tensor_over(w->a);
+  w->out = SENTINEL;
+  wrap_releases = 0;
+  cusafe_status st = cusafe_buffer_from_dlpack(&w->out, w->ctx, &import_tensor);
+  if (st != CUSAFE_SUCCESS)
+    TU_ASSERT(wrap_releases == 0, "a refused import called the deleter");
+  return st;
+}
+
+/* An import whose last reference goes with work queued: the deleter runs
+ * once, whatever fails meanwhile, and its producer (a buffer of the
+ * world's, which it no longer holds) frees the memory then. */
+static void delete_owner(DLManagedTensorVersioned *t) {
+  (void)t;
+  free_owner(NULL);
+}
+
+static void su_release_import(struct world *w) {
+  su_ctx_s1(w);
+  OK(cusafe_buffer_alloc(&wrapped_owner, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
+  tensor_over(wrapped_owner);
+  import_tensor.deleter = delete_owner;
+  OK(cusafe_buffer_from_dlpack(&w->tmp, w->ctx, &import_tensor));
+  fake_set_paused(1);
+  OK(cusafe_buffer_fill(w->tmp, 0, SIZE, 8, w->s1));
+  wrap_releases = 0;
+}
+
+static cusafe_status op_release_import(struct world *w) {
+  w->gone = w->tmp;
+  w->tmp = CUSAFE_NULL_HANDLE;
+  cusafe_status st = cusafe_buffer_release(w->gone);
+  TU_ASSERT(wrap_releases == 1, "the tensor deleted %d times", wrap_releases);
+  return st;
+}
+
+/* An export, deleted after a fault: the buffer goes with its deleter. */
+static cusafe_status op_to_dlpack(struct world *w) {
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = SIZE / 4;
+  cusafe_status st =
+      cusafe_buffer_to_dlpack(&t, w->a, 0, (DLDataType){kDLFloat, 32, 1}, 1, &n,
+                              NULL, CUSAFE_NULL_HANDLE);
+  if (st == CUSAFE_SUCCESS)
+    t->deleter(t);
+  else
+    TU_ASSERT(t == NULL, "a refused export gave a tensor");
+  return st;
+}
+#endif
+
 static cusafe_status op_view(struct world *w) {
   w->out = SENTINEL;
   return cusafe_buffer_view(&w->out, w->a, 16, 256);
@@ -1019,6 +1098,12 @@ static const struct op ops[] = {
     {"cusafe_buffer_wrap", su_buffer, op_wrap, OP_CREATES},
     {"cusafe_buffer_release (wrapped memory, work queued)", su_release_wrapped,
      op_release_wrapped, OP_CONSUMES},
+#ifdef CUSAFE_HAVE_DLPACK
+    {"cusafe_buffer_from_dlpack", su_buffer, op_from_dlpack, OP_CREATES},
+    {"cusafe_buffer_release (DLPack import, work queued)", su_release_import,
+     op_release_import, OP_CONSUMES},
+    {"cusafe_buffer_to_dlpack", su_buffer, op_to_dlpack, 0},
+#endif
     {"cusafe_buffer_write", su_handoff, op_write, 0},
     {"cusafe_buffer_read", su_handoff, op_read, 0},
     {"cusafe_buffer_write_async", su_handoff_s2, op_write_async, 0},

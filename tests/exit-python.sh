@@ -89,7 +89,8 @@ both="fake gpu"
 header=$top_srcdir/include/cusafe.h
 
 #        name               variants status stderr  stdout  times
-scenario binding            "$both" 0 empty "functions bound" 1 -- "$scen" binding "$header"
+scenario binding            "$both" 0 empty "functions bound" 1 -- "$scen" binding "$header" \
+	"$top_srcdir/include/cusafe_dlpack.h" "${cusafe_dlpack:-no}"
 scenario errors             "$both" 0 empty "" 1 -- "$scen" errors
 scenario launches           "$both" 0 empty "launches checked" 1 -- "$scen" launches
 scenario global             "$both" 0 empty "" 1 -- "$scen" global
@@ -116,6 +117,32 @@ scenario mp-spawn           "$both" 0 empty "" 1 -- "$scen" mp-spawn
 scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fault
 scenario cupy-first         gpu     0 empty "" 1 -- "$scen" cupy-first
 scenario cusafe-first       gpu     0 empty "" 1 -- "$scen" cusafe-first
+
+# Interop: DLPack, the CUDA Array Interface and the CUDA stream protocol,
+# with cusafe alone and with PyTorch and CuPy (where installed), and exits
+# with objects of both sides alive.
+inter=$top_srcdir/tests/exit/interop.py
+failure="traceback:RuntimeError: deliberate failure of the exception scenario"
+scenario "interop protocols" "$both" 0 empty "^interop checked$" 1 -- \
+	"$inter" protocols
+scenario "interop exit"      "$both" 0 empty "" 1 -- "$inter" exit-alive
+scenario "interop exit, del" "$both" 0 empty "" 1 -- "$inter" exit-alive del
+scenario "interop sys.exit"  "$both" 3 empty "" 1 -- \
+	"$inter" exit-alive sys-exit-3
+scenario "interop exception" "$both" 1 "$failure" "" 1 -- \
+	"$inter" exit-alive exception
+scenario "torch roundtrip"   gpu 0 empty "^torch interop checked$" 1 -- \
+	"$inter" torch-roundtrip
+for how in exit del-torch-first del-cusafe-first; do
+	scenario "torch exit, $how" gpu 0 empty "" 1 -- "$inter" torch-exit "$how"
+done
+scenario "torch sys.exit"    gpu 3 empty "" 1 -- "$inter" torch-exit sys-exit-3
+scenario "torch exception"   gpu 1 "$failure" "" 1 -- \
+	"$inter" torch-exit exception
+scenario "cupy roundtrip"    gpu 0 empty "^cupy interop checked$" 1 -- \
+	"$inter" cupy-roundtrip
+scenario "cupy exit"         gpu 0 empty "" 1 -- "$inter" cupy-exit
+scenario "cupy sys.exit"     gpu 3 empty "" 1 -- "$inter" cupy-exit sys-exit-3
 
 # The examples.
 scenario vecadd.py          "$both" 0 empty \

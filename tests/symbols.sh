@@ -1,7 +1,8 @@
 #!/bin/sh
 # Checks that libcusafe.so exports exactly the functions that
-# include/cusafe.h declares with CUSAFE_API: nothing internal leaks out, and
-# nothing declared is missing.
+# include/cusafe.h (and include/cusafe_dlpack.h, in a build with DLPack:
+# cusafe_dlpack=yes) declares with CUSAFE_API: nothing internal leaks out,
+# and nothing declared is missing.
 set -eu
 
 top_builddir=${top_builddir:-.}
@@ -10,6 +11,10 @@ NM=${NM:-nm}
 
 lib=$top_builddir/.libs/libcusafe.so
 header=$top_srcdir/include/cusafe.h
+headers=$header
+if test "${cusafe_dlpack:-no}" = yes; then
+	headers="$headers $top_srcdir/include/cusafe_dlpack.h"
+fi
 
 if ! test -f "$lib"; then
 	echo "symbols: $lib not found (shared library not built)"
@@ -22,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 # Declarations: drop comments and preprocessor lines, join the rest, cut it
 # at semicolons and take the name before the first '(' of each CUSAFE_API
 # declaration.
-grep -v '^[[:space:]]*#' "$header" |
+cat $headers | grep -v '^[[:space:]]*#' |
 	tr '\n' ' ' |
 	sed -e 's,/\*[^*]*\*\+\([^/*][^*]*\*\+\)*/, ,g' |
 	tr ';' '\n' |
@@ -37,7 +42,7 @@ $NM -D --defined-only "$lib" |
 	LC_ALL=C sort -u >"$tmp/exported"
 
 if ! test -s "$tmp/declared"; then
-	echo "symbols: no CUSAFE_API declarations found in $header"
+	echo "symbols: no CUSAFE_API declarations found in $headers"
 	exit 1
 fi
 
@@ -46,12 +51,12 @@ extra=$(LC_ALL=C comm -13 "$tmp/declared" "$tmp/exported")
 
 status=0
 if test -n "$missing"; then
-	echo "symbols: declared in cusafe.h but not exported by libcusafe.so:"
+	echo "symbols: declared in $headers but not exported by libcusafe.so:"
 	printf '  %s\n' $missing
 	status=1
 fi
 if test -n "$extra"; then
-	echo "symbols: exported by libcusafe.so but not declared in cusafe.h:"
+	echo "symbols: exported by libcusafe.so but not declared in $headers:"
 	printf '  %s\n' $extra
 	status=1
 fi

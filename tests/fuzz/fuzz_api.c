@@ -51,6 +51,9 @@
 
 #include "cuda_api.h"
 #include "cusafe.h"
+#ifdef CUSAFE_HAVE_DLPACK
+#include "cusafe_dlpack.h"
+#endif
 #include "fakecuda.h"
 #include "../abortutil.h"
 
@@ -1115,6 +1118,98 @@ static void op_wrap(struct th *t) {
   free_foreign(f); /* refused: the memory stays its owner's */
 }
 
+#ifdef CUSAFE_HAVE_DLPACK
+/* Exported tensors not yet deleted: deleted at random by later ops, and at
+ * the end of the input (after a shutdown, if the input made one). */
+static DLManagedTensorVersioned *tensors[16];
+static int ntensors;
+static pthread_mutex_t tensor_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void delete_tensors(int all) {
+  pthread_mutex_lock(&tensor_lock);
+  while (ntensors > 0) {
+    DLManagedTensorVersioned *d = tensors[--ntensors];
+    d->deleter(d);
+    if (!all)
+      break;
+  }
+  pthread_mutex_unlock(&tensor_lock);
+}
+
+/* A buffer exported as a tensor of a chosen shape (in range or not), which
+ * is then deleted, kept for later, or imported back into its context as
+ * a buffer that the pool holds (and whose release deletes it). */
+static void op_dlpack(struct th *t) {
+  struct ent be;
+  int held;
+  cusafe_buffer b = choose(t, T_BUF, -1, &be, &held);
+  static const int64_t dims[] = {0, 1, 2, 3, 7, 16, 64, 1000, -1, INT64_MAX};
+  static const int64_t steps[] = {1, -1, 0, 2, 16, -16, INT64_MAX};
+  static const size_t offsets[] = {0, 1, 4, 64, 4096, 100};
+  int64_t shape[3], strides[3];
+  uint8_t m = u8(&t->r);
+  DLDataType dt = {kDLUInt, (uint8_t)(m % 16 == 15 ? 4 : 8 << (m % 4)), 1};
+  int32_t ndim = (int32_t)(u8(&t->r) % 4);
+  for (int i = 0; i < 3; i++) {
+    shape[i] = PICK(&t->r, dims);
+    strides[i] = PICK(&t->r, steps);
+  }
+  size_t offset = PICK(&t->r, offsets);
+  DLManagedTensorVersioned *d = NULL;
+  cusafe_status st =
+      cusafe_buffer_to_dlpack(&d, b, offset, dt, ndim, shape,
+                              m & 16 ? strides : NULL, CUSAFE_NULL_HANDLE);
+  check(st, "cusafe_buffer_to_dlpack");
+  if (st != CUSAFE_SUCCESS) {
+    if (d)
+      die("a refused export gave a tensor");
+    return;
+  }
+  if (d->dl_tensor.ndim != ndim || d->dl_tensor.byte_offset != 0 ||
+      (ndim && !d->dl_tensor.strides))
+    die("exported tensor of ndim %d: ndim %d, byte_offset %llu", ndim,
+        d->dl_tensor.ndim, (unsigned long long)d->dl_tensor.byte_offset);
+  for (int i = 0; i < ndim; i++)
+    if (d->dl_tensor.shape[i] != shape[i] ||
+        (m & 16 && d->dl_tensor.strides[i] != strides[i]))
+      die("exported tensor's dimension %d differs", i);
+  switch (u8(&t->r) % 3) {
+  case 0: d->deleter(d); break;
+  case 1: {
+    pthread_mutex_lock(&tensor_lock);
+    int full = ntensors == (int)(sizeof tensors / sizeof tensors[0]);
+    if (!full)
+      tensors[ntensors++] = d;
+    pthread_mutex_unlock(&tensor_lock);
+    if (full)
+      d->deleter(d);
+    break;
+  }
+  default: {
+    cusafe_context c = CUSAFE_NULL_HANDLE;
+    cusafe_buffer in = 42;
+    if (cusafe_buffer_get_context(&c, b) != CUSAFE_SUCCESS) {
+      d->deleter(d);
+      break;
+    }
+    st = check_out(cusafe_buffer_from_dlpack(&in, c, d), in, T_BUF,
+                   "cusafe_buffer_from_dlpack");
+    check(cusafe_context_release(c), "cusafe_context_release");
+    if (st != CUSAFE_SUCCESS) {
+      d->deleter(d); /* refused: still ours */
+      break;
+    }
+    size_t size = 0;
+    check(cusafe_buffer_get_size(&size, in), "cusafe_buffer_get_size");
+    struct ent e = {.dev = be.dev, .size = size};
+    keep(in, T_BUF, &e);
+  }
+  }
+  if (u8(&t->r) % 4 == 0)
+    delete_tensors(0);
+}
+#endif
+
 /* Other libraries' streams and work: a device's default stream wrapped
  * (which lives for ever, so the wrapper joins the pool), a held stream's
  * raw stream wrapped and used while the stream is held, and buffers
@@ -1122,8 +1217,13 @@ static void op_wrap(struct th *t) {
 static void op_foreign(struct th *t) {
   struct ent ce, se;
   int held, sheld;
-  switch (u8(&t->r) % 4) {
+  switch (u8(&t->r) % 5) {
   case 3: op_wrap(t); break;
+  case 4:
+#ifdef CUSAFE_HAVE_DLPACK
+    op_dlpack(t);
+#endif
+    break;
   case 0: {
     cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
     cusafe_stream w = 42;
@@ -2414,6 +2514,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     worker_wait();
 
   faults_clear();
+#ifdef CUSAFE_HAVE_DLPACK
+  delete_tensors(1);
+#endif
   int tainted = faults_used && !strict_faults && destroying_call_failed();
   if (header & 4)
     fake_set_paused(0);
