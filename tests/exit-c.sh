@@ -67,4 +67,11 @@ extra_env=CUSAFE_LEAK_REPORT=1
 scenario "leaky_exit, CUSAFE_LEAK_REPORT=1" "$both" 0 leaks "" 1 --
 extra_env=
 
+# The example examples/c/dlpack_tensor.c, where the library has DLPack.
+if test "${cusafe_dlpack:-no}" = yes; then
+	program=dlpack_tensor
+	scenario dlpack_tensor "$both" 0 empty \
+		"^dlpack_tensor: 4 x 256 floats verified; matlib's memory went back 1 time$" 1 --
+fi
+
 finish

@@ -154,6 +154,13 @@ scenario "leaky_exit.py, CUSAFE_LEAK_REPORT=1" "$both" 0 leaks "" 1 -- \
 	"$examples/leaky_exit.py"
 extra_env=
 
+scenario torch_interop.py    gpu 0 empty \
+	"^torch_interop: 1048576 floats each way, zero-copy, on " 1 -- \
+	"$examples/torch_interop.py"
+scenario cupy_interop.py     gpu 0 empty \
+	"^cupy_interop: 1048576 floats each way, zero-copy, on " 1 -- \
+	"$examples/cupy_interop.py"
+
 # Without a driver or device the examples say so in one line.  The fake
 # plays the machine: its driver state is set before the first call.
 nodriver='import cusafe, runpy, sys
