@@ -167,44 +167,47 @@ static cusafe_status export_tensor(struct exported **out, DLTensor *dl,
   return CUSAFE_SUCCESS;
 }
 
+/* Fills the tensor of e in the ABI asked for. */
+static void *tensor_of(struct exported *e, const DLTensor *dl, bool versioned) {
+  if (versioned) {
+    DLManagedTensorVersioned *t = &e->tensor.versioned;
+    t->version = (DLPackVersion){DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    t->manager_ctx = e;
+    t->deleter = delete_versioned;
+    t->flags = 0;
+    t->dl_tensor = *dl;
+    return t;
+  }
+  DLManagedTensor *t = &e->tensor.legacy;
+  t->dl_tensor = *dl;
+  t->manager_ctx = e;
+  t->deleter = delete_legacy;
+  return t;
+}
+
+/* The public exports, of either ABI: *out is their tensor. */
+#define CS_EXPORT(out, versioned)                                              \
+  CS_ENTER_OUT(out, NULL);                                                     \
+  struct exported *e;                                                          \
+  DLTensor dl;                                                                 \
+  cusafe_status st = export_tensor(&e, &dl, buffer, offset, dtype, ndim,       \
+                                   shape, strides, stream);                    \
+  if (st == CUSAFE_SUCCESS)                                                    \
+    *(out) = tensor_of(e, &dl, (versioned));                                   \
+  return st
+
 CUSAFE_API cusafe_status cusafe_buffer_to_dlpack(
     DLManagedTensorVersioned **out, cusafe_buffer buffer, size_t offset,
     DLDataType dtype, int32_t ndim, const int64_t *shape,
     const int64_t *strides, cusafe_stream stream) {
-  CS_ENTER_OUT(out, NULL);
-  struct exported *e;
-  DLTensor dl;
-  cusafe_status st = export_tensor(&e, &dl, buffer, offset, dtype, ndim, shape,
-                                   strides, stream);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  DLManagedTensorVersioned *t = &e->tensor.versioned;
-  t->version = (DLPackVersion){DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
-  t->manager_ctx = e;
-  t->deleter = delete_versioned;
-  t->flags = 0;
-  t->dl_tensor = dl;
-  *out = t;
-  return CUSAFE_SUCCESS;
+  CS_EXPORT(out, true);
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_to_dlpack_legacy(
     DLManagedTensor **out, cusafe_buffer buffer, size_t offset,
     DLDataType dtype, int32_t ndim, const int64_t *shape,
     const int64_t *strides, cusafe_stream stream) {
-  CS_ENTER_OUT(out, NULL);
-  struct exported *e;
-  DLTensor dl;
-  cusafe_status st = export_tensor(&e, &dl, buffer, offset, dtype, ndim, shape,
-                                   strides, stream);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  DLManagedTensor *t = &e->tensor.legacy;
-  t->dl_tensor = dl;
-  t->manager_ctx = e;
-  t->deleter = delete_legacy;
-  *out = t;
-  return CUSAFE_SUCCESS;
+  CS_EXPORT(out, false);
 }
 
 /* ---- import -------------------------------------------------------------- */

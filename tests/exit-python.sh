@@ -141,6 +141,8 @@ scenario "torch exception"   gpu 1 "$failure" "" 1 -- \
 	"$inter" torch-exit exception
 scenario "cupy roundtrip"    gpu 0 empty "^cupy interop checked$" 1 -- \
 	"$inter" cupy-roundtrip
+scenario "numba roundtrip"   gpu 0 empty "^numba interop checked$" 1 -- \
+	"$inter" numba-roundtrip
 scenario "cupy exit"         gpu 0 empty "" 1 -- "$inter" cupy-exit
 scenario "cupy sys.exit"     gpu 3 empty "" 1 -- "$inter" cupy-exit sys-exit-3
 

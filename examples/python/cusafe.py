@@ -677,6 +677,7 @@ def _device_of(obj, default=0):
     if isinstance(dev, int) and not isinstance(dev, bool):
         return dev
     for dev_id in (getattr(dev, "device_id", None),
+                   getattr(dev, "id", None),  # cupy.cuda.Device
                    getattr(obj, "device_id", None)):
         if isinstance(dev_id, int) and not isinstance(dev_id, bool):
             return dev_id

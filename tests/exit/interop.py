@@ -381,7 +381,28 @@ def cupy_exit(how="exit"):
         sys.exit(3)
 
 
+# ---- Numba -------------------------------------------------------------------
+
+def numba_roundtrip():
+    if is_fake():
+        skip("Numba needs the real CUDA runtime")
+    need_dlpack()
+    try:
+        from numba import cuda
+    except ImportError:
+        skip("Numba is not installed")
+    ctx = context()
+    buf = cusafe.Buffer.from_host(ctx, array.array("f", range(N)))
+    d = cuda.as_cuda_array(buf.as_array("f4"))
+    assert d.device_ctypes_pointer.value == buf.interop_pointer()
+    assert d.shape == (N,) and d.copy_to_host()[N - 1] == N - 1
+    w = cusafe.Buffer.wrap(d)
+    assert w.interop_pointer() == buf.interop_pointer()
+    print("numba interop checked")
+
+
 SCENARIOS = {
+    "numba-roundtrip": numba_roundtrip,
     "protocols": protocols,
     "exit-alive": exit_alive,
     "torch-roundtrip": torch_roundtrip,
