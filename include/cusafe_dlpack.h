@@ -51,8 +51,11 @@ extern "C" {
  * for the buffer's queued work, and the deleter records the buffer as used
  * there (cusafe_stream_use_buffers()) before it drops its reference: the
  * memory is freed only after the work the consumer queued on that stream
- * before deleting the tensor.  Without a stream, the consumer synchronises
- * both ways itself.
+ * before deleting the tensor.  Each time the buffer's work then goes back
+ * to its context's default stream: cusafe touches the consumer's stream at
+ * the export and in the deleter only, and it must be valid then (DLPack's
+ * consumers use the stream they name until they delete the tensor).
+ * Without a stream, the consumer synchronises both ways itself.
  * Parameters: out [out] the new tensor; buffer [in] a buffer or view;
  *   offset [in] bytes into buffer of the element of index 0; dtype [in]
  *   the element type; ndim [in] 0 to CUSAFE_DLPACK_MAX_NDIM; shape [in]
@@ -81,8 +84,8 @@ extern "C" {
  *   calls its deleter once.  The tensor holds one reference on the buffer
  *   and one on the stream (the caller may release its own at once): the
  *   memory stays valid until the deleter runs, and the stream's work
- *   before it.  The consumer's CUDA stream must outlive the tensor, as
- *   every wrapped stream must outlive its uses.  The deleter may run on any
+ *   before it.  The consumer's CUDA stream must be valid until the deleter
+ *   has run.  The deleter may run on any
  * thread, at any time -- after the buffer's handle was released, after
  * cusafe_shutdown(), during exit -- and then only frees the tensor and drops
  * the reference (a no-op after shutdown, whose ordered teardown freed the
@@ -115,7 +118,8 @@ CUSAFE_API cusafe_status cusafe_buffer_to_dlpack_legacy(
  * Returns: CUSAFE_SUCCESS: *out is the buffer, and cusafe owns the tensor.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out or tensor is NULL, the tensor is
  *   read-only, its shape is NULL while ndim is not 0, ndim is out of range,
- *   a size is negative, the element is not a whole number of bytes, the
+ *   a size is negative, the element is not a whole number of bytes, its
+ *   data is NULL while it has elements ("tensor's data is NULL"), the
  *   device type is not CUDA memory ("tensor on DLPack device type 1 (CPU)
  *   is not CUDA memory"), or the memory is of another kind than its device
  *   type says.  CUSAFE_ERROR_NOT_SUPPORTED: a major version other than 1.

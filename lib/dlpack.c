@@ -55,9 +55,11 @@ static cusafe_status tensor_extent(DLDataType dtype, int32_t ndim,
                      "the tensor's extent overflows (dimension %d)", (int)i);
   }
   int64_t size = bits / 8;
+  int64_t span;
   if (__builtin_mul_overflow(min, size, lo) ||
       __builtin_add_overflow(max, 1, &max) ||
-      __builtin_mul_overflow(max, size, hi))
+      __builtin_mul_overflow(max, size, hi) ||
+      __builtin_sub_overflow(*hi, *lo, &span))
     return cs_fail(CUSAFE_ERROR_INVALID_SIZE, "the tensor's extent overflows");
   return CUSAFE_SUCCESS;
 }
@@ -76,12 +78,23 @@ struct exported {
   int64_t dims[];       /* shape, then strides */
 };
 
+/* Orders the buffer's later work (and free) after the work queued so far
+ * on the consumer's stream, which waits for the buffer's queued work, and
+ * then hands the buffer's work back to its context's default stream: the
+ * consumer's stream is touched at the export and at the deleter only, so
+ * it need be valid then only. */
+static cusafe_status consumer_point(cusafe_stream stream, cusafe_buffer b) {
+  cusafe_status st = cusafe_stream_use_buffers(stream, &b, 1);
+  if (st == CUSAFE_SUCCESS)
+    st = cusafe_stream_use_buffers(CUSAFE_STREAM_DEFAULT, &b, 1);
+  return st;
+}
+
 /* Drops the export's reference: a no-op after shutdown, or in a forked
  * child; silent (a failure only sets the thread's message). */
 static void exported_free(struct exported *e) {
   if (e->stream) {
-    /* The consumer's work queued by now goes before the memory's free. */
-    (void)cusafe_stream_use_buffers(e->stream, &e->buffer, 1);
+    (void)consumer_point(e->stream, e->buffer);
     (void)cusafe_stream_release(e->stream);
   }
   (void)cusafe_release(e->buffer);
@@ -128,7 +141,7 @@ static cusafe_status export_tensor(struct exported **out, DLTensor *dl,
                    "of %zu bytes",
                    (long long)lo, (long long)hi, offset, b->size);
   /* The consumer's stream waits for the buffer's queued work. */
-  if (s && (st = cusafe_stream_use_buffers(stream, &handle, 1)))
+  if (s && (st = consumer_point(stream, handle)))
     return st;
   struct exported *e = malloc(sizeof *e + 2 * (size_t)ndim * sizeof(int64_t));
   if (!e)
@@ -257,9 +270,10 @@ static cusafe_status import_tensor(cusafe_buffer *out,
   if (hi > lo) {
     if (!dl->data)
       return cs_null("tensor's data");
-    uintptr_t first = (uintptr_t)dl->data + dl->byte_offset;
+    uintptr_t first;
     /* The extent must not wrap around the address space. */
-    if (0 - (uint64_t)lo > first || (uint64_t)hi > UINTPTR_MAX - first)
+    if (__builtin_add_overflow((uintptr_t)dl->data, dl->byte_offset, &first) ||
+        0 - (uint64_t)lo > first || (uint64_t)hi > UINTPTR_MAX - first)
       return cs_fail(CUSAFE_ERROR_INVALID_SIZE,
                      "the tensor's extent wraps around the address space");
     start = (char *)(first - (0 - (uint64_t)lo));

@@ -306,6 +306,11 @@ START_TEST(test_export_errors) {
   TU_ERR(cusafe_buffer_to_dlpack(&t, b, 0, (DLDataType){kDLFloat, 64, 1}, 1,
                                  &big, NULL, CUSAFE_NULL_HANDLE),
          CUSAFE_ERROR_INVALID_SIZE, "the tensor's extent overflows");
+  int64_t span[2] = {-((int64_t)1 << 62), (int64_t)1 << 62};
+  int64_t two[2] = {2, 2};
+  TU_ERR(
+      cusafe_buffer_to_dlpack(&t, b, 0, u8, 2, two, span, CUSAFE_NULL_HANDLE),
+      CUSAFE_ERROR_INVALID_SIZE, "the tensor's extent overflows");
   int64_t strides[2] = {INT64_MAX, 1};
   TU_ERR(cusafe_buffer_to_dlpack(&t, b, 0, f32, 2, shape, strides,
                                  CUSAFE_NULL_HANDLE),
@@ -489,6 +494,20 @@ START_TEST(test_import_errors) {
   p.strides[0] = -8;
   TU_ERR(cusafe_buffer_from_dlpack(&b, ctx, t), CUSAFE_ERROR_INVALID_SIZE,
          "the tensor's extent wraps around the address space");
+  /* Extents whose span, or whose start, overflows. */
+  p.strides[0] = -((int64_t)1 << 62);
+  p.strides[1] = (int64_t)1 << 62;
+  p.shape[0] = p.shape[1] = 2;
+  t->dl_tensor.dtype = u8;
+  t->dl_tensor.data = (void *)((uintptr_t)1 << 62);
+  TU_ERR(cusafe_buffer_from_dlpack(&b, ctx, t), CUSAFE_ERROR_INVALID_SIZE,
+         "the tensor's extent overflows");
+  p.strides[0] = 1;
+  p.strides[1] = 2;
+  t->dl_tensor.data = (void *)(UINTPTR_MAX - 10);
+  t->dl_tensor.byte_offset = 100;
+  TU_ERR(cusafe_buffer_from_dlpack(&b, ctx, t), CUSAFE_ERROR_INVALID_SIZE,
+         "the tensor's extent wraps around the address space");
   ck_assert_int_eq(p.deleted, 0);
   TU_OK(cusafe_buffer_release(p.owner));
 }
@@ -539,7 +558,9 @@ START_TEST(test_export_orders_consumer_stream) {
   TU_OK(cusafe_buffer_fill(b, 0, 256, 1, s));
   fake_log_clear();
   TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, f32, 1, &n, NULL, w));
-  ck_assert_int_eq(fake_log_count("cudaStreamWaitEvent"), 1);
+  /* The consumer waits for the fill; cusafe's default stream, where the
+   * buffer's work goes back, for the consumer's stream. */
+  ck_assert_int_eq(fake_log_count("cudaStreamWaitEvent"), 2);
   TU_OK(cusafe_stream_release(w)); /* the tensor holds it */
   /* cusafe's own work after the export moves the buffer to s. */
   TU_OK(cusafe_buffer_fill(b, 0, 256, 3, s));
@@ -560,6 +581,30 @@ START_TEST(test_export_orders_consumer_stream) {
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_context_synchronize(ctx));
   fake_foreign_stream_destroy(raw);
+}
+END_TEST
+
+/* After the deleter, nothing of cusafe's touches the consumer's stream:
+ * it may be destroyed then (the fake aborts on a use of a destroyed
+ * stream). */
+START_TEST(test_export_leaves_consumer_stream) {
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE, w = CUSAFE_NULL_HANDLE;
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = 64;
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 256));
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, f32, 1, &n, NULL, w));
+  TU_OK(cusafe_stream_release(w));
+  t->deleter(t);
+  TU_STALE(w);
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_buffer_fill(b, 0, 256, 1, s));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_synchronize(ctx));
 }
 END_TEST
 
@@ -699,6 +744,7 @@ static Suite *dlpack_suite(void) {
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_import_release_waits_for_work);
   tcase_add_test(tc, test_export_orders_consumer_stream);
+  tcase_add_test(tc, test_export_leaves_consumer_stream);
   tcase_add_test(tc, test_shutdown_with_tensors);
   tcase_add_test(tc, test_python_finalized);
   suite_add_tcase(s, tc);

@@ -810,7 +810,8 @@ class Stream(_Object):
         and buffers last used on it, live."""
         raw = _raw_stream(stream)
         if ctx is None:
-            ctx = Context(_device_of(stream))
+            ctx = stream.context if isinstance(stream, Stream) \
+                else Context(_device_of(stream))
         h = c_handle(0)
         _call("cusafe_stream_wrap", ctypes.byref(h), ctx.handle,
               ctypes.c_void_p(raw or None))
@@ -910,7 +911,9 @@ class Buffer(_Object):
     """Device, pinned host or managed memory (cusafe_buffer_alloc), or a
     view of a byte range of another buffer (Buffer.view)."""
 
-    __slots__ = ("_size", "_memory")
+    # _cai: the Array behind __cuda_array_interface__, kept with the Buffer
+    # object, which is what a consumer of the interface holds.
+    __slots__ = ("_size", "_memory", "_cai")
     _release_name = "cusafe_buffer_release"
 
     def __init__(self, ctx, size, memory=Memory.DEVICE, stream=None):
@@ -1082,8 +1085,16 @@ class Buffer(_Object):
     @property
     def __cuda_array_interface__(self):
         """The CUDA Array Interface (version 3) of the whole buffer as a
-        1-D array of bytes; see Array for other types and shapes."""
-        return self.as_array().__cuda_array_interface__
+        1-D array of bytes; see Array for other types and shapes.  The
+        memory stays valid while this Buffer object lives, also after
+        close(): a consumer holds the object, not the handle."""
+        try:
+            a = self._cai
+        except AttributeError:
+            a = None
+        if a is None or a.closed:
+            a = self._cai = self.as_array()
+        return a.__cuda_array_interface__
 
     @classmethod
     def wrap(cls, obj, ctx=None, stream=None):
@@ -1093,7 +1104,10 @@ class Buffer(_Object):
         work are gone), else through __cuda_array_interface__ (a reference
         on `obj` is held as long).  The buffer spans the bytes that the
         array's elements reach.  `ctx`: the context of the array's device
-        (default: made for it); `stream`: where cusafe will use the memory
+        (default: that of the device the array names -- DLPack's
+        __dlpack_device__, else a `device` or `device_id` attribute, else
+        device 0; memory of another device raises CusafeError
+        CONTEXT_MISMATCH); `stream`: where cusafe will use the memory
         first (default: the device's legacy default stream) -- it is
         ordered after the producer's work, as each protocol asks.  Raises
         TypeError for an object with neither protocol, CusafeError when
@@ -1246,6 +1260,7 @@ def _release_array(use_buffers, release, buf, stream, handles):
     (no module global), so that it also runs while the interpreter shuts
     down; their failures (after shutdown: a no-op) are ignored."""
     use_buffers(stream, handles, 1)
+    use_buffers(0, handles, 1)  # nothing of cusafe's touches stream later
     release(buf)
     release(stream)
 
@@ -1261,12 +1276,19 @@ class Array:
     runs.  When the Array is closed (close(), `with`, the garbage
     collector), the buffer is recorded as used on its stream first, so
     that its memory is freed only after the work queued there by then --
-    such as a consumer's kernels on that stream.  Work a consumer queues on
-    other streams it must synchronise itself before dropping the Array,
-    as every producer of these protocols asks."""
+    such as a consumer's kernels on that stream.  Once its CUDA Array
+    Interface has been read, close() leaves that to the garbage collector:
+    consumers of the interface (CuPy, Numba, PyTorch) keep the Array object
+    as the owner of the memory.  Work a consumer queues on other streams it
+    must synchronise itself before dropping the Array, as every producer of
+    these protocols asks.  A stream given to as_array() must outlive the
+    Array."""
 
+    # _lent: the CUDA Array Interface was read, so a consumer may hold this
+    # object; close() then leaves the references to the garbage collector.
     __slots__ = ("_buffer", "_stream", "_dtype", "_shape", "_strides",
-                 "_offset", "_ptr", "_finalizer", "__weakref__")
+                 "_offset", "_ptr", "_finalizer", "_lent", "_closed",
+                 "__weakref__")
 
     def __init__(self, buffer, dtype="u1", shape=None, strides=None,
                  offset=0, stream=None):
@@ -1300,6 +1322,7 @@ class Array:
         if offset + lo < 0 or offset + hi > size:
             raise ValueError("array of bytes [%d, %d) at offset %d exceeds "
                              "buffer of %d bytes" % (lo, hi, offset, size))
+        ptr = buffer.interop_pointer() + offset if hi > lo else 0
         ctx = buffer.context
         try:
             st, own = _consumer_stream(ctx, stream)
@@ -1328,7 +1351,8 @@ class Array:
         self._shape = shape
         self._strides = None if contiguous else strides
         self._offset = offset
-        self._ptr = buffer.interop_pointer() + offset if hi > lo else 0
+        self._ptr = ptr
+        self._lent = self._closed = False
         self._finalizer = weakref.finalize(
             self, _release_array, lib.fn.cusafe_stream_use_buffers,
             lib.fn.cusafe_release, h, sh, (c_handle * 1)(h))
@@ -1350,16 +1374,21 @@ class Array:
 
     @property
     def closed(self):
-        return not self._finalizer.alive
+        return self._closed or not self._finalizer.alive
 
     def _open(self):
-        if not self._finalizer.alive:
+        if self.closed:
             raise ValueError("this cusafe.Array is closed")
 
     def close(self):
         """Releases the Array's references (after recording the buffer as
-        used on its stream); closing twice is a no-op."""
-        self._finalizer()
+        used on its stream), unless its CUDA Array Interface was read: a
+        consumer may hold this object, so the garbage collector releases
+        them once nobody does.  The Array is unusable afterwards either way;
+        closing twice is a no-op."""
+        self._closed = True
+        if not self._lent:
+            self._finalizer()
 
     def __enter__(self):
         return self
@@ -1386,6 +1415,7 @@ class Array:
         legacy default stream)."""
         self._open()
         self._order()
+        self._lent = True
         raw = ctypes.c_void_p()
         _call("cusafe_stream_interop_handle", ctypes.byref(raw),
               self._stream)
@@ -1941,8 +1971,8 @@ class Kernel(_Object):
         of other libraries (objects with __dlpack__ or
         __cuda_array_interface__: CuPy, PyTorch, a cusafe Array), wrapped
         for the launch (Buffer.wrap) and passed as the address of their
-        first element, whose memory stays alive until the kernel has
-        completed, ints
+        lowest byte (their first element, unless a stride is negative),
+        whose memory stays alive until the kernel has completed, ints
         (I64), floats (F64), typed values (I32(...), F32(...), ...) or
         Bytes(...).  Ordered on `stream` (None: the context's default);
         the buffers stay alive until the kernel has completed.  A closed
@@ -2010,7 +2040,9 @@ class Kernel(_Object):
         arguments converted once, to be run many times for the cost of one
         ctypes call.  The handles are read now: a Buffer closed later makes
         the launch fail with INVALID_HANDLE (the library checks every
-        handle), never use freed memory."""
+        handle), never use freed memory.  Arrays of other libraries are
+        wrapped now, once: their memory lives as long as the prepared
+        launch, and the producer's work is waited for at this call only."""
         return PreparedLaunch(self, _launch_config(grid, block, shared,
                                                    stream), args, stream)
 

@@ -136,8 +136,34 @@ def protocols():
     assert not stale(handle)
     assert floats(back) == data
     back.close()
+    del buf, a, t  # their interfaces were read: the objects hold it
     gc.collect()
     assert stale(handle), "the exported buffer outlived its last tensor"
+
+    # A consumer of the CUDA Array Interface keeps the object it read it
+    # from: the memory outlives close() until that object is gone.
+    b3 = cusafe.Buffer.from_host(ctx, data)
+    h3 = b3.handle
+    b3.__cuda_array_interface__
+    b3.close()
+    gc.collect()
+    assert not stale(h3), "a Buffer's interface lost its memory at close()"
+    del b3
+    gc.collect()
+    assert stale(h3), "a Buffer's interface kept its memory after the object"
+    b4 = cusafe.Buffer.from_host(ctx, data)
+    h4 = b4.handle
+    a4 = b4.as_array("f4")
+    b4.close()
+    a4.__cuda_array_interface__
+    a4.close()
+    assert a4.closed
+    expect(ValueError, "closed", lambda: a4.__cuda_array_interface__)
+    gc.collect()
+    assert not stale(h4), "an Array's interface lost its memory at close()"
+    del a4
+    gc.collect()
+    assert stale(h4), "an Array's interface kept its memory after the object"
 
     # An array of the CUDA Array Interface only: the buffer holds the
     # producer object until cusafe gives the memory back.
@@ -182,6 +208,10 @@ def protocols():
         device = None
 
     assert cusafe.Stream.wrap(TorchLike(), ctx).interop_handle() == raw
+    if cusafe.device_count() > 1:  # a cusafe Stream names its device
+        with cusafe.Context(1) as c1, c1.stream() as s1, \
+                cusafe.Stream.wrap(s1) as w1:
+            assert w1.context.device == 1
     expect(TypeError, "is not a CUDA stream", cusafe.Stream.wrap, 1.5)
     print("interop checked")
 
