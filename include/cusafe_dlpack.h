@@ -76,13 +76,14 @@ extern "C" {
  *   its mapped status.  CUSAFE_ERROR_INVALID_SIZE: the
  *   tensor's extent overflows.  CUSAFE_ERROR_OUT_OF_RANGE: the elements
  *   reach beyond the buffer ("tensor of bytes [0, 80) at offset 0 exceeds
- *   buffer of 64 bytes").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or
- *   the buffer or stream has too many references.  CUSAFE_ERROR_SHUTDOWN /
+ *   buffer of 64 bytes").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
+ *   CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is NULL
  *   on every failure.
  * Ownership: the caller owns the tensor and hands it to one consumer, who
  *   calls its deleter once.  The tensor holds one reference on the buffer
- *   and one on the stream (the caller may release its own at once): the
+ *   and one on the stream, of its own (the caller may release its own at
+ *   once; its handles then go stale, as when a view holds the buffer): the
  *   memory stays valid until the deleter runs, and the stream's work
  *   before it.  The consumer's CUDA stream must be valid until the deleter
  *   has run.  The deleter may run on any

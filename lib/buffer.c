@@ -739,11 +739,8 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
 /* Buffers held on the stack; more go to the heap. */
 #define STACK_BUFFERS 16
 
-/* Chains the next operation of each of the held buffers bufs[0..n) onto
- * q: q waits for their earlier work, and their later work and frees for
- * q's. */
-static cusafe_status use_on(struct cs_buffer **bufs, size_t n,
-                            struct cs_queue *q) {
+cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
+                                struct cs_queue *q) {
   struct cs_buffer *roots_stack[STACK_BUFFERS], **roots = roots_stack;
   struct cs_object *drops_stack[STACK_BUFFERS], **drops = drops_stack;
   if (n > STACK_BUFFERS) {
@@ -799,7 +796,7 @@ CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
     struct cs_object *held CS_HELD = NULL;
     st = cs_queue_get(stream, count ? bufs[0]->ctx : NULL, NULL, &q, &held);
     if (st == CUSAFE_SUCCESS && count > 0)
-      st = use_on(bufs, count, q);
+      st = cs_buffers_use_on(bufs, count, q);
   }
   for (size_t i = 0; i < held_bufs; i++)
     cs_unref(&bufs[i]->hdr);

@@ -66,6 +66,12 @@ void cs_roots_unlock(struct cs_buffer **roots, size_t n);
 cusafe_status cs_buffer_wrap_new(cusafe_buffer *out, struct cs_context *ctx,
                                  cusafe_memory kind, void *ptr, size_t size,
                                  cusafe_release_fn release, void *user);
+/* Chains the next operation of each of the held buffers bufs[0..n) onto
+ * q (of their context): q waits for their earlier work, and their later
+ * work and frees for q's -- cusafe_stream_use_buffers() once the handles
+ * are held. */
+cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
+                                struct cs_queue *q);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

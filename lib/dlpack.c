@@ -73,31 +73,40 @@ struct exported {
     DLManagedTensorVersioned versioned;
     DLManagedTensor legacy;
   } tensor;
-  cusafe_buffer buffer; /* one reference, dropped by the deleter */
-  cusafe_stream stream; /* the consumer's, referenced, or none (0) */
-  int64_t dims[];       /* shape, then strides */
+  /* References of the tensor's own, not the caller's (whose handles go
+   * stale when the caller releases them): dropped by the deleter. */
+  struct cs_buffer *buffer;
+  struct cs_stream *stream; /* the consumer's, or NULL */
+  int64_t dims[];           /* shape, then strides */
 };
 
 /* Orders the buffer's later work (and free) after the work queued so far
  * on the consumer's stream, which waits for the buffer's queued work, and
  * then hands the buffer's work back to its context's default stream: the
- * consumer's stream is touched at the export and at the deleter only, so
+ * consumer's stream is touched at the export and in the deleter only, so
  * it need be valid then only. */
-static cusafe_status consumer_point(cusafe_stream stream, cusafe_buffer b) {
-  cusafe_status st = cusafe_stream_use_buffers(stream, &b, 1);
+static cusafe_status consumer_point(struct cs_stream *s, struct cs_buffer *b) {
+  cusafe_status st = cs_buffers_use_on(&b, 1, &s->queue);
   if (st == CUSAFE_SUCCESS)
-    st = cusafe_stream_use_buffers(CUSAFE_STREAM_DEFAULT, &b, 1);
+    st = cs_buffers_use_on(&b, 1, &b->ctx->queue);
   return st;
 }
 
-/* Drops the export's reference: a no-op after shutdown, or in a forked
- * child; silent (a failure only sets the thread's message). */
-static void exported_free(struct exported *e) {
+/* Drops the export's references, after the consumer's stream's point:
+ * nothing after shutdown or in a forked child (CS_ENTER_RELEASE), whose
+ * ordered teardown freed everything; a failure only sets the thread's
+ * message. */
+static cusafe_status exported_drop(struct exported *e) {
+  CS_ENTER_RELEASE();
   if (e->stream) {
     (void)consumer_point(e->stream, e->buffer);
-    (void)cusafe_stream_release(e->stream);
+    (void)cs_unref(&e->stream->hdr);
   }
-  (void)cusafe_release(e->buffer);
+  return cs_unref(&e->buffer->hdr);
+}
+
+static void exported_free(struct exported *e) {
+  (void)exported_drop(e);
   free(e);
 }
 
@@ -141,21 +150,12 @@ static cusafe_status export_tensor(struct exported **out, DLTensor *dl,
                    "of %zu bytes",
                    (long long)lo, (long long)hi, offset, b->size);
   /* The consumer's stream waits for the buffer's queued work. */
-  if (s && (st = consumer_point(stream, handle)))
+  if (s && (st = consumer_point(s, b)))
     return st;
   struct exported *e = malloc(sizeof *e + 2 * (size_t)ndim * sizeof(int64_t));
   if (!e)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   memset(&e->tensor, 0, sizeof e->tensor);
-  st = cs_user_ref(&b->hdr);
-  if (st == CUSAFE_SUCCESS && s && (st = cs_user_ref(&s->hdr)))
-    (void)cusafe_release(handle);
-  if (st != CUSAFE_SUCCESS) {
-    free(e);
-    return st;
-  }
-  e->buffer = handle;
-  e->stream = s ? stream : CUSAFE_NULL_HANDLE;
   int64_t *dims = e->dims, stride = 1;
   for (int32_t i = ndim - 1; i >= 0; i--) {
     dims[i] = shape[i];
@@ -176,6 +176,11 @@ static cusafe_status export_tensor(struct exported **out, DLTensor *dl,
       .strides = ndim ? dims + ndim : NULL,
       .byte_offset = 0,
   };
+  /* The held references become the tensor's. */
+  e->buffer = b;
+  e->stream = s;
+  b = NULL;
+  s = NULL;
   *out = e;
   return CUSAFE_SUCCESS;
 }
