@@ -2,7 +2,7 @@
 """bench.py -- kernel launches and small allocations from Python: cusafe's
 ctypes binding next to CuPy and cuda.core.
 
-    PYTHONPATH=examples/python CUSAFE_LIBRARY=.libs/libcusafe.so \\
+    PYTHONPATH=python CUSAFE_LIBRARY=.libs/libcusafe.so \\
         python3 bench/bench.py [--quick] [--only=launch,alloc] [--samples=N]
                                [--csv[=FILE]] [--device=N]
 
@@ -686,8 +686,8 @@ def main():
     try:
         import cusafe
     except ImportError as e:
-        fail("cannot import the binding (%s); set PYTHONPATH to "
-             "examples/python" % e)
+        fail("cannot import the binding (%s); install it (make install, pip "
+             "install ./python) or set PYTHONPATH to python/" % e)
     try:
         ndev = cusafe.device_count()
     except cusafe.NoDeviceError as e:

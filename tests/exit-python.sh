@@ -1,6 +1,6 @@
 #!/bin/sh
-# How Python programs that use cusafe through ctypes (examples/python/
-# cusafe.py) end: each scenario of tests/exit/scenario.py, and the examples
+# How Python programs that use cusafe through ctypes (the package in
+# python/cusafe) end: each scenario of tests/exit/scenario.py, and the examples
 # in examples/python, run in a fresh interpreter against the library built
 # with the fake CUDA and against the real one (skipped without a GPU), and
 # must end with the expected status and nothing on stderr -- no CUDA error,
@@ -15,7 +15,7 @@
 #   PYTHON                    the interpreter (default: python3); without
 #                             one the test is skipped (status 77)
 # and those of tests/exit/common.sh.  Each run gets the library to test in
-# CUSAFE_LIBRARY, and examples/python in PYTHONPATH.
+# CUSAFE_LIBRARY, and the package (python/cusafe) in PYTHONPATH.
 set -u
 
 test_name=exit-python
@@ -31,7 +31,7 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 	exit 77
 fi
 
-PYTHONPATH=$top_srcdir/examples/python${PYTHONPATH:+:$PYTHONPATH}
+PYTHONPATH=$top_srcdir/python${PYTHONPATH:+:$PYTHONPATH}
 # No __pycache__ in the source tree (read-only under make distcheck).
 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH PYTHONDONTWRITEBYTECODE

@@ -1,0 +1,512 @@
+"""The C interface of libcusafe, mirrored from include/cusafe.h: enums,
+structs, the ctypes prototypes of every function, errors, and loading the
+library."""
+
+import ctypes
+import enum
+import os
+import threading
+
+# --------------------------------------------------------------------------
+# The C interface, mirrored from include/cusafe.h
+# --------------------------------------------------------------------------
+
+
+class Status(enum.IntEnum):
+    """cusafe_status."""
+    SUCCESS = 0
+    INVALID_HANDLE = 1
+    INVALID_VALUE = 2
+    INVALID_SIZE = 3
+    OUT_OF_RANGE = 4
+    INVALID_DEVICE = 5
+    CONTEXT_MISMATCH = 6
+    NO_DRIVER = 7
+    NO_DEVICE = 8
+    OUT_OF_MEMORY = 9
+    NOT_READY = 10
+    NOT_SUPPORTED = 11
+    CUDA = 12
+    SHUTDOWN = 13
+    FORKED = 14
+    INVALID_ARGUMENTS = 15
+    INVALID_CONFIGURATION = 16
+    INVALID_IMAGE = 17
+    COMPILE = 18
+    NOT_FOUND = 19
+
+
+class HandleType(enum.IntEnum):
+    """cusafe_handle_type."""
+    INVALID = 0
+    CONTEXT = 1
+    STREAM = 2
+    EVENT = 3
+    BUFFER = 4
+    MODULE = 5
+    KERNEL = 6
+
+
+class Memory(enum.IntEnum):
+    """cusafe_memory."""
+    DEVICE = 0
+    HOST_PINNED = 1
+    MANAGED = 2
+
+
+MEMORY_DEVICE = Memory.DEVICE
+MEMORY_HOST_PINNED = Memory.HOST_PINNED
+MEMORY_MANAGED = Memory.MANAGED
+
+
+class ArgKind(enum.IntEnum):
+    """cusafe_arg_kind."""
+    BUFFER = 1
+    I8 = 2
+    U8 = 3
+    I16 = 4
+    U16 = 5
+    I32 = 6
+    U32 = 7
+    I64 = 8
+    U64 = 9
+    F32 = 10
+    F64 = 11
+    BYTES = 12
+
+
+STREAM_NON_BLOCKING = 0x1
+EVENT_DISABLE_TIMING = 0x1
+EVENT_BLOCKING_SYNC = 0x2
+
+NULL_HANDLE = 0
+
+c_handle = ctypes.c_uint64   # cusafe_handle and all its typedefs
+c_status = ctypes.c_int      # cusafe_status (a C enum)
+c_enum = ctypes.c_int        # the other C enums
+
+
+class DeviceProperties(ctypes.Structure):
+    """cusafe_device_properties."""
+    _fields_ = [
+        ("name", ctypes.c_char * 256),
+        ("total_memory", ctypes.c_size_t),
+        ("compute_capability_major", ctypes.c_int),
+        ("compute_capability_minor", ctypes.c_int),
+        ("multiprocessor_count", ctypes.c_int),
+        ("max_threads_per_block", ctypes.c_int),
+        ("max_block_dim", ctypes.c_int * 3),
+        ("max_grid_dim", ctypes.c_int * 3),
+        ("shared_memory_per_block", ctypes.c_size_t),
+        ("shared_memory_per_block_optin", ctypes.c_size_t),
+        ("warp_size", ctypes.c_int),
+        ("managed_memory", ctypes.c_int),
+        ("concurrent_managed_access", ctypes.c_int),
+        ("memory_pools", ctypes.c_int),
+        ("pci_bus_id", ctypes.c_int),
+        ("pci_device_id", ctypes.c_int),
+        ("pci_domain_id", ctypes.c_int),
+    ]
+
+    @property
+    def device_name(self):
+        """The device's name, as a str (`name` is the raw bytes)."""
+        return self.name.decode("utf-8", "replace")
+
+    @property
+    def compute_capability(self):
+        return (self.compute_capability_major, self.compute_capability_minor)
+
+    def __repr__(self):
+        return "<cusafe.DeviceProperties %r, CC %d.%d, %d bytes>" % (
+            self.device_name, self.compute_capability_major,
+            self.compute_capability_minor, self.total_memory)
+
+
+class _ArgValue(ctypes.Union):
+    _fields_ = [
+        ("buffer", c_handle),
+        ("i", ctypes.c_int64),
+        ("u", ctypes.c_uint64),
+        ("f32", ctypes.c_float),
+        ("f64", ctypes.c_double),
+        ("bytes", ctypes.c_void_p),
+    ]
+
+
+class Arg(ctypes.Structure):
+    """cusafe_arg: one kernel argument, a tagged value of 16 bytes."""
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("value", _ArgValue),
+    ]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cusafe_launch_config."""
+    _fields_ = [
+        ("grid", ctypes.c_uint32 * 3),
+        ("block", ctypes.c_uint32 * 3),
+        ("shared_memory", ctypes.c_size_t),
+        ("stream", c_handle),
+    ]
+
+
+class _DLDataType(ctypes.Structure):
+    """DLPack's DLDataType, passed by value to cusafe_buffer_to_dlpack."""
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+_P = ctypes.POINTER
+_h = c_handle
+_sz = ctypes.c_size_t
+_vp = ctypes.c_void_p
+
+# name: (restype, argtypes), for every function that cusafe.h declares.
+_PROTOTYPES = {
+    # status codes and error reporting
+    "cusafe_status_string": (ctypes.c_char_p, [c_status]),
+    "cusafe_last_error_message": (ctypes.c_char_p, []),
+    "cusafe_last_cuda_error": (ctypes.c_int, []),
+    "cusafe_version_string": (ctypes.c_char_p, []),
+    # handles
+    "cusafe_retain": (c_status, [_h]),
+    "cusafe_release": (c_status, [_h]),
+    "cusafe_handle_get_type": (c_status, [_P(c_enum), _h]),
+    "cusafe_handle_set_label": (c_status, [_h, ctypes.c_char_p]),
+    # library and devices
+    "cusafe_shutdown": (c_status, []),
+    "cusafe_device_count": (c_status, [_P(ctypes.c_int)]),
+    "cusafe_device_get_properties": (c_status, [_P(DeviceProperties),
+                                                ctypes.c_int]),
+    # contexts
+    "cusafe_context_create": (c_status, [_P(_h), ctypes.c_int]),
+    "cusafe_context_retain": (c_status, [_h]),
+    "cusafe_context_release": (c_status, [_h]),
+    "cusafe_context_get_device": (c_status, [_P(ctypes.c_int), _h]),
+    "cusafe_context_synchronize": (c_status, [_h]),
+    "cusafe_context_stream_priority_range": (
+        c_status, [_P(ctypes.c_int), _P(ctypes.c_int), _h]),
+    # streams
+    "cusafe_stream_create": (c_status, [_P(_h), _h, ctypes.c_uint,
+                                        ctypes.c_int]),
+    "cusafe_stream_retain": (c_status, [_h]),
+    "cusafe_stream_release": (c_status, [_h]),
+    "cusafe_stream_synchronize": (c_status, [_h]),
+    "cusafe_stream_query": (c_status, [_h]),
+    "cusafe_stream_wait_event": (c_status, [_h, _h]),
+    "cusafe_stream_get_context": (c_status, [_P(_h), _h]),
+    # events
+    "cusafe_event_create": (c_status, [_P(_h), _h, ctypes.c_uint]),
+    "cusafe_event_retain": (c_status, [_h]),
+    "cusafe_event_release": (c_status, [_h]),
+    "cusafe_event_record": (c_status, [_h, _h]),
+    "cusafe_event_synchronize": (c_status, [_h]),
+    "cusafe_event_query": (c_status, [_h]),
+    "cusafe_event_elapsed_ms": (c_status, [_P(ctypes.c_float), _h, _h]),
+    # buffers
+    "cusafe_buffer_alloc": (c_status, [_P(_h), _h, c_enum, _sz]),
+    "cusafe_buffer_alloc_async": (c_status, [_P(_h), _h, _sz]),
+    "cusafe_buffer_view": (c_status, [_P(_h), _h, _sz, _sz]),
+    "cusafe_buffer_retain": (c_status, [_h]),
+    "cusafe_buffer_release": (c_status, [_h]),
+    "cusafe_buffer_get_size": (c_status, [_P(_sz), _h]),
+    "cusafe_buffer_get_memory": (c_status, [_P(c_enum), _h]),
+    "cusafe_buffer_get_context": (c_status, [_P(_h), _h]),
+    "cusafe_buffer_write": (c_status, [_h, _sz, _vp, _sz]),
+    "cusafe_buffer_read": (c_status, [_h, _sz, _vp, _sz]),
+    "cusafe_buffer_write_async": (c_status, [_h, _sz, _vp, _sz, _h]),
+    "cusafe_buffer_read_async": (c_status, [_h, _sz, _vp, _sz, _h]),
+    "cusafe_buffer_copy": (c_status, [_h, _sz, _h, _sz, _sz, _h]),
+    "cusafe_buffer_fill": (c_status, [_h, _sz, _sz, ctypes.c_ubyte, _h]),
+    # interop
+    "cusafe_buffer_interop_pointer": (c_status, [_P(_vp), _h]),
+    "cusafe_stream_interop_handle": (c_status, [_P(_vp), _h]),
+    "cusafe_stream_wrap": (c_status, [_P(_h), _h, _vp]),
+    # the release function (cusafe_release_fn) as an address: see
+    # cusafe_buffer_wrap in cusafe.h
+    "cusafe_buffer_wrap": (c_status, [_P(_h), _h, c_enum, _vp, _sz,
+                                      _vp, _vp]),
+    "cusafe_stream_use_buffers": (c_status, [_h, _P(_h), _sz]),
+    "cusafe_python_release": (None, [_vp]),
+    # cusafe_dlpack.h (a library built with DLPack): tensors as addresses
+    "cusafe_buffer_to_dlpack": (c_status, [_P(_vp), _h, _sz, _DLDataType,
+                                           ctypes.c_int32, _P(ctypes.c_int64),
+                                           _P(ctypes.c_int64), _h]),
+    "cusafe_buffer_to_dlpack_legacy": (c_status, [
+        _P(_vp), _h, _sz, _DLDataType, ctypes.c_int32, _P(ctypes.c_int64),
+        _P(ctypes.c_int64), _h]),
+    "cusafe_buffer_from_dlpack": (c_status, [_P(_h), _h, _vp]),
+    "cusafe_buffer_from_dlpack_legacy": (c_status, [_P(_h), _h, _vp]),
+    "cusafe_dlpack_capsule_destructor": (None, [_vp]),
+    # modules and kernels
+    "cusafe_module_load_builtin": (c_status, [_P(_h), _h]),
+    "cusafe_module_load_file": (c_status, [_P(_h), _h, ctypes.c_char_p]),
+    "cusafe_module_load_data": (c_status, [_P(_h), _h, _vp, _sz]),
+    "cusafe_module_compile": (c_status, [_P(_h), _h, ctypes.c_char_p,
+                                         ctypes.c_char_p,
+                                         _P(ctypes.c_char_p), _sz]),
+    "cusafe_last_compile_log": (ctypes.c_char_p, []),
+    "cusafe_module_retain": (c_status, [_h]),
+    "cusafe_module_release": (c_status, [_h]),
+    "cusafe_module_get_kernel": (c_status, [_P(_h), _h, ctypes.c_char_p]),
+    "cusafe_kernel_retain": (c_status, [_h]),
+    "cusafe_kernel_release": (c_status, [_h]),
+    "cusafe_kernel_get_params": (c_status, [_P(_sz), _P(_sz), _sz, _h]),
+    "cusafe_kernel_launch": (c_status, [_h, _P(LaunchConfig), _P(Arg), _sz]),
+    "cusafe_kernel_suggest_config": (c_status, [_P(ctypes.c_uint32),
+                                                _P(ctypes.c_uint32), _h,
+                                                _sz, _sz]),
+}
+
+del _P, _h, _sz, _vp
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class LibraryNotFoundError(OSError):
+    """libcusafe could not be loaded."""
+
+
+class CusafeError(Exception):
+    """A cusafe call failed.
+
+    status     -- a Status (a plain int for a status this binding does not
+                  know)
+    message    -- the library's sentence about the failure (may be "")
+    cuda_error -- the cudaError_t behind it, or 0
+    """
+
+    def __init__(self, status, message="", cuda_error=0):
+        try:
+            status = Status(status)
+        except ValueError:
+            status = int(status)
+        super().__init__(status, message, cuda_error)
+        self.status = status
+        self.message = message
+        self.cuda_error = cuda_error
+
+    def __str__(self):
+        text = status_string(self.status)
+        return "%s: %s" % (text, self.message) if self.message else text
+
+    def __repr__(self):
+        name = self.status.name if isinstance(self.status, Status) \
+            else str(self.status)
+        return "%s(%s, %r, cuda_error=%d)" % (
+            type(self).__name__, name, self.message, self.cuda_error)
+
+
+class NoDeviceError(CusafeError):
+    """No CUDA driver (status NO_DRIVER) or no CUDA device (NO_DEVICE)."""
+
+
+_STATUS_WORDS = {
+    0: "success", 1: "invalid handle", 2: "invalid value",
+    3: "invalid size", 4: "out of range", 5: "invalid device",
+    6: "context mismatch", 7: "no CUDA driver", 8: "no CUDA device",
+    9: "out of memory", 10: "not ready", 11: "not supported",
+    12: "CUDA error", 13: "shut down", 14: "forked",
+    15: "invalid arguments", 16: "invalid configuration",
+    17: "invalid image", 18: "compile error", 19: "not found",
+}
+
+
+def status_string(status):
+    """The library's description of a status (cusafe_status_string)."""
+    try:
+        lib = library()
+    except LibraryNotFoundError:
+        return _STATUS_WORDS.get(int(status), "unknown status")
+    return lib.fn.cusafe_status_string(int(status)).decode("utf-8",
+                                                           "replace")
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+
+class _Missing:
+    """Stands for a function that the loaded library does not export (an
+    older libcusafe than this binding): calling it raises CusafeError."""
+
+    def __init__(self, name, path):
+        self.name = name
+        self.path = path
+
+    def __call__(self, *args):
+        raise CusafeError(Status.NOT_SUPPORTED,
+                          "%s does not export %s (is it older than this "
+                          "binding?)" % (self.path, self.name))
+
+
+class _Functions:
+    pass
+
+
+class Library:
+    """A loaded libcusafe.  `cdll` is the ctypes.CDLL; `fn` holds every
+    function of cusafe.h as a ctypes function with its argtypes and restype
+    declared (a function missing from the library raises CusafeError with
+    status NOT_SUPPORTED when called); `path` is what was loaded."""
+
+    def __init__(self, cdll, path):
+        self.cdll = cdll
+        self.path = path
+        self.fn = _Functions()
+        self.missing = []
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            try:
+                # Indexing makes a new function object, private to this
+                # binding: nobody else's argtypes can change it.
+                f = cdll[name]
+            except AttributeError:
+                self.missing.append(name)
+                setattr(self.fn, name, _Missing(name, path))
+                continue
+            f.restype = restype
+            f.argtypes = argtypes
+            setattr(self.fn, name, f)
+
+    def check(self, status):
+        """Raises the error for a failed call; the message and the CUDA
+        error are the calling thread's, so call it right after the call."""
+        if status == 0:
+            return
+        message = self.fn.cusafe_last_error_message()
+        message = message.decode("utf-8", "replace") if message else ""
+        cuda_error = self.fn.cusafe_last_cuda_error()
+        cls = NoDeviceError if status in (Status.NO_DRIVER,
+                                          Status.NO_DEVICE) else CusafeError
+        err = cls(status, message, cuda_error)
+        if status == Status.COMPILE:
+            log = self.fn.cusafe_last_compile_log()
+            err.log = log.decode("utf-8", "replace") if log else ""
+        raise err
+
+    def __repr__(self):
+        return "<cusafe.Library %r>" % (self.path,)
+
+
+_lock = threading.Lock()
+_library = None
+
+DEFAULT_NAMES = ("libcusafe.so.0", "libcusafe.so")
+
+
+def _installed_library():
+    """The library's path that `make install` recorded beside this package
+    (_config.py), or None for a package installed otherwise (pip)."""
+    try:
+        from ._config import LIBRARY
+    except ImportError:
+        return None
+    return LIBRARY if os.path.exists(LIBRARY) else None
+
+
+def load(path=None):
+    """Loads libcusafe and returns the Library.  `path`: the file to load;
+    None: $CUSAFE_LIBRARY if set, else the library that was installed with
+    this package (its path recorded by `make install`), else
+    libcusafe.so.0, then libcusafe.so, through the dynamic linker's search
+    path.  Loading twice returns the
+    same Library; asking for another file once one is loaded raises
+    RuntimeError (one process, one cusafe)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            if path is not None and \
+                    os.path.realpath(path) != os.path.realpath(
+                        _library.path) and path != _library.path:
+                raise RuntimeError("cusafe is already loaded from %s"
+                                   % _library.path)
+            return _library
+        if path is not None:
+            candidates = [("the path given to cusafe.load()", path)]
+        elif os.environ.get("CUSAFE_LIBRARY"):
+            candidates = [("CUSAFE_LIBRARY", os.environ["CUSAFE_LIBRARY"])]
+        else:
+            candidates = [("the default", name) for name in DEFAULT_NAMES]
+            recorded = _installed_library()
+            if recorded:
+                candidates.insert(0, ("installed with this package",
+                                      recorded))
+        tried = []
+        for origin, name in candidates:
+            try:
+                cdll = ctypes.CDLL(name)
+            except OSError as e:
+                tried.append("%s (%s): %s" % (name, origin, e))
+                continue
+            _library = Library(cdll, name)
+            return _library
+        raise LibraryNotFoundError(
+            "cannot load libcusafe; tried " + "; ".join(tried) +
+            ". Install cusafe (and run ldconfig), or set CUSAFE_LIBRARY to "
+            "the path of libcusafe.so")
+
+
+def library():
+    """The loaded Library, loading the default one on first use."""
+    lib = _library
+    return lib if lib is not None else load()
+
+
+def _call(name, *args):
+    lib = library()
+    lib.check(getattr(lib.fn, name)(*args))
+
+
+# --------------------------------------------------------------------------
+# Library-wide functions
+# --------------------------------------------------------------------------
+
+
+def version():
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    return library().fn.cusafe_version_string().decode()
+
+
+def device_count():
+    """The number of CUDA devices.  Raises NoDeviceError without a driver
+    or device."""
+    n = ctypes.c_int(0)
+    _call("cusafe_device_count", ctypes.byref(n))
+    return n.value
+
+
+def device_properties(device=0):
+    """The DeviceProperties of a device."""
+    props = DeviceProperties()
+    _call("cusafe_device_get_properties", ctypes.byref(props), device)
+    return props
+
+
+def shutdown():
+    """Destroys every object still alive, in dependency order, and shuts
+    the library down (cusafe_shutdown).  Afterwards releases are no-ops and
+    every other call raises CusafeError with status SHUTDOWN.  Idempotent."""
+    _call("cusafe_shutdown")
+
+
+def handle_type(handle):
+    """The HandleType of a live handle (an int)."""
+    t = c_enum(0)
+    _call("cusafe_handle_get_type", ctypes.byref(t), handle)
+    return HandleType(t.value)
+
+
+def retain_handle(handle):
+    """Adds a reference to a handle of any type (cusafe_retain)."""
+    _call("cusafe_retain", handle)
+
+
+def release_handle(handle):
+    """Drops a reference of a handle of any type (cusafe_release)."""
+    _call("cusafe_release", handle)

@@ -1,0 +1,482 @@
+"""Interop: DLPack and the CUDA Array Interface, in and out."""
+
+import ctypes
+import weakref
+
+from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, c_enum,
+                    c_handle, library)
+from ._objects import Buffer, Context, Stream, _device_of
+
+# --------------------------------------------------------------------------
+# Interop: DLPack and the CUDA Array Interface
+# --------------------------------------------------------------------------
+
+# DLPack's device types and type codes (dlpack.h).
+_kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged = 2, 3, 13
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_DL_KINDS = {v: k for k, v in _DL_CODES.items()}
+_kDLBfloat = 4
+_DTYPE_NAMES = {
+    "bool": "b1", "int8": "i1", "uint8": "u1", "int16": "i2",
+    "uint16": "u2", "int32": "i4", "uint32": "u4", "int64": "i8",
+    "uint64": "u8", "float16": "f2", "float32": "f4", "float64": "f8",
+    "complex64": "c8", "complex128": "c16", "byte": "u1",
+    "half": "f2", "float": "f4", "double": "f8", "int": "i8",
+}
+
+
+def _typestr(dtype):
+    """The CAI type string ("<f4") of a dtype given as a NumPy type string,
+    a name, or an object with a `str` attribute (a NumPy dtype)."""
+    text = getattr(dtype, "str", dtype)
+    if isinstance(dtype, type):  # numpy.float32 and the like
+        text = getattr(dtype, "__name__", text)
+    if not isinstance(text, str):
+        raise TypeError("dtype must be a type string such as 'f4' or a "
+                        "NumPy dtype, not %s" % type(dtype).__name__)
+    name = _DTYPE_NAMES.get(text, text)
+    if name[:1] in "<>|=":
+        order, name = name[0], name[1:]
+    else:
+        order = "<"
+    if name[:1] not in _DL_CODES or not name[1:].isdigit() or \
+            int(name[1:]) not in (1, 2, 4, 8, 16):
+        raise ValueError("unknown dtype %r (expected a type string such as "
+                         "'f4', 'i8', 'u1', 'c8', 'b1', or a name such as "
+                         "'float32')" % (dtype,))
+    if order == ">" and int(name[1:]) > 1:
+        raise ValueError("dtype %r is big-endian: CUDA memory is "
+                         "little-endian" % (dtype,))
+    size = int(name[1:])
+    return ("|" if size == 1 else "<") + name
+
+
+def _dlpack_device(memory, device):
+    if memory == Memory.HOST_PINNED:
+        return (_kDLCUDAHost, 0)
+    return (_kDLCUDAManaged if memory == Memory.MANAGED else _kDLCUDA,
+            device)
+
+
+def _extent(shape, strides, itemsize):
+    """[lo, hi): the bytes that elements reach from the first one."""
+    if any(n == 0 for n in shape):
+        return 0, 0
+    lo = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+    hi = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0)
+    return lo, hi + itemsize
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _consumer_stream(ctx, stream):
+    """A cusafe Stream for a stream of the DLPack / CAI conventions: None
+    or 1 the legacy default stream, 2 the per-thread one, another int a
+    cudaStream_t; a cusafe Stream is returned as it is.  The caller closes
+    what it did not pass in (second value True)."""
+    if isinstance(stream, Stream):
+        return stream, False
+    if stream is None:
+        stream = 1
+    return Stream.wrap(stream, ctx), True
+
+
+class _PyAPI:
+    """Python's capsule functions through ctypes, and names whose storage
+    lives as long as the process (a capsule keeps a pointer to its name,
+    and may outlive this module at interpreter exit)."""
+
+    def __init__(self):
+        api = ctypes.pythonapi
+        self.new = api.PyCapsule_New
+        self.new.restype = ctypes.py_object
+        self.new.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p]
+        self.is_valid = api.PyCapsule_IsValid
+        self.is_valid.restype = ctypes.c_int
+        self.is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        self.get_pointer = api.PyCapsule_GetPointer
+        self.get_pointer.restype = ctypes.c_void_p
+        self.get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        self.set_name = api.PyCapsule_SetName
+        self.set_name.restype = ctypes.c_int
+        self.set_name.argtypes = [ctypes.py_object, ctypes.c_void_p]
+        self.incref = api.Py_IncRef
+        self.incref.restype = None
+        self.incref.argtypes = [ctypes.py_object]
+        libc = ctypes.CDLL(None)
+        libc.strdup.restype = ctypes.c_void_p
+        libc.strdup.argtypes = [ctypes.c_char_p]
+        self.names = {n: libc.strdup(n) for n in (
+            b"dltensor", b"dltensor_versioned", b"used_dltensor",
+            b"used_dltensor_versioned")}
+
+
+_pyapi = None
+
+
+def _python_api():
+    global _pyapi
+    if _pyapi is None:
+        _pyapi = _PyAPI()
+    return _pyapi
+
+
+def _function_address(name):
+    """The address of a function of the library, for C callbacks."""
+    lib = library()
+    try:
+        return ctypes.cast(lib.cdll[name], ctypes.c_void_p).value
+    except AttributeError:
+        raise CusafeError(Status.NOT_SUPPORTED,
+                          "%s does not export %s (built without DLPack? "
+                          "./configure reports it)" % (lib.path, name), 0)
+
+
+def _release_array(use_buffers, release, buf, stream, handles):
+    """An Array's finalizer: its memory is freed only after the work queued
+    on its stream so far.  It calls ctypes functions bound beforehand only
+    (no module global), so that it also runs while the interpreter shuts
+    down; their failures (after shutdown: a no-op) are ignored."""
+    use_buffers(stream, handles, 1)
+    use_buffers(0, handles, 1)  # nothing of cusafe's touches stream later
+    release(buf)
+    release(stream)
+
+
+class Array:
+    """A typed, shaped window on a Buffer (Buffer.as_array), for other
+    libraries: it implements the DLPack protocol (__dlpack__,
+    __dlpack_device__) and the CUDA Array Interface, version 3.
+
+    Ownership.  The Array holds a reference on the buffer and on its
+    stream: the memory stays valid while the Array lives, and each DLPack
+    tensor made from it holds references of its own until its deleter
+    runs.  When the Array is closed (close(), `with`, the garbage
+    collector), the buffer is recorded as used on its stream first, so
+    that its memory is freed only after the work queued there by then --
+    such as a consumer's kernels on that stream.  Once its CUDA Array
+    Interface has been read, close() leaves that to the garbage collector:
+    consumers of the interface (CuPy, Numba, PyTorch) keep the Array object
+    as the owner of the memory.  Work a consumer queues on other streams it
+    must synchronise itself before dropping the Array, as every producer of
+    these protocols asks.  A stream given to as_array() must outlive the
+    Array."""
+
+    # _lent: the CUDA Array Interface was read, so a consumer may hold this
+    # object; close() then leaves the references to the garbage collector.
+    __slots__ = ("_buffer", "_stream", "_dtype", "_shape", "_strides",
+                 "_offset", "_ptr", "_finalizer", "_lent", "_closed",
+                 "__weakref__")
+
+    def __init__(self, buffer, dtype="u1", shape=None, strides=None,
+                 offset=0, stream=None):
+        typestr = _typestr(dtype)
+        itemsize = int(typestr[2:])
+        size = buffer.size
+        if not isinstance(offset, int) or not 0 <= offset <= size:
+            raise ValueError("offset %r is outside the buffer of %d bytes"
+                             % (offset, size))
+        if shape is None:
+            shape = ((size - offset) // itemsize,)
+        elif isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(n) for n in shape)
+        if len(shape) > 64 or any(n < 0 for n in shape):
+            raise ValueError("shape %r: at most 64 dimensions of sizes 0 or "
+                             "more" % (shape,))
+        if strides is None:
+            strides = _c_strides(shape, itemsize)
+            contiguous = True
+        else:
+            strides = tuple(int(s) for s in strides)
+            if len(strides) != len(shape):
+                raise ValueError("%d strides for %d dimensions"
+                                 % (len(strides), len(shape)))
+            if any(s % itemsize for s in strides):
+                raise ValueError("strides %r are not multiples of the "
+                                 "element size %d" % (strides, itemsize))
+            contiguous = strides == _c_strides(shape, itemsize)
+        lo, hi = _extent(shape, strides, itemsize)
+        if offset + lo < 0 or offset + hi > size:
+            raise ValueError("array of bytes [%d, %d) at offset %d exceeds "
+                             "buffer of %d bytes" % (lo, hi, offset, size))
+        ptr = buffer.interop_pointer() + offset if hi > lo else 0
+        ctx = buffer.context
+        try:
+            st, own = _consumer_stream(ctx, stream)
+        finally:
+            ctx.close()
+        lib = library()
+        h = buffer.handle
+        try:
+            if own:
+                sh = st.detach()  # the wrapper's reference is the Array's
+            else:
+                _call("cusafe_stream_retain", st.handle)
+                sh = st.handle
+        except BaseException:
+            if own:
+                st.close()
+            raise
+        try:
+            _call("cusafe_buffer_retain", h)
+        except BaseException:
+            lib.fn.cusafe_release(sh)
+            raise
+        self._buffer = h
+        self._stream = sh
+        self._dtype = typestr
+        self._shape = shape
+        self._strides = None if contiguous else strides
+        self._offset = offset
+        self._ptr = ptr
+        self._lent = self._closed = False
+        self._finalizer = weakref.finalize(
+            self, _release_array, lib.fn.cusafe_stream_use_buffers,
+            lib.fn.cusafe_release, h, sh, (c_handle * 1)(h))
+        self._finalizer.atexit = False
+
+    @property
+    def dtype(self):
+        """The element type as a CAI type string ("<f4")."""
+        return self._dtype
+
+    @property
+    def shape(self):
+        return self._shape
+
+    @property
+    def strides(self):
+        """Strides in bytes, or None for C order."""
+        return self._strides
+
+    @property
+    def closed(self):
+        return self._closed or not self._finalizer.alive
+
+    def _open(self):
+        if self.closed:
+            raise ValueError("this cusafe.Array is closed")
+
+    def close(self):
+        """Releases the Array's references (after recording the buffer as
+        used on its stream), unless its CUDA Array Interface was read: a
+        consumer may hold this object, so the garbage collector releases
+        them once nobody does.  The Array is unusable afterwards either way;
+        closing twice is a no-op."""
+        self._closed = True
+        if not self._lent:
+            self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<cusafe.Array closed>"
+        return "<cusafe.Array %s %s of buffer 0x%016x>" % (
+            self._dtype, self._shape, self._buffer)
+
+    def _order(self):
+        """Orders the Array's stream after the work queued on the buffer."""
+        handles = (c_handle * 1)(self._buffer)
+        _call("cusafe_stream_use_buffers", self._stream, handles, 1)
+
+    @property
+    def __cuda_array_interface__(self):
+        """The CUDA Array Interface, version 3.  Reading it orders the
+        Array's stream after the buffer's queued work; `stream` names that
+        stream, for the consumer to order its own work after (1: the
+        legacy default stream)."""
+        self._open()
+        self._order()
+        self._lent = True
+        raw = ctypes.c_void_p()
+        _call("cusafe_stream_interop_handle", ctypes.byref(raw),
+              self._stream)
+        return {
+            "shape": self._shape,
+            "typestr": self._dtype,
+            "data": (self._ptr, False),
+            "strides": self._strides,
+            "version": 3,
+            "stream": raw.value or 1,
+        }
+
+    def __dlpack_device__(self):
+        self._open()
+        mem, dev = c_enum(0), ctypes.c_int(0)
+        _call("cusafe_buffer_get_memory", ctypes.byref(mem), self._buffer)
+        ctx = c_handle(0)
+        _call("cusafe_buffer_get_context", ctypes.byref(ctx), self._buffer)
+        try:
+            _call("cusafe_context_get_device", ctypes.byref(dev), ctx.value)
+        finally:
+            library().fn.cusafe_context_release(ctx.value)
+        return _dlpack_device(Memory(mem.value), dev.value)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """A DLPack capsule of the Array (zero-copy): "dltensor_versioned"
+        (DLPack 1.x) when the consumer's max_version is (1, 0) or newer,
+        else the legacy "dltensor".  `stream`: the consumer's stream, as
+        DLPack says (None or 1: the legacy default stream, 2: the
+        per-thread one, another int: a cudaStream_t, -1: none); it is made
+        to wait for the buffer's queued work, and the buffer's memory is
+        freed only after the work queued there before the tensor's deleter
+        ran.  The consumer's stream must outlive the tensor.  Raises
+        BufferError for copy=True (cusafe never copies here) or another
+        dl_device."""
+        self._open()
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError("the array is on DLPack device %r, not %r"
+                              % (device, tuple(dl_device)))
+        if copy:
+            raise BufferError("cusafe exports without a copy; copy=True is "
+                              "not supported")
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
+        name = b"dltensor_versioned" if versioned else b"dltensor"
+        fn = "cusafe_buffer_to_dlpack" + ("" if versioned else "_legacy")
+        destructor = _function_address("cusafe_dlpack_capsule_destructor")
+        api = _python_api()
+        itemsize = int(self._dtype[2:])
+        kind = self._dtype[1]
+        dt = _DLDataType(_DL_CODES[kind], 8 * itemsize, 1)
+        ndim = len(self._shape)
+        shape = (ctypes.c_int64 * max(ndim, 1))(*self._shape)
+        strides = None
+        if self._strides is not None:
+            strides = (ctypes.c_int64 * ndim)(
+                *[s // itemsize for s in self._strides])
+        consumer = None
+        if stream != -1:
+            ctx = c_handle(0)
+            _call("cusafe_buffer_get_context", ctypes.byref(ctx),
+                  self._buffer)
+            consumer = Stream.wrap(1 if stream is None else stream,
+                                   Context._adopt(ctx.value))
+        out = ctypes.c_void_p()
+        try:
+            _call(fn, ctypes.byref(out), self._buffer, self._offset, dt, ndim,
+                  shape, strides, consumer.handle if consumer else 0)
+        finally:
+            if consumer is not None:
+                consumer.close()
+        try:
+            return api.new(out, api.names[name], destructor)
+        except BaseException:
+            _delete_tensor(out.value, versioned)
+            raise
+
+
+def _delete_tensor(address, versioned):
+    """Calls the deleter of a tensor that no capsule holds, through a
+    capsule of its own (whose destructor finds the deleter in C)."""
+    api = _python_api()
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    capsule = api.new(address, api.names[name],
+                      _function_address("cusafe_dlpack_capsule_destructor"))
+    del capsule  # its destructor deletes the unconsumed tensor
+
+
+def from_dlpack(obj, ctx=None, stream=None):
+    """A Buffer over the memory of another library's array, through DLPack
+    (obj.__dlpack__), zero-copy: CuPy and PyTorch arrays, JAX arrays,
+    anything with __dlpack__.  The producer is asked for DLPack 1.x
+    (max_version (1, 0)), else the legacy tensor; its deleter, which keeps
+    the producer's memory alive, runs once, when the buffer's last
+    reference and queued work are gone (or in the ordered shutdown).
+    `stream`: the cusafe Stream (or a stream Stream.wrap takes) where the
+    memory will be used; None: the device's legacy default stream.  The
+    producer orders it after its own work, and cusafe's later work on the
+    buffer, on any stream, is ordered after it.  `ctx`: the context of the
+    array's device (default: made for it).  Raises BufferError (from the
+    producer) or CusafeError (memory that is not CUDA memory of ctx's
+    device, a read-only tensor)."""
+    dev_type, dev_id = obj.__dlpack_device__()
+    if ctx is None:
+        ctx = Context(dev_id if dev_type != _kDLCUDAHost else 0)
+    st, own = _consumer_stream(ctx, stream)
+    try:
+        raw = st.interop_handle() or 1
+        try:
+            capsule = obj.__dlpack__(stream=raw, max_version=(1, 0))
+        except TypeError:  # a producer older than DLPack 1.0
+            capsule = obj.__dlpack__(stream=raw)
+        api = _python_api()
+        versioned = bool(api.is_valid(capsule, b"dltensor_versioned"))
+        name = b"dltensor_versioned" if versioned else b"dltensor"
+        if not versioned and not api.is_valid(capsule, name):
+            raise BufferError("%s.__dlpack__ returned no DLPack capsule (or "
+                              "one already used)" % type(obj).__name__)
+        tensor = api.get_pointer(capsule, name)
+        h = c_handle(0)
+        _call("cusafe_buffer_from_dlpack" + ("" if versioned else "_legacy"),
+              ctypes.byref(h), ctx.handle, tensor)
+        # cusafe owns the tensor now: the capsule must not delete it.
+        api.set_name(capsule, api.names[b"used_" + name])
+        buf = Buffer._adopt(h.value)
+        st.use_buffers(buf)
+        return buf
+    finally:
+        if own:
+            st.close()
+
+
+def _from_cai(obj, ctx, stream):
+    """Buffer.wrap of an object with __cuda_array_interface__ only."""
+    cai = obj.__cuda_array_interface__
+    if not isinstance(cai, dict) or cai.get("version", 0) < 0:
+        raise TypeError("%s.__cuda_array_interface__ is not a dict"
+                        % type(obj).__name__)
+    if cai.get("mask") is not None:
+        raise ValueError("masked arrays are not supported")
+    shape = tuple(cai["shape"])
+    typestr = cai["typestr"]
+    itemsize = int(typestr[2:])
+    ptr, readonly = cai["data"]
+    if readonly:
+        raise ValueError("the array is read-only; cusafe buffers are "
+                         "writable")
+    strides = cai.get("strides") or _c_strides(shape, itemsize)
+    lo, hi = _extent(shape, strides, itemsize)
+    if ctx is None:
+        ctx = Context(_device_of(obj))
+    st, own = _consumer_stream(ctx, stream)
+    lib = library()
+    release = _function_address("cusafe_python_release")
+    api = _python_api()
+    try:
+        producer = cai.get("stream")
+        start = ptr + lo if hi > lo else None
+        h = c_handle(0)
+        status = None
+        for kind in (Memory.DEVICE, Memory.MANAGED, Memory.HOST_PINNED):
+            status = lib.fn.cusafe_buffer_wrap(
+                ctypes.byref(h), ctx.handle, int(kind), start, hi - lo,
+                release, id(obj))
+            if status != Status.INVALID_VALUE or not start:
+                break
+        lib.check(status)
+        # The buffer holds obj from now on; cusafe_python_release drops it.
+        api.incref(obj)
+        buf = Buffer._adopt(h.value)
+        if producer is not None:  # CAI v3: order after the producer's work
+            with Stream.wrap(producer, ctx) as ps:
+                ps.use_buffers(buf)
+        st.use_buffers(buf)
+        return buf
+    finally:
+        if own:
+            st.close()

@@ -1,0 +1,380 @@
+"""Kernels and their launches: typed scalar arguments, argument packing,
+prepared launches."""
+
+import ctypes
+import struct
+
+from ._capi import Arg, ArgKind, LaunchConfig, _call, c_status, library
+from ._objects import Buffer, _Object, _stream_handle
+
+# Typed kernel arguments.  A plain int is passed as I64 and a float as F64;
+# wrap a value to pass another type: kernel.launch(g, b, buf, F32(2.0), n).
+class _Scalar:
+    __slots__ = ("value",)
+    kind = None
+    field = None
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return "%s(%r)" % (type(self).__name__, self.value)
+
+
+def _scalar(kind, field, lo=None, hi=None):
+    def check(self):
+        v = self.value
+        if lo is not None and not lo <= v <= hi:
+            raise OverflowError("%r does not fit %s" % (v, kind.name))
+        if field == "f32":  # finite, but rounds to infinity
+            try:
+                struct.pack("<f", v)
+            except OverflowError:
+                raise OverflowError("%r does not fit %s"
+                                    % (v, kind.name)) from None
+    cls = type(kind.name, (_Scalar,), {"__slots__": (), "kind": kind,
+                                      "field": field, "_check": check})
+    cls.__doc__ = "A kernel argument of type %s." % kind.name
+    return cls
+
+
+I8 = _scalar(ArgKind.I8, "i", -2**7, 2**7 - 1)
+U8 = _scalar(ArgKind.U8, "u", 0, 2**8 - 1)
+I16 = _scalar(ArgKind.I16, "i", -2**15, 2**15 - 1)
+U16 = _scalar(ArgKind.U16, "u", 0, 2**16 - 1)
+I32 = _scalar(ArgKind.I32, "i", -2**31, 2**31 - 1)
+U32 = _scalar(ArgKind.U32, "u", 0, 2**32 - 1)
+I64 = _scalar(ArgKind.I64, "i", -2**63, 2**63 - 1)
+U64 = _scalar(ArgKind.U64, "u", 0, 2**64 - 1)
+F32 = _scalar(ArgKind.F32, "f32")
+F64 = _scalar(ArgKind.F64, "f64")
+
+
+class Bytes:
+    """A kernel argument passed by value as raw bytes (a struct): any
+    object with the buffer protocol, such as a ctypes.Structure."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = bytes(memoryview(data).cast("B"))
+
+
+def _dims(v, what):
+    if isinstance(v, int):
+        v = (v,)
+    v = tuple(v)
+    if not 1 <= len(v) <= 3:
+        raise ValueError("%s must be an int or 1 to 3 ints" % what)
+    return v + (1,) * (3 - len(v))
+
+
+_I64_MIN, _I64_MAX = -2**63, 2**63 - 1
+
+
+_configs = {}
+
+
+def _launch_config(grid, block, shared, stream):
+    """A LaunchConfig, shared between the launches with the same shape:
+    the library reads it during the call only, and nobody writes it."""
+    key = (grid, block, shared, stream)
+    try:
+        return _configs[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable grid (a list)
+        pass
+    config = LaunchConfig(_dims(grid, "grid"), _dims(block, "block"), shared,
+                          _stream_handle(stream))
+    if len(_configs) < 256 and stream is None:
+        try:
+            _configs[key] = config
+        except TypeError:
+            pass
+    return config
+
+
+_VALUE_FORMAT = {"i": "q", "u": "Q", "f32": "f4x", "f64": "d"}
+_K_BUFFER, _K_I64, _K_F64, _K_BYTES = 1, 8, 11, 12
+_formats = {}
+
+
+def _pack_args(args, stream=None):
+    """The cusafe_arg array of `args`, packed by one struct call, and what
+    must stay alive with it (the bytes of Bytes arguments, the Buffers that
+    wrap other libraries' arrays; `stream` is the launch's)."""
+    n = len(args)
+    fmt = "<"
+    values = []
+    keep = None
+    for a in args:
+        t = type(a)
+        if t is Buffer:
+            fmt += "IIQ"
+            values += (_K_BUFFER, 0, a.handle)
+        elif t is int:
+            if not _I64_MIN <= a <= _I64_MAX:
+                raise OverflowError("%r does not fit I64" % (a,))
+            fmt += "IIq"
+            values += (_K_I64, 0, a)
+        elif t is float:
+            fmt += "IId"
+            values += (_K_F64, 0, a)
+        else:
+            f, v, k = _pack_other(a, len(values) // 3, stream)
+            fmt += f
+            values += v
+            if k is not None:
+                keep = (keep or []) + [k]
+    pack = _formats.get(fmt)
+    if pack is None:
+        pack = _formats[fmt] = struct.Struct(fmt).pack
+    if not n:
+        return (Arg * 1)(), keep
+    return (Arg * n).from_buffer_copy(pack(*values)), keep
+
+
+def _pack_other(a, i, stream=None):
+    if isinstance(a, Buffer):
+        return "IIQ", (_K_BUFFER, 0, a.handle), None
+    if hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack__"):
+        # Another library's array (or a cusafe Array): wrapped for this
+        # launch, whose queued work then keeps it alive.
+        buf = Buffer.wrap(a, stream=stream)
+        return "IIQ", (_K_BUFFER, 0, buf.handle), buf
+    if isinstance(a, _Scalar):
+        a._check()
+        return "II" + _VALUE_FORMAT[a.field], (int(a.kind), 0, a.value), None
+    if isinstance(a, Bytes):
+        return "IIQ", (_K_BYTES, len(a.data),
+                       ctypes.cast(ctypes.c_char_p(a.data),
+                                   ctypes.c_void_p).value), a.data
+    if isinstance(a, bool):
+        raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
+    if isinstance(a, int):
+        I64(a)._check()
+        return "IIq", (_K_I64, 0, int(a)), None
+    if isinstance(a, float):
+        return "IId", (_K_F64, 0, float(a)), None
+    raise TypeError("argument %d: cannot pass %s to a kernel"
+                    % (i, type(a).__name__))
+
+
+def _kernel_launch(*args):
+    # Bound to the ctypes function at the first launch.
+    global _kernel_launch
+    _kernel_launch = library().fn.cusafe_kernel_launch
+    return _kernel_launch(*args)
+
+
+def _launch_packed(*args):
+    """cusafe_kernel_launch(handle, config, packed arguments, n) for
+    Kernel.launch's fast path: a function object of its own with no
+    argtypes, called with ready ctypes values and a bytes object (passed
+    as its address), so that ctypes converts nothing."""
+    global _launch_packed
+    fn = library().cdll["cusafe_kernel_launch"]
+    fn.restype = c_status
+    _launch_packed = fn
+    return fn(*args)
+
+
+# (grid, block, shared) -> (LaunchConfig, a c_void_p of its address), for
+# the default stream only; never removed, so the addresses stay valid.
+_fast_configs = {}
+# Argument counts as size_t values, made once.
+_SIZES = tuple(ctypes.c_size_t(n) for n in range(64))
+
+# The struct format of each typed scalar's value in the cusafe_arg union:
+# its own width, padded to 8 bytes (so struct checks the range).
+_SCALAR_FORMATS = {"I8": "b7x", "U8": "B7x", "I16": "h6x", "U16": "H6x",
+                   "I32": "i4x", "U32": "I4x", "I64": "q", "U64": "Q",
+                   "F32": "f4x", "F64": "d"}
+
+
+def _make_packer(types):
+    """A function that packs arguments of exactly these types into the bytes
+    of a cusafe_arg array, returning None for arguments of other types; or
+    None when a type needs the general path.  Generated per signature, so
+    that a launch runs one struct call and no loop."""
+    fmt, fields = "<", []
+    for i, t in enumerate(types):
+        # Each cusafe_arg: kind and size (0) as one little-endian 64-bit
+        # constant, then the value.
+        if t is Buffer:
+            fmt += "QQ"
+            fields.append("%d, a%d._live" % (_K_BUFFER, i))
+        elif t is int:
+            fmt += "Qq"
+            fields.append("%d, a%d" % (_K_I64, i))
+        elif t is float:
+            fmt += "Qd"
+            fields.append("%d, a%d" % (_K_F64, i))
+        elif isinstance(t, type) and issubclass(t, _Scalar) and \
+                t.__name__ in _SCALAR_FORMATS and \
+                t is globals().get(t.__name__):
+            fmt += "Q" + _SCALAR_FORMATS[t.__name__]
+            fields.append("%d, a%d.value" % (int(t.kind), i))
+        else:
+            return None
+    names = "".join("a%d, " % i for i in range(len(types)))
+    guard = " or ".join("type(a%d) is not _t%d" % (i, i)
+                        for i in range(len(types)))
+    src = "def pack(args):\n"
+    if types:
+        src += "    (%s) = args\n" % names
+        src += "    if %s:\n        return None\n" % guard
+    else:
+        src += "    if args:\n        return None\n"
+    src += "    return _pack(%s)\n" % ", ".join(fields)
+    env = {"_pack": struct.Struct(fmt).pack}
+    env.update(("_t%d" % i, t) for i, t in enumerate(types))
+    exec(src, env)
+    return env["pack"]
+
+
+def _no_packer(args):
+    return None
+
+
+class PreparedLaunch:
+    """A kernel launch with its configuration and arguments converted once
+    (Kernel.prepare); calling it launches again, raising CusafeError on a
+    failure.  It keeps the kernel and the argument objects alive."""
+
+    __slots__ = ("_fn", "_argv", "_keep")
+
+    def __init__(self, kernel, config, args, stream=None):
+        # A function object of its own with no argtypes, called with ctypes
+        # values made once: ctypes then converts nothing per call.  The
+        # values have the exact C types of cusafe_kernel_launch.
+        self._fn = library().cdll["cusafe_kernel_launch"]
+        self._fn.restype = ctypes.c_int
+        cargs, keep = _pack_args(args, stream)
+        self._argv = (ctypes.c_uint64(kernel.handle),
+                      ctypes.c_void_p(ctypes.addressof(config)), cargs,
+                      ctypes.c_size_t(len(args)))
+        self._keep = (kernel, config, args, keep)
+
+    def __call__(self):
+        st = self._fn(*self._argv)
+        if st:
+            library().check(st)
+
+
+class Kernel(_Object):
+    """A kernel of a module (Module.kernel)."""
+
+    # _c_live: _live as a ready ctypes value, for the fast launch path.
+    __slots__ = ("_name", "_pack", "_c_live")
+    _release_name = "cusafe_kernel_release"
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Module.kernel(name)")
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def params(self):
+        """The sizes in bytes of the kernel's parameters, as a list."""
+        count = ctypes.c_size_t(0)
+        _call("cusafe_kernel_get_params", ctypes.byref(count), None, 0,
+              self.handle)
+        sizes = (ctypes.c_size_t * max(count.value, 1))()
+        _call("cusafe_kernel_get_params", ctypes.byref(count), sizes,
+              count.value, self.handle)
+        return list(sizes[:count.value])
+
+    def suggest_config(self, n, shared=0):
+        """(grid, block) that covers n threads with the best occupancy."""
+        block, grid = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        _call("cusafe_kernel_suggest_config", ctypes.byref(block),
+              ctypes.byref(grid), self.handle, shared, n)
+        return grid.value, block.value
+
+    def launch(self, grid, block, *args, shared=0, stream=None):
+        """Launches the kernel: grid and block are ints or tuples of up to
+        3 ints; args are Buffers (passed as their device address), arrays
+        of other libraries (objects with __dlpack__ or
+        __cuda_array_interface__: CuPy, PyTorch, a cusafe Array), wrapped
+        for the launch (Buffer.wrap) and passed as the address of their
+        lowest byte (their first element, unless a stride is negative),
+        whose memory stays alive until the kernel has completed, ints
+        (I64), floats (F64), typed values (I32(...), F32(...), ...) or
+        Bytes(...).  Ordered on `stream` (None: the context's default);
+        the buffers stay alive until the kernel has completed.  A closed
+        Kernel or Buffer raises ValueError.
+
+        Launches on the default stream whose arguments have the types of
+        the kernel's previous launch take a fast path: one generated
+        struct call packs the arguments, one ctypes call launches."""
+        if stream is None:
+            try:
+                packed = self._pack(args)
+                config = _fast_configs[grid, block, shared][1]
+                n = _SIZES[len(args)]
+            except Exception:  # a new signature, shape, or a bad value
+                packed = None
+            if packed is not None:
+                st = _launch_packed(self._c_live, config, packed, n)
+                if st:
+                    self._failed(st, args)
+                return
+        self._launch_general(grid, block, args, shared, stream)
+
+    def _launch_general(self, grid, block, args, shared, stream):
+        """Kernel.launch with every check of the binding; prepares the fast
+        path for the next launch of the same shape."""
+        config = _launch_config(grid, block, shared, stream)
+        cargs, _keep = _pack_args(args, stream)
+        st = _kernel_launch(self.handle, ctypes.byref(config), cargs,
+                            len(args))
+        if st:
+            library().check(st)
+        if stream is None:
+            key = (grid, block, shared)
+            try:
+                if key not in _fast_configs and len(_fast_configs) < 256:
+                    fast = _launch_config(grid, block, shared, None)
+                    _fast_configs[key] = (
+                        fast, ctypes.c_void_p(ctypes.addressof(fast)))
+            except TypeError:  # an unhashable grid or block (a list)
+                pass
+            self._pack = _make_packer(tuple(map(type, args))) or _no_packer
+
+    def close(self):
+        self._c_live.value = 0
+        _Object.close(self)
+
+    def detach(self):
+        handle = _Object.detach(self)
+        self._c_live.value = 0
+        return handle
+
+    def _failed(self, status, args):
+        """Raises for a failed fast launch: ValueError for a closed object
+        (whose handle the fast path passed as 0), else the library's
+        error."""
+        if self.closed:
+            raise ValueError("this cusafe.Kernel is closed")
+        for a in args:
+            if type(a) is Buffer and a.closed:
+                raise ValueError("this cusafe.Buffer is closed")
+        library().check(status)
+
+    def prepare(self, grid, block, *args, shared=0, stream=None):
+        """A PreparedLaunch: this launch with its configuration and
+        arguments converted once, to be run many times for the cost of one
+        ctypes call.  The handles are read now: a Buffer closed later makes
+        the launch fail with INVALID_HANDLE (the library checks every
+        handle), never use freed memory.  Arrays of other libraries are
+        wrapped now, once: their memory lives as long as the prepared
+        launch, and the producer's work is waited for at this call only."""
+        return PreparedLaunch(self, _launch_config(grid, block, shared,
+                                                   stream), args, stream)
+
+    __call__ = launch
+
+    def _describe(self):
+        return self._name

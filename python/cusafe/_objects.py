@@ -1,0 +1,668 @@
+"""The objects of the binding: Context, Stream, Event, Buffer, Module,
+each owning one reference on a library handle."""
+
+import ctypes
+import os
+import weakref
+
+from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
+                    STREAM_NON_BLOCKING, Memory, Status, _call, c_enum,
+                    c_handle, device_properties, library)
+
+# --------------------------------------------------------------------------
+# Objects
+# --------------------------------------------------------------------------
+
+
+class _Object:
+    """An owned reference on one library handle."""
+
+    # _live is the handle while the object is open and 0 once it is
+    # closed, for fast paths that must not call the `handle` property.
+    __slots__ = ("_handle", "_live", "_finalizer", "__weakref__")
+    _release_name = "cusafe_release"
+
+    def __init__(self):
+        raise TypeError("cusafe.%s objects are made by their own "
+                        "constructors or methods" % type(self).__name__)
+
+    def _own(self, handle):
+        lib = library()
+        self._handle = self._live = handle
+        # The release function is bound now, not looked up at release
+        # time, so that it still works while the interpreter shuts down
+        # and module globals are gone.  It is a raw ctypes function (no
+        # Python code runs in it) that ignores its status: after shutdown
+        # or in a forked child a release is a no-op anyway.
+        self._finalizer = weakref.finalize(
+            self, getattr(lib.fn, self._release_name), handle)
+        # At interpreter exit the library's own exit handler destroys what
+        # is still alive, in dependency order; releasing from Python's exit
+        # hooks could pull objects from under daemon threads still using
+        # them.
+        self._finalizer.atexit = False
+
+    @classmethod
+    def _adopt(cls, handle):
+        """An object owning `handle`, a reference the caller hands over."""
+        obj = object.__new__(cls)
+        obj._own(handle)
+        return obj
+
+    @property
+    def handle(self):
+        """The handle, an int.  Raises ValueError once closed."""
+        if not self._finalizer.alive:
+            raise ValueError("this cusafe.%s is closed" % type(self).__name__)
+        return self._handle
+
+    @property
+    def closed(self):
+        return not self._finalizer.alive
+
+    def close(self):
+        """Releases the reference now; closing twice is a no-op."""
+        lib = library()
+        self._live = 0
+        status = self._finalizer()
+        if status:  # None when already closed
+            lib.check(status)
+
+    def set_label(self, label):
+        """Attaches a label (where or why the object was made) that the
+        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it."""
+        _call("cusafe_handle_set_label", self.handle,
+              None if label is None else _encode(label))
+        return self
+
+    def detach(self):
+        """Gives up ownership: returns the handle, which the caller must
+        release (release_handle()); the object is closed."""
+        handle = self.handle
+        self._finalizer.detach()
+        self._live = 0
+        return handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _describe(self):
+        return ""
+
+    def __repr__(self):
+        name = type(self).__name__
+        if self.closed:
+            return "<cusafe.%s closed>" % name
+        extra = self._describe()
+        return "<cusafe.%s 0x%016x%s>" % (name, self._handle,
+                                          " " + extra if extra else "")
+
+    def __eq__(self, other):
+        return type(other) is type(self) and not self.closed and \
+            not other.closed and other._handle == self._handle
+
+    def __hash__(self):
+        return hash((type(self), self._handle))
+
+
+def _raw_stream(stream):
+    """The cudaStream_t (an int) of a stream object of another library."""
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        version, raw = proto() if callable(proto) else proto
+        if version != 0:
+            raise TypeError("__cuda_stream__ of version %r: cusafe reads "
+                            "version 0" % (version,))
+        return int(raw)
+    for name in ("cuda_stream", "ptr"):
+        raw = getattr(stream, name, None)
+        if isinstance(raw, int):
+            return raw
+    raise TypeError("%s is not a CUDA stream: expected an int (a "
+                    "cudaStream_t), or an object with __cuda_stream__, "
+                    "cuda_stream or ptr" % type(stream).__name__)
+
+
+def _device_of(obj, default=0):
+    """The device ordinal that an object of another library names."""
+    dev = getattr(obj, "device", None)
+    index = getattr(dev, "index", None)  # torch.device
+    if isinstance(index, int):
+        return index
+    if isinstance(dev, int) and not isinstance(dev, bool):
+        return dev
+    for dev_id in (getattr(dev, "device_id", None),
+                   getattr(dev, "id", None),  # cupy.cuda.Device
+                   getattr(obj, "device_id", None)):
+        if isinstance(dev_id, int) and not isinstance(dev_id, bool):
+            return dev_id
+    return default
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return 0
+    if isinstance(stream, Stream):
+        return stream.handle
+    raise TypeError("stream must be a cusafe.Stream or None, not %s"
+                    % type(stream).__name__)
+
+
+class Context(_Object):
+    """A device's context (cusafe_context_create): one per device, shared
+    with the CUDA runtime and other libraries; each Context object holds
+    one reference."""
+
+    __slots__ = ("_device",)
+    _release_name = "cusafe_context_release"
+
+    def __init__(self, device=0):
+        h = c_handle(0)
+        _call("cusafe_context_create", ctypes.byref(h), device)
+        self._device = device
+        self._own(h.value)
+
+    @classmethod
+    def _adopt(cls, handle):
+        obj = super()._adopt(handle)
+        d = ctypes.c_int(0)
+        _call("cusafe_context_get_device", ctypes.byref(d), handle)
+        obj._device = d.value
+        return obj
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def properties(self):
+        return device_properties(self._device)
+
+    def synchronize(self):
+        """Waits for all work on the device."""
+        _call("cusafe_context_synchronize", self.handle)
+
+    def stream_priority_range(self):
+        """(least, greatest) stream priority of the device."""
+        least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+        _call("cusafe_context_stream_priority_range", ctypes.byref(least),
+              ctypes.byref(greatest), self.handle)
+        return least.value, greatest.value
+
+    # Factories, for convenience.
+    def stream(self, non_blocking=False, priority=0):
+        return Stream(self, non_blocking=non_blocking, priority=priority)
+
+    def event(self, timing=True, blocking_sync=False):
+        return Event(self, timing=timing, blocking_sync=blocking_sync)
+
+    def alloc(self, size, memory=Memory.DEVICE):
+        return Buffer(self, size, memory)
+
+    def load_builtin(self):
+        return Module.builtin(self)
+
+    def compile(self, source, name=None, options=()):
+        return Module.compile(self, source, name, options)
+
+    def _describe(self):
+        return "device %d" % self._device
+
+
+class Stream(_Object):
+    """A CUDA stream of a context (cusafe_stream_create)."""
+
+    __slots__ = ()
+    _release_name = "cusafe_stream_release"
+
+    def __init__(self, ctx, non_blocking=False, priority=0, flags=None):
+        if flags is None:
+            flags = STREAM_NON_BLOCKING if non_blocking else 0
+        h = c_handle(0)
+        _call("cusafe_stream_create", ctypes.byref(h), ctx.handle, flags,
+              priority)
+        self._own(h.value)
+
+    def synchronize(self):
+        _call("cusafe_stream_synchronize", self.handle)
+
+    def query(self):
+        """True if all queued work has completed."""
+        lib = library()
+        st = lib.fn.cusafe_stream_query(self.handle)
+        if st == Status.NOT_READY:
+            return False
+        lib.check(st)
+        return True
+
+    def wait_event(self, event):
+        """Makes later work on the stream wait for the event's last record."""
+        _call("cusafe_stream_wait_event", self.handle, event.handle)
+
+    @property
+    def context(self):
+        h = c_handle(0)
+        _call("cusafe_stream_get_context", ctypes.byref(h), self.handle)
+        return Context._adopt(h.value)
+
+    def interop_handle(self):
+        """The cudaStream_t, as an int; cusafe keeps ownership."""
+        p = ctypes.c_void_p()
+        _call("cusafe_stream_interop_handle", ctypes.byref(p), self.handle)
+        return p.value or 0
+
+    @classmethod
+    def wrap(cls, stream, ctx=None):
+        """A stream of another library as a cusafe stream
+        (cusafe_stream_wrap): `stream` is a cudaStream_t as an int (0 for
+        the device's default stream), or an object of the CUDA stream
+        protocol (`__cuda_stream__`: cuda.core, CuPy 14, cusafe) or with a
+        `cuda_stream` (PyTorch) or `ptr` (CuPy) attribute.  `ctx`: the
+        context of its device; None: that of the device the object names
+        (`device`, `device_id`), else device 0 -- a stream of another
+        device raises CusafeError (CONTEXT_MISMATCH).  cusafe never
+        destroys the stream: its owner keeps it valid while this object,
+        and buffers last used on it, live."""
+        raw = _raw_stream(stream)
+        if ctx is None:
+            ctx = stream.context if isinstance(stream, Stream) \
+                else Context(_device_of(stream))
+        h = c_handle(0)
+        _call("cusafe_stream_wrap", ctypes.byref(h), ctx.handle,
+              ctypes.c_void_p(raw or None))
+        return cls._adopt(h.value)
+
+    def __cuda_stream__(self):
+        """The CUDA stream protocol: (0, the cudaStream_t as an int), for
+        cupy.cuda.Stream.from_external(), cuda.core and others, which must
+        not use it after this object is closed."""
+        return (0, self.interop_handle())
+
+    def use_buffers(self, *buffers):
+        """Records that work other code queues on this stream by address
+        uses `buffers` (cusafe_stream_use_buffers): call it before queueing
+        that work."""
+        arr = (c_handle * len(buffers))(*[b.handle for b in buffers])
+        _call("cusafe_stream_use_buffers", self.handle, arr, len(buffers))
+
+
+class Event(_Object):
+    """A CUDA event of a context (cusafe_event_create)."""
+
+    __slots__ = ()
+    _release_name = "cusafe_event_release"
+
+    def __init__(self, ctx, timing=True, blocking_sync=False, flags=None):
+        if flags is None:
+            flags = (0 if timing else EVENT_DISABLE_TIMING) | \
+                (EVENT_BLOCKING_SYNC if blocking_sync else 0)
+        h = c_handle(0)
+        _call("cusafe_event_create", ctypes.byref(h), ctx.handle, flags)
+        self._own(h.value)
+
+    def record(self, stream=None):
+        """Records the event on `stream` (None: the context's default)."""
+        _call("cusafe_event_record", self.handle, _stream_handle(stream))
+
+    def synchronize(self):
+        _call("cusafe_event_synchronize", self.handle)
+
+    def query(self):
+        """True if the work before the last record has completed."""
+        lib = library()
+        st = lib.fn.cusafe_event_query(self.handle)
+        if st == Status.NOT_READY:
+            return False
+        lib.check(st)
+        return True
+
+    def elapsed_ms(self, end):
+        """Milliseconds from this event to `end` (both recorded, done)."""
+        ms = ctypes.c_float(0)
+        _call("cusafe_event_elapsed_ms", ctypes.byref(ms), self.handle,
+              end.handle)
+        return ms.value
+
+
+class _HostMemory:
+    """The address and size of a host object with the buffer protocol
+    (bytes, bytearray, memoryview, array.array, numpy arrays, ...).  It
+    holds the export for as long as it lives."""
+
+    __slots__ = ("view", "array", "keep", "address", "nbytes")
+
+    def __init__(self, obj, writable):
+        view = obj if isinstance(obj, memoryview) else memoryview(obj)
+        if not view.c_contiguous:
+            raise ValueError("host memory must be C-contiguous")
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+        self.view = view
+        self.nbytes = view.nbytes
+        self.keep = None
+        self.array = None
+        if not view.readonly:
+            self.array = (ctypes.c_char * self.nbytes).from_buffer(view)
+            self.address = ctypes.addressof(self.array)
+        elif writable:
+            raise TypeError("cannot read into read-only memory (%s)"
+                            % type(obj).__name__)
+        elif isinstance(obj, bytes):
+            # ctypes passes a bytes object's own storage: no copy.
+            self.keep = obj
+            self.address = ctypes.cast(ctypes.c_char_p(obj),
+                                       ctypes.c_void_p).value
+        else:
+            self.keep = view.tobytes()
+            self.address = ctypes.cast(ctypes.c_char_p(self.keep),
+                                       ctypes.c_void_p).value
+
+    def release(self):
+        self.array = None
+        self.view.release()
+
+
+class Buffer(_Object):
+    """Device, pinned host or managed memory (cusafe_buffer_alloc), or a
+    view of a byte range of another buffer (Buffer.view)."""
+
+    # _cai: the Array behind __cuda_array_interface__, kept with the Buffer
+    # object, which is what a consumer of the interface holds.
+    __slots__ = ("_size", "_memory", "_cai")
+    _release_name = "cusafe_buffer_release"
+
+    def __init__(self, ctx, size, memory=Memory.DEVICE, stream=None):
+        """Allocates `size` bytes of `memory` in ctx; with a `stream`,
+        device memory ordered on that stream (cusafe_buffer_alloc_async)."""
+        h = c_handle(0)
+        if stream is not None:
+            if memory != Memory.DEVICE:
+                raise ValueError("stream-ordered allocation is for device "
+                                 "memory only")
+            _call("cusafe_buffer_alloc_async", ctypes.byref(h),
+                  _stream_handle(stream), size)
+        else:
+            _call("cusafe_buffer_alloc", ctypes.byref(h), ctx.handle,
+                  int(memory), size)
+        self._size = size
+        self._memory = Memory(memory)
+        self._own(h.value)
+
+    @classmethod
+    def _adopt(cls, handle):
+        obj = super()._adopt(handle)
+        size, mem = ctypes.c_size_t(0), c_enum(0)
+        _call("cusafe_buffer_get_size", ctypes.byref(size), handle)
+        _call("cusafe_buffer_get_memory", ctypes.byref(mem), handle)
+        obj._size = size.value
+        obj._memory = Memory(mem.value)
+        return obj
+
+    @classmethod
+    def from_host(cls, ctx, data, memory=Memory.DEVICE):
+        """A new buffer holding a copy of host data (any object with the
+        buffer protocol)."""
+        host = _HostMemory(data, writable=False)
+        try:
+            buf = cls(ctx, host.nbytes, memory)
+            try:
+                _call("cusafe_buffer_write", buf.handle, 0, host.address,
+                      host.nbytes)
+            except BaseException:
+                buf.close()
+                raise
+        finally:
+            host.release()
+        return buf
+
+    @property
+    def size(self):
+        return self._size
+
+    def __len__(self):
+        return self._size
+
+    @property
+    def memory(self):
+        return self._memory
+
+    @property
+    def context(self):
+        h = c_handle(0)
+        _call("cusafe_buffer_get_context", ctypes.byref(h), self.handle)
+        return Context._adopt(h.value)
+
+    def view(self, offset, size):
+        """A Buffer for bytes [offset, offset + size); it keeps this
+        buffer's memory alive."""
+        h = c_handle(0)
+        _call("cusafe_buffer_view", ctypes.byref(h), self.handle, offset,
+              size)
+        obj = object.__new__(Buffer)
+        obj._size = size
+        obj._memory = self._memory
+        obj._own(h.value)
+        return obj
+
+    def write(self, data, offset=0, stream=None):
+        """Copies host data (bytes, bytearray, memoryview, array.array,
+        numpy arrays, ...) into the buffer at `offset`.  Without a stream
+        it returns when the copy is complete; with one it is ordered on
+        that stream (the data may be reused when it returns)."""
+        host = _HostMemory(data, writable=False)
+        try:
+            if stream is None:
+                _call("cusafe_buffer_write", self.handle, offset,
+                      host.address, host.nbytes)
+            else:
+                _call("cusafe_buffer_write_async", self.handle, offset,
+                      host.address, host.nbytes, _stream_handle(stream))
+        finally:
+            host.release()
+
+    def read(self, out=None, offset=0, size=None, stream=None):
+        """Copies bytes of the buffer from `offset` into host memory.  With
+        `out` (a writable object with the buffer protocol: bytearray,
+        memoryview, array.array, numpy array, ...) it fills all of `out`
+        and returns it; without, it returns a bytearray of `size` bytes
+        (default: up to the end).  Returns when the data is there."""
+        if out is None:
+            if size is None:
+                size = self._size - offset if offset <= self._size else 0
+            out = bytearray(size)
+        host = _HostMemory(out, writable=True)
+        try:
+            if stream is None:
+                _call("cusafe_buffer_read", self.handle, offset,
+                      host.address, host.nbytes)
+            else:
+                _call("cusafe_buffer_read_async", self.handle, offset,
+                      host.address, host.nbytes, _stream_handle(stream))
+        finally:
+            host.release()
+        return out
+
+    def copy_from(self, src, size=None, dst_offset=0, src_offset=0,
+                  stream=None):
+        """Copies `size` bytes (default: all of src from src_offset) from
+        buffer src, ordered on `stream`."""
+        if size is None:
+            size = src.size - src_offset
+        _call("cusafe_buffer_copy", self.handle, dst_offset, src.handle,
+              src_offset, size, _stream_handle(stream))
+
+    def fill(self, value, offset=0, size=None, stream=None):
+        """Sets bytes to `value` (0..255), ordered on `stream`."""
+        if size is None:
+            size = self._size - offset
+        _call("cusafe_buffer_fill", self.handle, offset, size, value,
+              _stream_handle(stream))
+
+    def interop_pointer(self):
+        """The raw address of the first byte, as an int; valid while this
+        object is open.  Work queued through it is not tracked."""
+        p = ctypes.c_void_p()
+        _call("cusafe_buffer_interop_pointer", ctypes.byref(p), self.handle)
+        return p.value or 0
+
+    # ---- interop: DLPack and the CUDA Array Interface --------------------
+
+    def as_array(self, dtype="u1", shape=None, strides=None, offset=0,
+                 stream=None):
+        """An Array: bytes of this buffer from `offset` on, as an array of
+        `dtype` (a NumPy type string or name: "f4", "float32", "<i8",
+        "bool", ..., or a NumPy dtype) and `shape` (default: 1-D, as many
+        elements as fit), with `strides` in bytes (default: C order), for
+        other libraries: cupy.asarray(a), cupy.from_dlpack(a),
+        torch.from_dlpack(a), torch.as_tensor(a, device="cuda"),
+        numba.cuda.as_cuda_array(a) -- zero-copy.  The Array holds a
+        reference on the buffer, so the memory stays valid while it (or a
+        consumer holding it) lives.  `stream`: the stream the consumer
+        uses it on (a cusafe Stream, or any stream Stream.wrap takes);
+        None: the device's legacy default stream.  Raises ValueError when
+        the elements reach beyond the buffer."""
+        from ._interop import Array
+        return Array(self, dtype, shape, strides, offset, stream)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """The DLPack protocol for the whole buffer as a 1-D array of
+        bytes (uint8); see Array.__dlpack__ for other types and shapes."""
+        with self.as_array() as a:
+            return a.__dlpack__(stream=stream, max_version=max_version,
+                                dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        """(device type, device id) of DLPack: (2, device) for device
+        memory (kDLCUDA), (3, 0) for pinned (kDLCUDAHost), (13, device)
+        for managed (kDLCUDAManaged)."""
+        from ._interop import _dlpack_device
+        return _dlpack_device(self._memory, self.context.device)
+
+    @property
+    def __cuda_array_interface__(self):
+        """The CUDA Array Interface (version 3) of the whole buffer as a
+        1-D array of bytes; see Array for other types and shapes.  The
+        memory stays valid while this Buffer object lives, also after
+        close(): a consumer holds the object, not the handle."""
+        try:
+            a = self._cai
+        except AttributeError:
+            a = None
+        if a is None or a.closed:
+            a = self._cai = self.as_array()
+        return a.__cuda_array_interface__
+
+    @classmethod
+    def wrap(cls, obj, ctx=None, stream=None):
+        """Another library's array as a Buffer over the same memory,
+        zero-copy: through DLPack when `obj` has __dlpack__ (the producer's
+        deleter runs once, when this buffer's last reference and queued
+        work are gone), else through __cuda_array_interface__ (a reference
+        on `obj` is held as long).  The buffer spans the bytes that the
+        array's elements reach.  `ctx`: the context of the array's device
+        (default: that of the device the array names -- DLPack's
+        __dlpack_device__, else a `device` or `device_id` attribute, else
+        device 0; memory of another device raises CusafeError
+        CONTEXT_MISMATCH); `stream`: where cusafe will use the memory
+        first (default: the device's legacy default stream) -- it is
+        ordered after the producer's work, as each protocol asks.  Raises
+        TypeError for an object with neither protocol, CusafeError when
+        the memory is not CUDA memory of ctx's device."""
+        from ._interop import _from_cai, from_dlpack
+        if hasattr(obj, "__dlpack__"):
+            return from_dlpack(obj, ctx, stream)
+        if hasattr(obj, "__cuda_array_interface__"):
+            return _from_cai(obj, ctx, stream)
+        raise TypeError("%s has neither __dlpack__ nor "
+                        "__cuda_array_interface__" % type(obj).__name__)
+
+    def _describe(self):
+        return "%d bytes %s" % (self._size, self._memory.name.lower())
+
+
+def _encode(text):
+    return text.encode() if isinstance(text, str) else text
+
+
+class Module(_Object):
+    """Loaded code of a context: Module.builtin(ctx), Module.from_file(),
+    Module.from_data() or Module.compile()."""
+
+    __slots__ = ("_origin",)
+    _release_name = "cusafe_module_release"
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Module.builtin(), Module.from_file(), "
+                        "Module.from_data() or Module.compile()")
+
+    @classmethod
+    def _make(cls, origin, fn, *args):
+        h = c_handle(0)
+        _call(fn, ctypes.byref(h), *args)
+        obj = object.__new__(cls)
+        obj._origin = origin
+        obj._own(h.value)
+        return obj
+
+    @classmethod
+    def builtin(cls, ctx):
+        """The kernels built into cusafe (cusafe_vecadd_f32, ...)."""
+        return cls._make("builtin", "cusafe_module_load_builtin", ctx.handle)
+
+    @classmethod
+    def from_file(cls, ctx, path):
+        """A cubin, fatbin or PTX file."""
+        return cls._make(os.fspath(path), "cusafe_module_load_file",
+                         ctx.handle, os.fsencode(path))
+
+    @classmethod
+    def from_data(cls, ctx, image):
+        """A cubin, fatbin or PTX image in memory (PTX as str or bytes; a
+        NUL is added where missing)."""
+        if isinstance(image, str):
+            image = image.encode()
+        if isinstance(image, (bytes, bytearray)) and image[:1] != b"\x7f" \
+                and not image.endswith(b"\0") and b".version" in image[:4096]:
+            image = bytes(image) + b"\0"  # PTX text
+        host = _HostMemory(image, writable=False)
+        try:
+            return cls._make("data", "cusafe_module_load_data", ctx.handle,
+                             host.address, host.nbytes)
+        finally:
+            host.release()
+
+    @classmethod
+    def compile(cls, ctx, source, name=None, options=()):
+        """CUDA C++ compiled with NVRTC for the context's device.  A
+        failure raises CusafeError with status COMPILE and the compiler's
+        log in its `log` attribute."""
+        opts = [_encode(o) for o in options]
+        array = (ctypes.c_char_p * max(len(opts), 1))(*opts)
+        return cls._make(name or "source.cu", "cusafe_module_compile",
+                         ctx.handle, _encode(source),
+                         _encode(name) if name is not None else None,
+                         array, len(opts))
+
+    def kernel(self, name):
+        """The Kernel called `name` (CusafeError NOT_FOUND if none)."""
+        from ._launch import Kernel, _no_packer
+        h = c_handle(0)
+        _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,
+              _encode(name))
+        obj = object.__new__(Kernel)
+        obj._name = name
+        obj._pack = _no_packer
+        obj._c_live = c_handle(h.value)
+        obj._own(h.value)
+        return obj
+
+    __getitem__ = kernel
+
+    def _describe(self):
+        return self._origin

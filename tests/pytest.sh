@@ -1,0 +1,43 @@
+#!/bin/sh
+# The pytest suite of the Python package (tests/python), run twice: against
+# the library built with the fake CUDA, and against the real one (skipped
+# without a GPU), each in a process of its own with the package of the
+# source tree.  Skipped (77) without pytest.
+#
+# Environment (set by `make check`): top_srcdir, top_builddir, PYTHON.
+set -u
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+PYTHON=${PYTHON:-python3}
+
+if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
+	echo "pytest: SKIP: $PYTHON has no pytest (pip install pytest)"
+	exit 77
+fi
+PYTHONPATH=$top_srcdir/python:$top_srcdir/tests/python${PYTHONPATH:+:$PYTHONPATH}
+PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH PYTHONDONTWRITEBYTECODE
+
+status=0
+for variant in fake gpu; do
+	case $variant in
+	fake) lib=$top_builddir/.libs/libcusafe_fake.so ;;
+	gpu) lib=$top_builddir/.libs/libcusafe.so ;;
+	esac
+	if test "$variant" = gpu &&
+		! CUSAFE_LIBRARY=$lib "$PYTHON" -c "import cusafe; cusafe.device_count()" 2>/dev/null; then
+		echo "pytest: SKIP: gpu -- no CUDA driver or device"
+		continue
+	fi
+	echo "pytest: $variant ($lib)"
+	CUSAFE_LIBRARY=$lib "$PYTHON" -m pytest -q -p no:cacheprovider \
+		"$top_srcdir/tests/python"
+	rc=$?
+	if test $rc -ne 0; then
+		echo "pytest: FAIL: $variant (pytest exited with $rc)"
+		status=1
+	else
+		echo "pytest: PASS: $variant"
+	fi
+done
+exit $status
