@@ -1,9 +1,9 @@
 """The objects of the binding: Context, Stream, Event, Buffer, Module,
 each owning one reference on a library handle."""
 
+import atexit
 import ctypes
 import os
-import weakref
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     STREAM_NON_BLOCKING, Memory, Status, _call, c_enum,
@@ -14,33 +14,60 @@ from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
 # --------------------------------------------------------------------------
 
 
+# Set by an exit hook of Python's, which runs before the interpreter tears
+# down its modules: from then on objects no longer release their handles
+# when collected.  The library's own exit handler destroys what is still
+# alive, in dependency order, after the interpreter is done; releasing from
+# the interpreter's teardown could pull objects from under daemon threads
+# still using them.
+_exiting = [False]
+
+
+def _at_exit():
+    _exiting[0] = True
+
+
+atexit.register(_at_exit)
+
+
 class _Object:
     """An owned reference on one library handle."""
 
-    # _live is the handle while the object is open and 0 once it is
-    # closed, for fast paths that must not call the `handle` property.
-    __slots__ = ("_handle", "_live", "_finalizer", "__weakref__")
+    # _cell holds the handle while the object owns its reference: taking it
+    # out (list.pop, one step under the GIL) is what releases it, once,
+    # whichever of close(), detach() and the collector comes first.  _live
+    # is the handle while open and 0 once closed, for the fast paths;
+    # _handle stays the handle, for repr and equality.
+    __slots__ = ("_handle", "_live", "_cell", "__weakref__")
     _release_name = "cusafe_release"
+    # The release function of the type, bound at the first object: a raw
+    # ctypes function, so that the collector runs no module code.
+    _release = None
 
     def __init__(self):
         raise TypeError("cusafe.%s objects are made by their own "
                         "constructors or methods" % type(self).__name__)
 
     def _own(self, handle):
-        lib = library()
         self._handle = self._live = handle
-        # The release function is bound now, not looked up at release
-        # time, so that it still works while the interpreter shuts down
-        # and module globals are gone.  It is a raw ctypes function (no
-        # Python code runs in it) that ignores its status: after shutdown
-        # or in a forked child a release is a no-op anyway.
-        self._finalizer = weakref.finalize(
-            self, getattr(lib.fn, self._release_name), handle)
-        # At interpreter exit the library's own exit handler destroys what
-        # is still alive, in dependency order; releasing from Python's exit
-        # hooks could pull objects from under daemon threads still using
-        # them.
-        self._finalizer.atexit = False
+        self._cell = [handle]
+        cls = type(self)
+        if cls._release is None:
+            cls._release = getattr(library().fn, cls._release_name)
+
+    def __del__(self, _exiting=_exiting):
+        try:
+            cell = self._cell
+        except AttributeError:  # never owned a handle
+            return
+        if cell and not _exiting[0]:
+            try:
+                handle = cell.pop()
+            except IndexError:  # another thread closed it meanwhile
+                return
+            # A failure is ignored: after shutdown, or in a forked child,
+            # a release is a no-op anyway.
+            type(self)._release(handle)
 
     @classmethod
     def _adopt(cls, handle):
@@ -52,21 +79,25 @@ class _Object:
     @property
     def handle(self):
         """The handle, an int.  Raises ValueError once closed."""
-        if not self._finalizer.alive:
+        h = self._live
+        if not h:
             raise ValueError("this cusafe.%s is closed" % type(self).__name__)
-        return self._handle
+        return h
 
     @property
     def closed(self):
-        return not self._finalizer.alive
+        return not self._live
 
     def close(self):
         """Releases the reference now; closing twice is a no-op."""
-        lib = library()
         self._live = 0
-        status = self._finalizer()
-        if status:  # None when already closed
-            lib.check(status)
+        try:
+            handle = self._cell.pop()
+        except IndexError:
+            return
+        status = type(self)._release(handle)
+        if status:
+            library().check(status)
 
     def set_label(self, label):
         """Attaches a label (where or why the object was made) that the
@@ -77,11 +108,14 @@ class _Object:
 
     def detach(self):
         """Gives up ownership: returns the handle, which the caller must
-        release (release_handle()); the object is closed."""
-        handle = self.handle
-        self._finalizer.detach()
+        release (release_handle()); the object is closed.  Raises
+        ValueError if it is closed already."""
         self._live = 0
-        return handle
+        try:
+            return self._cell.pop()
+        except IndexError:
+            raise ValueError("this cusafe.%s is closed"
+                             % type(self).__name__) from None
 
     def __enter__(self):
         return self
@@ -202,7 +236,20 @@ class Context(_Object):
         return Event(self, timing=timing, blocking_sync=blocking_sync)
 
     def alloc(self, size, memory=Memory.DEVICE):
-        return Buffer(self, size, memory)
+        """A new Buffer of `size` bytes of `memory` in this context (as
+        Buffer(ctx, size, memory), by the shortest path)."""
+        fn = _alloc_fn or _bind_alloc()
+        out = c_handle()
+        st = fn(_byref(out), self._live, memory, size)
+        if st:
+            self.handle  # a closed Context raises ValueError
+            library().check(st)
+        b = _new_buffer(Buffer)
+        b._handle = b._live = h = out.value
+        b._cell = [h]
+        b._size = size
+        b._memory = memory
+        return b
 
     def load_builtin(self):
         return Module.builtin(self)
@@ -212,6 +259,22 @@ class Context(_Object):
 
     def _describe(self):
         return "device %d" % self._device
+
+
+_alloc_fn = None
+_byref = ctypes.byref
+_new_buffer = object.__new__
+
+
+def _bind_alloc():
+    """cusafe_buffer_alloc for Context.alloc, bound once, with the
+    release function of Buffer."""
+    global _alloc_fn
+    lib = library()
+    if Buffer._release is None:
+        Buffer._release = lib.fn.cusafe_buffer_release
+    _alloc_fn = lib.fn.cusafe_buffer_alloc
+    return _alloc_fn
 
 
 class Stream(_Object):
@@ -390,7 +453,7 @@ class Buffer(_Object):
             _call("cusafe_buffer_alloc", ctypes.byref(h), ctx.handle,
                   int(memory), size)
         self._size = size
-        self._memory = Memory(memory)
+        self._memory = int(memory)
         self._own(h.value)
 
     @classmethod
@@ -400,7 +463,7 @@ class Buffer(_Object):
         _call("cusafe_buffer_get_size", ctypes.byref(size), handle)
         _call("cusafe_buffer_get_memory", ctypes.byref(mem), handle)
         obj._size = size.value
-        obj._memory = Memory(mem.value)
+        obj._memory = mem.value
         return obj
 
     @classmethod
@@ -429,7 +492,7 @@ class Buffer(_Object):
 
     @property
     def memory(self):
-        return self._memory
+        return Memory(self._memory)
 
     @property
     def context(self):
@@ -583,7 +646,8 @@ class Buffer(_Object):
                         "__cuda_array_interface__" % type(obj).__name__)
 
     def _describe(self):
-        return "%d bytes %s" % (self._size, self._memory.name.lower())
+        return "%d bytes %s" % (self._size,
+                                Memory(self._memory).name.lower())
 
 
 def _encode(text):
