@@ -166,16 +166,20 @@ def _kernel_launch(*args):
     return _kernel_launch(*args)
 
 
-def _launch_packed(*args):
+_launch_packed = None
+
+
+def _launch_packed_fn():
     """cusafe_kernel_launch(handle, config, packed arguments, n) for
     Kernel.launch's fast path: a function object of its own with no
     argtypes, called with ready ctypes values and a bytes object (passed
     as its address), so that ctypes converts nothing."""
     global _launch_packed
-    fn = library().cdll["cusafe_kernel_launch"]
-    fn.restype = c_status
-    _launch_packed = fn
-    return fn(*args)
+    if _launch_packed is None:
+        fn = library().cdll["cusafe_kernel_launch"]
+        fn.restype = c_status
+        _launch_packed = fn
+    return _launch_packed
 
 
 # (grid, block, shared) -> (LaunchConfig, a c_void_p of its address), for
@@ -191,11 +195,25 @@ _SCALAR_FORMATS = {"I8": "b7x", "U8": "B7x", "I16": "h6x", "U16": "H6x",
                    "F32": "f4x", "F64": "d"}
 
 
-def _make_packer(types):
-    """A function that packs arguments of exactly these types into the bytes
-    of a cusafe_arg array, returning None for arguments of other types; or
-    None when a type needs the general path.  Generated per signature, so
-    that a launch runs one struct call and no loop."""
+def _make_fast(types, grid, block, shared):
+    """Kernel.launch's fast path for arguments of exactly these types on
+    this grid, block and shared memory, on the default stream: a function
+    fast(kernel, grid, block, shared, args) that launches and returns True,
+    or returns None for anything else (then the general path runs).
+    Generated per signature, so that a launch runs one comparison of the
+    shape, one struct call and one ctypes call, and no loop.  None when a
+    type needs the general path or the shape cannot be cached."""
+    try:
+        key = (grid, block, shared)
+        config = _fast_configs.get(key)
+        if config is None:
+            if len(_fast_configs) >= 256:
+                return None
+            fast = _launch_config(grid, block, shared, None)
+            config = _fast_configs[key] = (
+                fast, ctypes.c_void_p(ctypes.addressof(fast)))
+    except TypeError:  # an unhashable grid or block (a list)
+        return None
     fmt, fields = "<", []
     for i, t in enumerate(types):
         # Each cusafe_arg: kind and size (0) as one little-endian 64-bit
@@ -216,23 +234,26 @@ def _make_packer(types):
             fields.append("%d, a%d.value" % (int(t.kind), i))
         else:
             return None
-    names = "".join("a%d, " % i for i in range(len(types)))
-    guard = " or ".join("type(a%d) is not _t%d" % (i, i)
-                        for i in range(len(types)))
-    src = "def pack(args):\n"
+    n = len(types)
+    src = "def fast(k, grid, block, shared, args):\n"
+    src += "    if grid != _g or block != _b or shared != _s or " \
+           "len(args) != %d:\n        return None\n" % n
     if types:
-        src += "    (%s) = args\n" % names
-        src += "    if %s:\n        return None\n" % guard
-    else:
-        src += "    if args:\n        return None\n"
-    src += "    return _pack(%s)\n" % ", ".join(fields)
-    env = {"_pack": struct.Struct(fmt).pack}
+        src += "    (%s,) = args\n" % ", ".join("a%d" % i for i in range(n))
+        src += "    if %s:\n        return None\n" % " or ".join(
+            "type(a%d) is not _t%d" % (i, i) for i in range(n))
+    src += "    st = _launch(k._c_live, _cfg, _pack(%s), _n)\n" % \
+        ", ".join(fields)
+    src += "    if st:\n        k._failed(st, args)\n    return True\n"
+    env = {"_pack": struct.Struct(fmt).pack, "_g": grid, "_b": block,
+           "_s": shared, "_cfg": config[1], "_n": _SIZES[n],
+           "_launch": _launch_packed_fn()}
     env.update(("_t%d" % i, t) for i, t in enumerate(types))
     exec(src, env)
-    return env["pack"]
+    return env["fast"]
 
 
-def _no_packer(args):
+def _no_fast(k, grid, block, shared, args):
     return None
 
 
@@ -306,21 +327,16 @@ class Kernel(_Object):
         the buffers stay alive until the kernel has completed.  A closed
         Kernel or Buffer raises ValueError.
 
-        Launches on the default stream whose arguments have the types of
-        the kernel's previous launch take a fast path: one generated
-        struct call packs the arguments, one ctypes call launches."""
+        Launches on the default stream with the shape, and arguments of
+        the types, of the kernel's previous launch take a fast path: one
+        generated function compares them, packs the arguments with one
+        struct call, and launches with one ctypes call."""
         if stream is None:
             try:
-                packed = self._pack(args)
-                config = _fast_configs[grid, block, shared][1]
-                n = _SIZES[len(args)]
-            except Exception:  # a new signature, shape, or a bad value
-                packed = None
-            if packed is not None:
-                st = _launch_packed(self._c_live, config, packed, n)
-                if st:
-                    self._failed(st, args)
-                return
+                if self._pack(self, grid, block, shared, args):
+                    return
+            except (struct.error, OverflowError, TypeError):
+                pass  # a value out of range: the general path says which
         self._launch_general(grid, block, args, shared, stream)
 
     def _launch_general(self, grid, block, args, shared, stream):
@@ -333,15 +349,8 @@ class Kernel(_Object):
         if st:
             library().check(st)
         if stream is None:
-            key = (grid, block, shared)
-            try:
-                if key not in _fast_configs and len(_fast_configs) < 256:
-                    fast = _launch_config(grid, block, shared, None)
-                    _fast_configs[key] = (
-                        fast, ctypes.c_void_p(ctypes.addressof(fast)))
-            except TypeError:  # an unhashable grid or block (a list)
-                pass
-            self._pack = _make_packer(tuple(map(type, args))) or _no_packer
+            self._pack = _make_fast(tuple(map(type, args)), grid, block,
+                                    shared) or _no_fast
 
     def close(self):
         self._c_live.value = 0

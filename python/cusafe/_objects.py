@@ -715,13 +715,13 @@ class Module(_Object):
 
     def kernel(self, name):
         """The Kernel called `name` (CusafeError NOT_FOUND if none)."""
-        from ._launch import Kernel, _no_packer
+        from ._launch import Kernel, _no_fast
         h = c_handle(0)
         _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,
               _encode(name))
         obj = object.__new__(Kernel)
         obj._name = name
-        obj._pack = _no_packer
+        obj._pack = _no_fast
         obj._c_live = c_handle(h.value)
         obj._own(h.value)
         return obj
