@@ -3,7 +3,7 @@
 ctypes binding next to CuPy and cuda.core.
 
     PYTHONPATH=python CUSAFE_LIBRARY=.libs/libcusafe.so \\
-        python3 bench/bench.py [--quick] [--only=launch,alloc] [--samples=N]
+        python3 bench/bench.py [--quick] [--only=launch,alloc,extra] [--samples=N]
                                [--csv[=FILE]] [--device=N]
 
 launch: c = a + b on 1024 floats (so small that the launch cost is all
@@ -308,8 +308,58 @@ class CusafePeer:
             return t / count / 1e3
         return sample
 
+    def refcount_sample(self, count):
+        """retain_handle + release_handle of a Buffer's handle."""
+        retain, release, h = self.cs.retain_handle, self.cs.release_handle, \
+            self.dc.handle
+
+        def sample():
+            t0 = now()
+            for _ in range(count):
+                retain(h)
+                release(h)
+            return (now() - t0) / count / 1e3
+        return sample
+
+    def empty16_samples(self, batches):
+        """An empty kernel of 16 parameters (4 pointers, 12 integers),
+        compiled at run time: Kernel.launch and a prepared launch."""
+        params = ", ".join(["float *p%d" % i for i in range(4)] +
+                           ["long long v%d" % i for i in range(12)])
+        src = 'extern "C" __global__ void empty16(%s) {}' % params
+        self.empty_module = self.cs.Module.compile(self.ctx, src)
+        k = self.empty_module.kernel("empty16")
+        bufs = [self.da, self.db, self.dc, self.dc]
+        args = bufs + list(range(12))
+        sync = self.sync
+
+        def launched():
+            total = 0
+            for _ in range(batches):
+                t0 = now()
+                for _ in range(BATCH):
+                    k.launch(1, 32, *args)
+                total += now() - t0
+                sync()
+            return total / (batches * BATCH) / 1e3
+        run = k.prepare(1, 32, *args)
+
+        def prepared():
+            total = 0
+            for _ in range(batches):
+                t0 = now()
+                for _ in range(BATCH):
+                    run()
+                total += now() - t0
+                sync()
+            return total / (batches * BATCH) / 1e3
+        return launched, prepared
+
     def close(self):
-        for obj in (self.kernel, self.module, self.dc, self.db, self.da):
+        objs = [self.kernel, self.module, self.dc, self.db, self.da]
+        if getattr(self, "empty_module", None) is not None:
+            objs.insert(0, self.empty_module)
+        for obj in objs:
             obj.close()
         self.ctx.synchronize()
         self.ctx.close()
@@ -644,9 +694,67 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
                               "%s: %s" % (type(e).__name__, e)))
         results = measure(fns, samples, 2)
         for name, values in zip(names, results):
-            report("alloc", name, values, results[0])
+            report("alloc " + label, name, values, results[0])
         for name, why in skips:
             skipped(name, why)
+
+
+def group_extra(cs, samples, batches, count):
+    group_header("extra", "us, host side: a handle's retain + release "
+                 "(%d per sample); an empty kernel of 16 parameters (4 "
+                 "buffers, 12 ints; %d launches per sample)"
+                 % (count, batches * BATCH))
+    results = measure([cs.refcount_sample(count)], samples, 1)
+    report("extra", "cusafe retain_handle + release_handle", results[0])
+    try:
+        launched, prepared = cs.empty16_samples(batches)
+    except cs.cs.CusafeError as e:
+        skipped("empty kernel, 16 parameters", str(e))
+        return
+    results = measure([launched, prepared], samples, 2)
+    report("extra", "cusafe Kernel.launch, empty kernel, 16 args",
+           results[0], results[0])
+    report("extra", "cusafe Kernel.prepare(...)(), empty kernel, 16 args",
+           results[1], results[0])
+
+
+# The targets: (the row measured, the row it is compared with, the most
+# the ratio of their medians may be), matched by the rows' names.
+TARGETS = [
+    ("launch", "cusafe Kernel.prepare", "cuda.core", 0.85),
+    ("launch", "cusafe Kernel.launch", "cuda.core", 1.00),
+]
+for _size in ("256 B", "64 KiB"):
+    TARGETS += [("alloc " + _size, "cusafe ctx.alloc", "cuda.core", 1.00),
+                ("alloc " + _size, "cusafe ctx.alloc",
+                 "CuPy cupy.empty + del, caching pool", 1.00)]
+
+
+def report_targets():
+    """Prints each target's ratio with "met" or "NOT met", as bench/bench
+    does; a target whose rows were not measured is listed as skipped."""
+    met, missed = 0, []
+    print("\ntargets (ratio of medians, cusafe / peer):")
+    for group, mine, peer, limit in TARGETS:
+        rows = [r for r in ROWS if r[0] == group]
+        a = next((r[2]["median"] for r in rows if r[1].startswith(mine)),
+                 None)
+        b = next((r[2]["median"] for r in rows if r[1].startswith(peer)),
+                 None)
+        what = "[%s] %s / %s" % (group, mine, peer)
+        if a is None or b is None:
+            print("  %-70s skipped (not measured)" % what)
+            continue
+        ratio = a / b
+        ok = ratio <= limit
+        met += ok
+        if not ok:
+            missed.append(what)
+        print("  %-70s %.3f  <=%.2fx %s" % (what, ratio, limit,
+                                          "met" if ok else "NOT met"))
+    print("targets: %d met, %d NOT met" % (met, len(missed)))
+    for what in missed:
+        print("  NOT met: " + what)
 
 
 def main():
@@ -655,7 +763,8 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="fewer samples and launches")
     parser.add_argument("--only", default=None,
-                        help="comma-separated groups: launch, alloc (the C "
+                        help="comma-separated groups: launch, alloc, extra "
+                        "(the C "
                         "benchmark's other groups are ignored here)")
     parser.add_argument("--samples", type=int, default=0)
     parser.add_argument("--csv", nargs="?", const="-", default=None,
@@ -664,17 +773,17 @@ def main():
     parser.add_argument("--device", type=int, default=0)
     opt = parser.parse_args()
 
-    groups = ["launch", "alloc"]
+    groups = ["launch", "alloc", "extra"]
     if opt.only is not None:
         asked = [g for g in opt.only.split(",") if g]
-        known = {"launch", "alloc", "objects", "copy", "refcount",
+        known = {"launch", "alloc", "extra", "objects", "copy", "refcount",
                  "shutdown"}
         unknown = [g for g in asked if g not in known]
         if unknown:
             fail("unknown group %s" % ", ".join(unknown))
         groups = [g for g in groups if g in asked]
         if not groups:
-            print("bench.py: no Python group (launch, alloc) selected; "
+            print("bench.py: no Python group (launch, alloc, extra) selected; "
                   "nothing to do")
             return 0
     samples = opt.samples or (7 if opt.quick else 21)
@@ -736,8 +845,11 @@ def main():
             group_launch(cs, peers[0], peers[1], samples, batches)
         if "alloc" in groups:
             group_alloc(cs, peers[0], peers[1], samples, count)
+        if "extra" in groups:
+            group_extra(cs, samples, batches, count)
     except cusafe.CusafeError as e:
         fail("cusafe: %s" % e)
+    report_targets()
     cs.close()
     print("total: %.1f s" % (time.monotonic() - start))
     if opt.csv == "-":
