@@ -1085,6 +1085,12 @@ static void op_wrap(struct th *t) {
     free(f); /* not made on the context's device: the context may go first */
     return;
   }
+  /* A context of unknown device (not held, or another thread's): no
+   * memory, which would belong to whatever device is current -- pinned or
+   * managed memory would wrap on another device's context, and the
+   * current one's could go first. */
+  if (ce.dev < 0)
+    size = 0;
   cudaError_t err = cudaSuccess;
   if (size) {
     if (f->kind == CUSAFE_MEMORY_DEVICE)
