@@ -38,6 +38,8 @@ CusafeError with status FORKED.
 Threads.  Every function and object may be used from any thread.
 """
 
+from __future__ import annotations
+
 from ._capi import (  # noqa: F401
     Arg, ArgKind, CusafeError, DeviceProperties, EVENT_BLOCKING_SYNC,
     EVENT_DISABLE_TIMING, HandleType, LaunchConfig, Library,

@@ -2,10 +2,14 @@
 structs, the ctypes prototypes of every function, errors, and loading the
 library."""
 
+from __future__ import annotations
+
 import ctypes
 import enum
 import os
 import threading
+from typing import (TYPE_CHECKING, Any, Dict, List, NoReturn, Optional,
+                    Tuple, Type, Union, cast)
 
 # --------------------------------------------------------------------------
 # The C interface, mirrored from include/cusafe.h
@@ -108,16 +112,35 @@ class DeviceProperties(ctypes.Structure):
         ("pci_domain_id", ctypes.c_int),
     ]
 
+    # The fields' Python types, for type checkers (annotations only).
+    name: bytes
+    total_memory: int
+    compute_capability_major: int
+    compute_capability_minor: int
+    multiprocessor_count: int
+    max_threads_per_block: int
+    max_block_dim: ctypes.Array[ctypes.c_int]
+    max_grid_dim: ctypes.Array[ctypes.c_int]
+    shared_memory_per_block: int
+    shared_memory_per_block_optin: int
+    warp_size: int
+    managed_memory: int
+    concurrent_managed_access: int
+    memory_pools: int
+    pci_bus_id: int
+    pci_device_id: int
+    pci_domain_id: int
+
     @property
-    def device_name(self):
+    def device_name(self) -> str:
         """The device's name, as a str (`name` is the raw bytes)."""
         return self.name.decode("utf-8", "replace")
 
     @property
-    def compute_capability(self):
+    def compute_capability(self) -> Tuple[int, int]:
         return (self.compute_capability_major, self.compute_capability_minor)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<cusafe.DeviceProperties %r, CC %d.%d, %d bytes>" % (
             self.device_name, self.compute_capability_major,
             self.compute_capability_minor, self.total_memory)
@@ -165,7 +188,7 @@ _sz = ctypes.c_size_t
 _vp = ctypes.c_void_p
 
 # name: (restype, argtypes), for every function that cusafe.h declares.
-_PROTOTYPES = {
+_PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     # status codes and error reporting
     "cusafe_status_string": (ctypes.c_char_p, [c_status]),
     "cusafe_last_error_message": (ctypes.c_char_p, []),
@@ -281,21 +304,25 @@ class CusafeError(Exception):
     cuda_error -- the cudaError_t behind it, or 0
     """
 
-    def __init__(self, status, message="", cuda_error=0):
+    # Set (to the compiler's log) on an error of status COMPILE only.
+    log: str
+
+    def __init__(self, status: int, message: str = "",
+                 cuda_error: int = 0) -> None:
         try:
             status = Status(status)
         except ValueError:
             status = int(status)
         super().__init__(status, message, cuda_error)
-        self.status = status
+        self.status: Union[Status, int] = status
         self.message = message
         self.cuda_error = cuda_error
 
-    def __str__(self):
+    def __str__(self) -> str:
         text = status_string(self.status)
         return "%s: %s" % (text, self.message) if self.message else text
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         name = self.status.name if isinstance(self.status, Status) \
             else str(self.status)
         return "%s(%s, %r, cuda_error=%d)" % (
@@ -317,14 +344,14 @@ _STATUS_WORDS = {
 }
 
 
-def status_string(status):
+def status_string(status: int) -> str:
     """The library's description of a status (cusafe_status_string)."""
     try:
         lib = library()
     except LibraryNotFoundError:
         return _STATUS_WORDS.get(int(status), "unknown status")
-    return lib.fn.cusafe_status_string(int(status)).decode("utf-8",
-                                                           "replace")
+    return cast(str, lib.fn.cusafe_status_string(int(status)).decode(
+        "utf-8", "replace"))
 
 
 # --------------------------------------------------------------------------
@@ -336,18 +363,21 @@ class _Missing:
     """Stands for a function that the loaded library does not export (an
     older libcusafe than this binding): calling it raises CusafeError."""
 
-    def __init__(self, name, path):
+    def __init__(self, name: str, path: str) -> None:
         self.name = name
         self.path = path
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> NoReturn:
         raise CusafeError(Status.NOT_SUPPORTED,
                           "%s does not export %s (is it older than this "
                           "binding?)" % (self.path, self.name))
 
 
 class _Functions:
-    pass
+    if TYPE_CHECKING:
+        # Attributes are set per function of _PROTOTYPES: ctypes functions
+        # (or _Missing), dynamic for a type checker.
+        def __getattr__(self, name: str) -> Any: ...
 
 
 class Library:
@@ -356,11 +386,11 @@ class Library:
     declared (a function missing from the library raises CusafeError with
     status NOT_SUPPORTED when called); `path` is what was loaded."""
 
-    def __init__(self, cdll, path):
+    def __init__(self, cdll: ctypes.CDLL, path: str) -> None:
         self.cdll = cdll
         self.path = path
         self.fn = _Functions()
-        self.missing = []
+        self.missing: List[str] = []
         for name, (restype, argtypes) in _PROTOTYPES.items():
             try:
                 # Indexing makes a new function object, private to this
@@ -374,7 +404,7 @@ class Library:
             f.argtypes = argtypes
             setattr(self.fn, name, f)
 
-    def check(self, status):
+    def check(self, status: int) -> None:
         """Raises the error for a failed call; the message and the CUDA
         error are the calling thread's, so call it right after the call."""
         if status == 0:
@@ -382,7 +412,7 @@ class Library:
         message = self.fn.cusafe_last_error_message()
         message = message.decode("utf-8", "replace") if message else ""
         cuda_error = self.fn.cusafe_last_cuda_error()
-        cls = NoDeviceError if status in (Status.NO_DRIVER,
+        cls: Type[CusafeError] = NoDeviceError if status in (Status.NO_DRIVER,
                                           Status.NO_DEVICE) else CusafeError
         err = cls(status, message, cuda_error)
         if status == Status.COMPILE:
@@ -390,27 +420,28 @@ class Library:
             err.log = log.decode("utf-8", "replace") if log else ""
         raise err
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<cusafe.Library %r>" % (self.path,)
 
 
 _lock = threading.Lock()
-_library = None
+_library: Optional[Library] = None
 
 DEFAULT_NAMES = ("libcusafe.so.0", "libcusafe.so")
 
 
-def _installed_library():
+def _installed_library() -> Optional[str]:
     """The library's path that `make install` recorded beside this package
     (_config.py), or None for a package installed otherwise (pip)."""
     try:
-        from ._config import LIBRARY
+        from ._config import (  # type: ignore[import-not-found, unused-ignore]
+            LIBRARY)
     except ImportError:
         return None
     return LIBRARY if os.path.exists(LIBRARY) else None
 
 
-def load(path=None):
+def load(path: Optional[str] = None) -> Library:
     """Loads libcusafe and returns the Library.  `path`: the file to load;
     None: $CUSAFE_LIBRARY if set, else the library that was installed with
     this package (its path recorded by `make install`), else
@@ -437,7 +468,7 @@ def load(path=None):
             if recorded:
                 candidates.insert(0, ("installed with this package",
                                       recorded))
-        tried = []
+        tried: List[str] = []
         for origin, name in candidates:
             try:
                 cdll = ctypes.CDLL(name)
@@ -452,13 +483,13 @@ def load(path=None):
             "the path of libcusafe.so")
 
 
-def library():
+def library() -> Library:
     """The loaded Library, loading the default one on first use."""
     lib = _library
     return lib if lib is not None else load()
 
 
-def _call(name, *args):
+def _call(name: str, *args: Any) -> None:
     lib = library()
     lib.check(getattr(lib.fn, name)(*args))
 
@@ -468,12 +499,12 @@ def _call(name, *args):
 # --------------------------------------------------------------------------
 
 
-def version():
+def version() -> str:
     """The library's version, "MAJOR.MINOR.PATCH"."""
-    return library().fn.cusafe_version_string().decode()
+    return cast(str, library().fn.cusafe_version_string().decode())
 
 
-def device_count():
+def device_count() -> int:
     """The number of CUDA devices.  Raises NoDeviceError without a driver
     or device."""
     n = ctypes.c_int(0)
@@ -481,32 +512,32 @@ def device_count():
     return n.value
 
 
-def device_properties(device=0):
+def device_properties(device: int = 0) -> DeviceProperties:
     """The DeviceProperties of a device."""
     props = DeviceProperties()
     _call("cusafe_device_get_properties", ctypes.byref(props), device)
     return props
 
 
-def shutdown():
+def shutdown() -> None:
     """Destroys every object still alive, in dependency order, and shuts
     the library down (cusafe_shutdown).  Afterwards releases are no-ops and
     every other call raises CusafeError with status SHUTDOWN.  Idempotent."""
     _call("cusafe_shutdown")
 
 
-def handle_type(handle):
+def handle_type(handle: int) -> HandleType:
     """The HandleType of a live handle (an int)."""
     t = c_enum(0)
     _call("cusafe_handle_get_type", ctypes.byref(t), handle)
     return HandleType(t.value)
 
 
-def retain_handle(handle):
+def retain_handle(handle: int) -> None:
     """Adds a reference to a handle of any type (cusafe_retain)."""
     _call("cusafe_retain", handle)
 
 
-def release_handle(handle):
+def release_handle(handle: int) -> None:
     """Drops a reference of a handle of any type (cusafe_release)."""
     _call("cusafe_release", handle)

@@ -1,7 +1,11 @@
 """Interop: DLPack and the CUDA Array Interface, in and out."""
 
+from __future__ import annotations
+
 import ctypes
 import weakref
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
+                    Union)
 
 from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, c_enum,
                     c_handle, library)
@@ -25,7 +29,7 @@ _DTYPE_NAMES = {
 }
 
 
-def _typestr(dtype):
+def _typestr(dtype: Any) -> str:
     """The CAI type string ("<f4") of a dtype given as a NumPy type string,
     a name, or an object with a `str` attribute (a NumPy dtype)."""
     text = getattr(dtype, "str", dtype)
@@ -51,14 +55,15 @@ def _typestr(dtype):
     return ("|" if size == 1 else "<") + name
 
 
-def _dlpack_device(memory, device):
+def _dlpack_device(memory: int, device: int) -> Tuple[int, int]:
     if memory == Memory.HOST_PINNED:
         return (_kDLCUDAHost, 0)
     return (_kDLCUDAManaged if memory == Memory.MANAGED else _kDLCUDA,
             device)
 
 
-def _extent(shape, strides, itemsize):
+def _extent(shape: Sequence[int], strides: Sequence[int],
+            itemsize: int) -> Tuple[int, int]:
     """[lo, hi): the bytes that elements reach from the first one."""
     if any(n == 0 for n in shape):
         return 0, 0
@@ -67,7 +72,8 @@ def _extent(shape, strides, itemsize):
     return lo, hi + itemsize
 
 
-def _c_strides(shape, itemsize):
+def _c_strides(shape: Sequence[int], itemsize: int) -> Tuple[int, ...]:
+    strides: List[int]
     strides, step = [], itemsize
     for n in reversed(shape):
         strides.append(step)
@@ -75,7 +81,7 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
-def _consumer_stream(ctx, stream):
+def _consumer_stream(ctx: Context, stream: Any) -> Tuple[Stream, bool]:
     """A cusafe Stream for a stream of the DLPack / CAI conventions: None
     or 1 the legacy default stream, 2 the per-thread one, another int a
     cudaStream_t; a cusafe Stream is returned as it is.  The caller closes
@@ -92,7 +98,7 @@ class _PyAPI:
     lives as long as the process (a capsule keeps a pointer to its name,
     and may outlive this module at interpreter exit)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         api = ctypes.pythonapi
         self.new = api.PyCapsule_New
         self.new.restype = ctypes.py_object
@@ -113,22 +119,23 @@ class _PyAPI:
         libc = ctypes.CDLL(None)
         libc.strdup.restype = ctypes.c_void_p
         libc.strdup.argtypes = [ctypes.c_char_p]
-        self.names = {n: libc.strdup(n) for n in (
-            b"dltensor", b"dltensor_versioned", b"used_dltensor",
-            b"used_dltensor_versioned")}
+        self.names: Dict[bytes, Optional[int]] = {
+            n: libc.strdup(n) for n in (
+                b"dltensor", b"dltensor_versioned", b"used_dltensor",
+                b"used_dltensor_versioned")}
 
 
-_pyapi = None
+_pyapi: Optional[_PyAPI] = None
 
 
-def _python_api():
+def _python_api() -> _PyAPI:
     global _pyapi
     if _pyapi is None:
         _pyapi = _PyAPI()
     return _pyapi
 
 
-def _function_address(name):
+def _function_address(name: str) -> Optional[int]:
     """The address of a function of the library, for C callbacks."""
     lib = library()
     try:
@@ -139,7 +146,9 @@ def _function_address(name):
                           "./configure reports it)" % (lib.path, name), 0)
 
 
-def _release_array(use_buffers, release, buf, stream, handles):
+def _release_array(use_buffers: Callable[..., int],
+                   release: Callable[..., int], buf: int, stream: int,
+                   handles: ctypes.Array[ctypes.c_uint64]) -> None:
     """An Array's finalizer: its memory is freed only after the work queued
     on its stream so far.  It calls ctypes functions bound beforehand only
     (no module global), so that it also runs while the interpreter shuts
@@ -174,9 +183,23 @@ class Array:
     __slots__ = ("_buffer", "_stream", "_dtype", "_shape", "_strides",
                  "_offset", "_ptr", "_finalizer", "_lent", "_closed",
                  "__weakref__")
+    _buffer: int
+    _stream: int
+    _dtype: str
+    _shape: Tuple[int, ...]
+    _strides: Optional[Tuple[int, ...]]
+    _offset: int
+    _ptr: int
+    _finalizer: weakref.finalize[
+        [Callable[..., int], Callable[..., int], int, int,
+         ctypes.Array[ctypes.c_uint64]], Array]
+    _lent: bool
+    _closed: bool
 
-    def __init__(self, buffer, dtype="u1", shape=None, strides=None,
-                 offset=0, stream=None):
+    def __init__(self, buffer: Buffer, dtype: Any = "u1",
+                 shape: Optional[Union[int, Sequence[int]]] = None,
+                 strides: Optional[Sequence[int]] = None, offset: int = 0,
+                 stream: Any = None) -> None:
         typestr = _typestr(dtype)
         itemsize = int(typestr[2:])
         size = buffer.size
@@ -244,28 +267,28 @@ class Array:
         self._finalizer.atexit = False
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         """The element type as a CAI type string ("<f4")."""
         return self._dtype
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
         return self._shape
 
     @property
-    def strides(self):
+    def strides(self) -> Optional[Tuple[int, ...]]:
         """Strides in bytes, or None for C order."""
         return self._strides
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed or not self._finalizer.alive
 
-    def _open(self):
+    def _open(self) -> None:
         if self.closed:
             raise ValueError("this cusafe.Array is closed")
 
-    def close(self):
+    def close(self) -> None:
         """Releases the Array's references (after recording the buffer as
         used on its stream), unless its CUDA Array Interface was read: a
         consumer may hold this object, so the garbage collector releases
@@ -275,25 +298,25 @@ class Array:
         if not self._lent:
             self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> Array:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return "<cusafe.Array closed>"
         return "<cusafe.Array %s %s of buffer 0x%016x>" % (
             self._dtype, self._shape, self._buffer)
 
-    def _order(self):
+    def _order(self) -> None:
         """Orders the Array's stream after the work queued on the buffer."""
         handles = (c_handle * 1)(self._buffer)
         _call("cusafe_stream_use_buffers", self._stream, handles, 1)
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         """The CUDA Array Interface, version 3.  Reading it orders the
         Array's stream after the buffer's queued work; `stream` names that
         stream, for the consumer to order its own work after (1: the
@@ -313,7 +336,7 @@ class Array:
             "stream": raw.value or 1,
         }
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         self._open()
         mem, dev = c_enum(0), ctypes.c_int(0)
         _call("cusafe_buffer_get_memory", ctypes.byref(mem), self._buffer)
@@ -325,8 +348,10 @@ class Array:
             library().fn.cusafe_context_release(ctx.value)
         return _dlpack_device(Memory(mem.value), dev.value)
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
-                   copy=None):
+    def __dlpack__(self, *, stream: Optional[int] = None,
+                   max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None,
+                   copy: Optional[bool] = None) -> object:
         """A DLPack capsule of the Array (zero-copy): "dltensor_versioned"
         (DLPack 1.x) when the consumer's max_version is (1, 0) or newer,
         else the legacy "dltensor".  `stream`: the consumer's stream, as
@@ -355,11 +380,11 @@ class Array:
         dt = _DLDataType(_DL_CODES[kind], 8 * itemsize, 1)
         ndim = len(self._shape)
         shape = (ctypes.c_int64 * max(ndim, 1))(*self._shape)
-        strides = None
+        strides: Optional[ctypes.Array[ctypes.c_int64]] = None
         if self._strides is not None:
             strides = (ctypes.c_int64 * ndim)(
                 *[s // itemsize for s in self._strides])
-        consumer = None
+        consumer: Optional[Stream] = None
         if stream != -1:
             ctx = c_handle(0)
             _call("cusafe_buffer_get_context", ctypes.byref(ctx),
@@ -380,7 +405,7 @@ class Array:
             raise
 
 
-def _delete_tensor(address, versioned):
+def _delete_tensor(address: Optional[int], versioned: bool) -> None:
     """Calls the deleter of a tensor that no capsule holds, through a
     capsule of its own (whose destructor finds the deleter in C)."""
     api = _python_api()
@@ -390,7 +415,8 @@ def _delete_tensor(address, versioned):
     del capsule  # its destructor deletes the unconsumed tensor
 
 
-def from_dlpack(obj, ctx=None, stream=None):
+def from_dlpack(obj: Any, ctx: Optional[Context] = None,
+                stream: Any = None) -> Buffer:
     """A Buffer over the memory of another library's array, through DLPack
     (obj.__dlpack__), zero-copy: CuPy and PyTorch arrays, JAX arrays,
     anything with __dlpack__.  The producer is asked for DLPack 1.x
@@ -434,7 +460,7 @@ def from_dlpack(obj, ctx=None, stream=None):
             st.close()
 
 
-def _from_cai(obj, ctx, stream):
+def _from_cai(obj: Any, ctx: Optional[Context], stream: Any) -> Buffer:
     """Buffer.wrap of an object with __cuda_array_interface__ only."""
     cai = obj.__cuda_array_interface__
     if not isinstance(cai, dict) or cai.get("version", 0) < 0:
@@ -461,7 +487,7 @@ def _from_cai(obj, ctx, stream):
         producer = cai.get("stream")
         start = ptr + lo if hi > lo else None
         h = c_handle(0)
-        status = None
+        status: Any = None  # a ctypes call's result
         for kind in (Memory.DEVICE, Memory.MANAGED, Memory.HOST_PINNED):
             status = lib.fn.cusafe_buffer_wrap(
                 ctypes.byref(h), ctx.handle, int(kind), start, hi - lo,

@@ -1,30 +1,53 @@
 """Kernels and their launches: typed scalar arguments, argument packing,
 prepared launches."""
 
+from __future__ import annotations
+
 import ctypes
 import struct
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
+                    Sequence, Tuple, Type, Union, cast)
 
 from ._capi import Arg, ArgKind, LaunchConfig, _call, c_status, library
 from ._objects import Buffer, _Object, _stream_handle
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as _BufferLike
+
+    from ._objects import Stream
+
+    # A grid or block: an int or 1 to 3 ints.
+    _Dim = Union[int, Sequence[int]]
+    # Kernel._pack: a fast path of _make_fast, or _no_fast.
+    _FastFn = Callable[["Kernel", _Dim, _Dim, int, Tuple[Any, ...]],
+                       Optional[bool]]
 
 # Typed kernel arguments.  A plain int is passed as I64 and a float as F64;
 # wrap a value to pass another type: kernel.launch(g, b, buf, F32(2.0), n).
 class _Scalar:
     __slots__ = ("value",)
-    kind = None
-    field = None
+    value: Union[int, float]
+    # None here; every concrete type (_scalar) sets both.
+    kind: ArgKind = None  # type: ignore[assignment]
+    field: str = None  # type: ignore[assignment]
 
-    def __init__(self, value):
+    if TYPE_CHECKING:
+        # Set per type by _scalar: checks that the value fits.
+        def _check(self) -> None: ...
+
+    def __init__(self, value: Union[int, float]) -> None:
         self.value = value
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "%s(%r)" % (type(self).__name__, self.value)
 
 
-def _scalar(kind, field, lo=None, hi=None):
-    def check(self):
+def _scalar(kind: ArgKind, field: str, lo: Optional[int] = None,
+            hi: Optional[int] = None) -> Type[_Scalar]:
+    def check(self: _Scalar) -> None:
         v = self.value
-        if lo is not None and not lo <= v <= hi:
+        # lo and hi are given together.
+        if lo is not None and not lo <= v <= hi:  # type: ignore[operator]
             raise OverflowError("%r does not fit %s" % (v, kind.name))
         if field == "f32":  # finite, but rounds to infinity
             try:
@@ -32,8 +55,9 @@ def _scalar(kind, field, lo=None, hi=None):
             except OverflowError:
                 raise OverflowError("%r does not fit %s"
                                     % (v, kind.name)) from None
-    cls = type(kind.name, (_Scalar,), {"__slots__": (), "kind": kind,
-                                      "field": field, "_check": check})
+    cls = cast(Type[_Scalar],
+               type(kind.name, (_Scalar,), {"__slots__": (), "kind": kind,
+                                           "field": field, "_check": check}))
     cls.__doc__ = "A kernel argument of type %s." % kind.name
     return cls
 
@@ -55,12 +79,13 @@ class Bytes:
     object with the buffer protocol, such as a ctypes.Structure."""
 
     __slots__ = ("data",)
+    data: bytes
 
-    def __init__(self, data):
+    def __init__(self, data: _BufferLike) -> None:
         self.data = bytes(memoryview(data).cast("B"))
 
 
-def _dims(v, what):
+def _dims(v: _Dim, what: str) -> Tuple[int, ...]:
     if isinstance(v, int):
         v = (v,)
     v = tuple(v)
@@ -72,10 +97,11 @@ def _dims(v, what):
 _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
 
 
-_configs = {}
+_configs: Dict[Tuple[_Dim, _Dim, int, Optional[Stream]], LaunchConfig] = {}
 
 
-def _launch_config(grid, block, shared, stream):
+def _launch_config(grid: _Dim, block: _Dim, shared: int,
+                   stream: Optional[Stream]) -> LaunchConfig:
     """A LaunchConfig, shared between the launches with the same shape:
     the library reads it during the call only, and nobody writes it."""
     key = (grid, block, shared, stream)
@@ -95,17 +121,18 @@ def _launch_config(grid, block, shared, stream):
 
 _VALUE_FORMAT = {"i": "q", "u": "Q", "f32": "f4x", "f64": "d"}
 _K_BUFFER, _K_I64, _K_F64, _K_BYTES = 1, 8, 11, 12
-_formats = {}
+_formats: Dict[str, Callable[..., bytes]] = {}
 
 
-def _pack_args(args, stream=None):
+def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
+               ) -> Tuple[ctypes.Array[Arg], Optional[List[Any]]]:
     """The cusafe_arg array of `args`, packed by one struct call, and what
     must stay alive with it (the bytes of Bytes arguments, the Buffers that
     wrap other libraries' arrays; `stream` is the launch's)."""
     n = len(args)
     fmt = "<"
-    values = []
-    keep = None
+    values: List[Any] = []
+    keep: Optional[List[Any]] = None
     for a in args:
         t = type(a)
         if t is Buffer:
@@ -133,7 +160,8 @@ def _pack_args(args, stream=None):
     return (Arg * n).from_buffer_copy(pack(*values)), keep
 
 
-def _pack_other(a, i, stream=None):
+def _pack_other(a: Any, i: int, stream: Optional[Stream] = None
+                ) -> Tuple[str, Tuple[Any, ...], Union[Buffer, bytes, None]]:
     if isinstance(a, Buffer):
         return "IIQ", (_K_BUFFER, 0, a.handle), None
     if hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack__"):
@@ -159,17 +187,17 @@ def _pack_other(a, i, stream=None):
                     % (i, type(a).__name__))
 
 
-def _kernel_launch(*args):
+def _kernel_launch(*args: Any) -> Any:
     # Bound to the ctypes function at the first launch.
     global _kernel_launch
     _kernel_launch = library().fn.cusafe_kernel_launch
     return _kernel_launch(*args)
 
 
-_launch_packed = None
+_launch_packed: Any = None
 
 
-def _launch_packed_fn():
+def _launch_packed_fn() -> Any:
     """cusafe_kernel_launch(handle, config, packed arguments, n) for
     Kernel.launch's fast path: a function object of its own with no
     argtypes, called with ready ctypes values and a bytes object (passed
@@ -184,7 +212,8 @@ def _launch_packed_fn():
 
 # (grid, block, shared) -> (LaunchConfig, a c_void_p of its address), for
 # the default stream only; never removed, so the addresses stay valid.
-_fast_configs = {}
+_fast_configs: Dict[Tuple[_Dim, _Dim, int],
+                    Tuple[LaunchConfig, ctypes.c_void_p]] = {}
 # Argument counts as size_t values, made once.
 _SIZES = tuple(ctypes.c_size_t(n) for n in range(64))
 
@@ -195,7 +224,8 @@ _SCALAR_FORMATS = {"I8": "b7x", "U8": "B7x", "I16": "h6x", "U16": "H6x",
                    "F32": "f4x", "F64": "d"}
 
 
-def _make_fast(types, grid, block, shared):
+def _make_fast(types: Tuple[type, ...], grid: _Dim, block: _Dim,
+               shared: int) -> Optional[_FastFn]:
     """Kernel.launch's fast path for arguments of exactly these types on
     this grid, block and shared memory, on the default stream: a function
     fast(kernel, grid, block, shared, args) that launches and returns True,
@@ -214,6 +244,7 @@ def _make_fast(types, grid, block, shared):
                 fast, ctypes.c_void_p(ctypes.addressof(fast)))
     except TypeError:  # an unhashable grid or block (a list)
         return None
+    fields: List[str]
     fmt, fields = "<", []
     for i, t in enumerate(types):
         # Each cusafe_arg: kind and size (0) as one little-endian 64-bit
@@ -245,15 +276,17 @@ def _make_fast(types, grid, block, shared):
     src += "    st = _launch(k._c_live, _cfg, _pack(%s), _n)\n" % \
         ", ".join(fields)
     src += "    if st:\n        k._failed(st, args)\n    return True\n"
-    env = {"_pack": struct.Struct(fmt).pack, "_g": grid, "_b": block,
-           "_s": shared, "_cfg": config[1], "_n": _SIZES[n],
-           "_launch": _launch_packed_fn()}
+    env: Dict[str, Any] = {
+        "_pack": struct.Struct(fmt).pack, "_g": grid, "_b": block,
+        "_s": shared, "_cfg": config[1], "_n": _SIZES[n],
+        "_launch": _launch_packed_fn()}
     env.update(("_t%d" % i, t) for i, t in enumerate(types))
     exec(src, env)
-    return env["fast"]
+    return cast("_FastFn", env["fast"])
 
 
-def _no_fast(k, grid, block, shared, args):
+def _no_fast(k: Kernel, grid: _Dim, block: _Dim, shared: int,
+             args: Tuple[Any, ...]) -> None:
     return None
 
 
@@ -263,8 +296,14 @@ class PreparedLaunch:
     failure.  It keeps the kernel and the argument objects alive."""
 
     __slots__ = ("_fn", "_argv", "_keep")
+    _fn: Any  # a ctypes function
+    _argv: Tuple[ctypes.c_uint64, ctypes.c_void_p, ctypes.Array[Arg],
+                 ctypes.c_size_t]
+    _keep: Tuple[Kernel, LaunchConfig, Tuple[Any, ...], Optional[List[Any]]]
 
-    def __init__(self, kernel, config, args, stream=None):
+    def __init__(self, kernel: Kernel, config: LaunchConfig,
+                 args: Tuple[Any, ...],
+                 stream: Optional[Stream] = None) -> None:
         # A function object of its own with no argtypes, called with ctypes
         # values made once: ctypes then converts nothing per call.  The
         # values have the exact C types of cusafe_kernel_launch.
@@ -276,7 +315,7 @@ class PreparedLaunch:
                       ctypes.c_size_t(len(args)))
         self._keep = (kernel, config, args, keep)
 
-    def __call__(self):
+    def __call__(self) -> None:
         st = self._fn(*self._argv)
         if st:
             library().check(st)
@@ -287,17 +326,20 @@ class Kernel(_Object):
 
     # _c_live: _live as a ready ctypes value, for the fast launch path.
     __slots__ = ("_name", "_pack", "_c_live")
+    _name: str
+    _pack: _FastFn
+    _c_live: ctypes.c_uint64
     _release_name = "cusafe_kernel_release"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use Module.kernel(name)")
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._name
 
     @property
-    def params(self):
+    def params(self) -> List[int]:
         """The sizes in bytes of the kernel's parameters, as a list."""
         count = ctypes.c_size_t(0)
         _call("cusafe_kernel_get_params", ctypes.byref(count), None, 0,
@@ -307,14 +349,15 @@ class Kernel(_Object):
               count.value, self.handle)
         return list(sizes[:count.value])
 
-    def suggest_config(self, n, shared=0):
+    def suggest_config(self, n: int, shared: int = 0) -> Tuple[int, int]:
         """(grid, block) that covers n threads with the best occupancy."""
         block, grid = ctypes.c_uint32(0), ctypes.c_uint32(0)
         _call("cusafe_kernel_suggest_config", ctypes.byref(block),
               ctypes.byref(grid), self.handle, shared, n)
         return grid.value, block.value
 
-    def launch(self, grid, block, *args, shared=0, stream=None):
+    def launch(self, grid: _Dim, block: _Dim, *args: Any, shared: int = 0,
+               stream: Optional[Stream] = None) -> None:
         """Launches the kernel: grid and block are ints or tuples of up to
         3 ints; args are Buffers (passed as their device address), arrays
         of other libraries (objects with __dlpack__ or
@@ -339,7 +382,8 @@ class Kernel(_Object):
                 pass  # a value out of range: the general path says which
         self._launch_general(grid, block, args, shared, stream)
 
-    def _launch_general(self, grid, block, args, shared, stream):
+    def _launch_general(self, grid: _Dim, block: _Dim, args: Tuple[Any, ...],
+                        shared: int, stream: Optional[Stream]) -> None:
         """Kernel.launch with every check of the binding; prepares the fast
         path for the next launch of the same shape."""
         config = _launch_config(grid, block, shared, stream)
@@ -352,16 +396,16 @@ class Kernel(_Object):
             self._pack = _make_fast(tuple(map(type, args)), grid, block,
                                     shared) or _no_fast
 
-    def close(self):
+    def close(self) -> None:
         self._c_live.value = 0
         _Object.close(self)
 
-    def detach(self):
+    def detach(self) -> int:
         handle = _Object.detach(self)
         self._c_live.value = 0
         return handle
 
-    def _failed(self, status, args):
+    def _failed(self, status: int, args: Tuple[Any, ...]) -> None:
         """Raises for a failed fast launch: ValueError for a closed object
         (whose handle the fast path passed as 0), else the library's
         error."""
@@ -372,7 +416,8 @@ class Kernel(_Object):
                 raise ValueError("this cusafe.Buffer is closed")
         library().check(status)
 
-    def prepare(self, grid, block, *args, shared=0, stream=None):
+    def prepare(self, grid: _Dim, block: _Dim, *args: Any, shared: int = 0,
+                stream: Optional[Stream] = None) -> PreparedLaunch:
         """A PreparedLaunch: this launch with its configuration and
         arguments converted once, to be run many times for the cost of one
         ctypes call.  The handles are read now: a Buffer closed later makes
@@ -385,5 +430,5 @@ class Kernel(_Object):
 
     __call__ = launch
 
-    def _describe(self):
+    def _describe(self) -> str:
         return self._name

@@ -1,13 +1,30 @@
 """The objects of the binding: Context, Stream, Event, Buffer, Module,
 each owning one reference on a library handle."""
 
+from __future__ import annotations
+
 import atexit
 import ctypes
 import os
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
+                    Sequence, Tuple, Type, TypeVar, Union)
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     STREAM_NON_BLOCKING, Memory, Status, _call, c_enum,
                     c_handle, device_properties, library)
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as _BufferLike
+
+    from ._capi import DeviceProperties
+    from ._interop import Array
+    from ._launch import Kernel
+
+_T = TypeVar("_T", bound="_Object")
+_CtxT = TypeVar("_CtxT", bound="Context")
+_StreamT = TypeVar("_StreamT", bound="Stream")
+_BufT = TypeVar("_BufT", bound="Buffer")
+_ModT = TypeVar("_ModT", bound="Module")
 
 # --------------------------------------------------------------------------
 # Objects
@@ -20,10 +37,10 @@ from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
 # alive, in dependency order, after the interpreter is done; releasing from
 # the interpreter's teardown could pull objects from under daemon threads
 # still using them.
-_exiting = [False]
+_exiting: List[bool] = [False]
 
 
-def _at_exit():
+def _at_exit() -> None:
     _exiting[0] = True
 
 
@@ -39,23 +56,26 @@ class _Object:
     # is the handle while open and 0 once closed, for the fast paths;
     # _handle stays the handle, for repr and equality.
     __slots__ = ("_handle", "_live", "_cell", "__weakref__")
+    _handle: int
+    _live: int
+    _cell: List[int]
     _release_name = "cusafe_release"
     # The release function of the type, bound at the first object: a raw
     # ctypes function, so that the collector runs no module code.
-    _release = None
+    _release: Any = None
 
-    def __init__(self):
+    def __init__(self) -> None:
         raise TypeError("cusafe.%s objects are made by their own "
                         "constructors or methods" % type(self).__name__)
 
-    def _own(self, handle):
+    def _own(self, handle: int) -> None:
         self._handle = self._live = handle
         self._cell = [handle]
         cls = type(self)
         if cls._release is None:
             cls._release = getattr(library().fn, cls._release_name)
 
-    def __del__(self, _exiting=_exiting):
+    def __del__(self, _exiting: List[bool] = _exiting) -> None:
         try:
             cell = self._cell
         except AttributeError:  # never owned a handle
@@ -70,14 +90,14 @@ class _Object:
             type(self)._release(handle)
 
     @classmethod
-    def _adopt(cls, handle):
+    def _adopt(cls: Type[_T], handle: int) -> _T:
         """An object owning `handle`, a reference the caller hands over."""
         obj = object.__new__(cls)
         obj._own(handle)
         return obj
 
     @property
-    def handle(self):
+    def handle(self) -> int:
         """The handle, an int.  Raises ValueError once closed."""
         h = self._live
         if not h:
@@ -85,10 +105,10 @@ class _Object:
         return h
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return not self._live
 
-    def close(self):
+    def close(self) -> None:
         """Releases the reference now; closing twice is a no-op."""
         self._live = 0
         try:
@@ -99,14 +119,14 @@ class _Object:
         if status:
             library().check(status)
 
-    def set_label(self, label):
+    def set_label(self: _T, label: Optional[Union[str, bytes]]) -> _T:
         """Attaches a label (where or why the object was made) that the
         leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it."""
         _call("cusafe_handle_set_label", self.handle,
               None if label is None else _encode(label))
         return self
 
-    def detach(self):
+    def detach(self) -> int:
         """Gives up ownership: returns the handle, which the caller must
         release (release_handle()); the object is closed.  Raises
         ValueError if it is closed already."""
@@ -117,16 +137,16 @@ class _Object:
             raise ValueError("this cusafe.%s is closed"
                              % type(self).__name__) from None
 
-    def __enter__(self):
+    def __enter__(self: _T) -> _T:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _describe(self):
+    def _describe(self) -> str:
         return ""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         name = type(self).__name__
         if self.closed:
             return "<cusafe.%s closed>" % name
@@ -134,15 +154,15 @@ class _Object:
         return "<cusafe.%s 0x%016x%s>" % (name, self._handle,
                                           " " + extra if extra else "")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and not self.closed and \
             not other.closed and other._handle == self._handle
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((type(self), self._handle))
 
 
-def _raw_stream(stream):
+def _raw_stream(stream: Any) -> int:
     """The cudaStream_t (an int) of a stream object of another library."""
     if isinstance(stream, int) and not isinstance(stream, bool):
         return stream
@@ -162,7 +182,7 @@ def _raw_stream(stream):
                     "cuda_stream or ptr" % type(stream).__name__)
 
 
-def _device_of(obj, default=0):
+def _device_of(obj: Any, default: int = 0) -> int:
     """The device ordinal that an object of another library names."""
     dev = getattr(obj, "device", None)
     index = getattr(dev, "index", None)  # torch.device
@@ -178,7 +198,7 @@ def _device_of(obj, default=0):
     return default
 
 
-def _stream_handle(stream):
+def _stream_handle(stream: Optional[Stream]) -> int:
     if stream is None:
         return 0
     if isinstance(stream, Stream):
@@ -193,16 +213,17 @@ class Context(_Object):
     one reference."""
 
     __slots__ = ("_device",)
+    _device: int
     _release_name = "cusafe_context_release"
 
-    def __init__(self, device=0):
+    def __init__(self, device: int = 0) -> None:
         h = c_handle(0)
         _call("cusafe_context_create", ctypes.byref(h), device)
         self._device = device
         self._own(h.value)
 
     @classmethod
-    def _adopt(cls, handle):
+    def _adopt(cls: Type[_CtxT], handle: int) -> _CtxT:
         obj = super()._adopt(handle)
         d = ctypes.c_int(0)
         _call("cusafe_context_get_device", ctypes.byref(d), handle)
@@ -210,18 +231,18 @@ class Context(_Object):
         return obj
 
     @property
-    def device(self):
+    def device(self) -> int:
         return self._device
 
     @property
-    def properties(self):
+    def properties(self) -> DeviceProperties:
         return device_properties(self._device)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits for all work on the device."""
         _call("cusafe_context_synchronize", self.handle)
 
-    def stream_priority_range(self):
+    def stream_priority_range(self) -> Tuple[int, int]:
         """(least, greatest) stream priority of the device."""
         least, greatest = ctypes.c_int(0), ctypes.c_int(0)
         _call("cusafe_context_stream_priority_range", ctypes.byref(least),
@@ -229,13 +250,15 @@ class Context(_Object):
         return least.value, greatest.value
 
     # Factories, for convenience.
-    def stream(self, non_blocking=False, priority=0):
+    def stream(self, non_blocking: bool = False,
+               priority: int = 0) -> Stream:
         return Stream(self, non_blocking=non_blocking, priority=priority)
 
-    def event(self, timing=True, blocking_sync=False):
+    def event(self, timing: bool = True,
+              blocking_sync: bool = False) -> Event:
         return Event(self, timing=timing, blocking_sync=blocking_sync)
 
-    def alloc(self, size, memory=Memory.DEVICE):
+    def alloc(self, size: int, memory: int = Memory.DEVICE) -> Buffer:
         """A new Buffer of `size` bytes of `memory` in this context (as
         Buffer(ctx, size, memory), by the shortest path)."""
         fn = _alloc_fn or _bind_alloc()
@@ -251,22 +274,23 @@ class Context(_Object):
         b._memory = memory
         return b
 
-    def load_builtin(self):
+    def load_builtin(self) -> Module:
         return Module.builtin(self)
 
-    def compile(self, source, name=None, options=()):
+    def compile(self, source: Union[str, bytes], name: Optional[str] = None,
+                options: Sequence[Union[str, bytes]] = ()) -> Module:
         return Module.compile(self, source, name, options)
 
-    def _describe(self):
+    def _describe(self) -> str:
         return "device %d" % self._device
 
 
-_alloc_fn = None
+_alloc_fn: Any = None
 _byref = ctypes.byref
-_new_buffer = object.__new__
+_new_buffer: Callable[[Type[Buffer]], Buffer] = object.__new__
 
 
-def _bind_alloc():
+def _bind_alloc() -> Any:
     """cusafe_buffer_alloc for Context.alloc, bound once, with the
     release function of Buffer."""
     global _alloc_fn
@@ -283,7 +307,8 @@ class Stream(_Object):
     __slots__ = ()
     _release_name = "cusafe_stream_release"
 
-    def __init__(self, ctx, non_blocking=False, priority=0, flags=None):
+    def __init__(self, ctx: Context, non_blocking: bool = False,
+                 priority: int = 0, flags: Optional[int] = None) -> None:
         if flags is None:
             flags = STREAM_NON_BLOCKING if non_blocking else 0
         h = c_handle(0)
@@ -291,10 +316,10 @@ class Stream(_Object):
               priority)
         self._own(h.value)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         _call("cusafe_stream_synchronize", self.handle)
 
-    def query(self):
+    def query(self) -> bool:
         """True if all queued work has completed."""
         lib = library()
         st = lib.fn.cusafe_stream_query(self.handle)
@@ -303,24 +328,25 @@ class Stream(_Object):
         lib.check(st)
         return True
 
-    def wait_event(self, event):
+    def wait_event(self, event: Event) -> None:
         """Makes later work on the stream wait for the event's last record."""
         _call("cusafe_stream_wait_event", self.handle, event.handle)
 
     @property
-    def context(self):
+    def context(self) -> Context:
         h = c_handle(0)
         _call("cusafe_stream_get_context", ctypes.byref(h), self.handle)
         return Context._adopt(h.value)
 
-    def interop_handle(self):
+    def interop_handle(self) -> int:
         """The cudaStream_t, as an int; cusafe keeps ownership."""
         p = ctypes.c_void_p()
         _call("cusafe_stream_interop_handle", ctypes.byref(p), self.handle)
         return p.value or 0
 
     @classmethod
-    def wrap(cls, stream, ctx=None):
+    def wrap(cls: Type[_StreamT], stream: Any,
+             ctx: Optional[Context] = None) -> _StreamT:
         """A stream of another library as a cusafe stream
         (cusafe_stream_wrap): `stream` is a cudaStream_t as an int (0 for
         the device's default stream), or an object of the CUDA stream
@@ -340,13 +366,13 @@ class Stream(_Object):
               ctypes.c_void_p(raw or None))
         return cls._adopt(h.value)
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> Tuple[int, int]:
         """The CUDA stream protocol: (0, the cudaStream_t as an int), for
         cupy.cuda.Stream.from_external(), cuda.core and others, which must
         not use it after this object is closed."""
         return (0, self.interop_handle())
 
-    def use_buffers(self, *buffers):
+    def use_buffers(self, *buffers: Buffer) -> None:
         """Records that work other code queues on this stream by address
         uses `buffers` (cusafe_stream_use_buffers): call it before queueing
         that work."""
@@ -360,7 +386,9 @@ class Event(_Object):
     __slots__ = ()
     _release_name = "cusafe_event_release"
 
-    def __init__(self, ctx, timing=True, blocking_sync=False, flags=None):
+    def __init__(self, ctx: Context, timing: bool = True,
+                 blocking_sync: bool = False,
+                 flags: Optional[int] = None) -> None:
         if flags is None:
             flags = (0 if timing else EVENT_DISABLE_TIMING) | \
                 (EVENT_BLOCKING_SYNC if blocking_sync else 0)
@@ -368,14 +396,14 @@ class Event(_Object):
         _call("cusafe_event_create", ctypes.byref(h), ctx.handle, flags)
         self._own(h.value)
 
-    def record(self, stream=None):
+    def record(self, stream: Optional[Stream] = None) -> None:
         """Records the event on `stream` (None: the context's default)."""
         _call("cusafe_event_record", self.handle, _stream_handle(stream))
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         _call("cusafe_event_synchronize", self.handle)
 
-    def query(self):
+    def query(self) -> bool:
         """True if the work before the last record has completed."""
         lib = library()
         st = lib.fn.cusafe_event_query(self.handle)
@@ -384,7 +412,7 @@ class Event(_Object):
         lib.check(st)
         return True
 
-    def elapsed_ms(self, end):
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to `end` (both recorded, done)."""
         ms = ctypes.c_float(0)
         _call("cusafe_event_elapsed_ms", ctypes.byref(ms), self.handle,
@@ -398,8 +426,13 @@ class _HostMemory:
     holds the export for as long as it lives."""
 
     __slots__ = ("view", "array", "keep", "address", "nbytes")
+    view: memoryview
+    array: Optional[ctypes.Array[ctypes.c_char]]
+    keep: Optional[bytes]
+    address: Optional[int]
+    nbytes: int
 
-    def __init__(self, obj, writable):
+    def __init__(self, obj: _BufferLike, writable: bool) -> None:
         view = obj if isinstance(obj, memoryview) else memoryview(obj)
         if not view.c_contiguous:
             raise ValueError("host memory must be C-contiguous")
@@ -425,7 +458,7 @@ class _HostMemory:
             self.address = ctypes.cast(ctypes.c_char_p(self.keep),
                                        ctypes.c_void_p).value
 
-    def release(self):
+    def release(self) -> None:
         self.array = None
         self.view.release()
 
@@ -437,9 +470,13 @@ class Buffer(_Object):
     # _cai: the Array behind __cuda_array_interface__, kept with the Buffer
     # object, which is what a consumer of the interface holds.
     __slots__ = ("_size", "_memory", "_cai")
+    _size: int
+    _memory: int
+    _cai: Array
     _release_name = "cusafe_buffer_release"
 
-    def __init__(self, ctx, size, memory=Memory.DEVICE, stream=None):
+    def __init__(self, ctx: Context, size: int, memory: int = Memory.DEVICE,
+                 stream: Optional[Stream] = None) -> None:
         """Allocates `size` bytes of `memory` in ctx; with a `stream`,
         device memory ordered on that stream (cusafe_buffer_alloc_async)."""
         h = c_handle(0)
@@ -457,7 +494,7 @@ class Buffer(_Object):
         self._own(h.value)
 
     @classmethod
-    def _adopt(cls, handle):
+    def _adopt(cls: Type[_BufT], handle: int) -> _BufT:
         obj = super()._adopt(handle)
         size, mem = ctypes.c_size_t(0), c_enum(0)
         _call("cusafe_buffer_get_size", ctypes.byref(size), handle)
@@ -467,7 +504,8 @@ class Buffer(_Object):
         return obj
 
     @classmethod
-    def from_host(cls, ctx, data, memory=Memory.DEVICE):
+    def from_host(cls: Type[_BufT], ctx: Context, data: _BufferLike,
+                  memory: int = Memory.DEVICE) -> _BufT:
         """A new buffer holding a copy of host data (any object with the
         buffer protocol)."""
         host = _HostMemory(data, writable=False)
@@ -484,23 +522,23 @@ class Buffer(_Object):
         return buf
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._size
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._size
 
     @property
-    def memory(self):
+    def memory(self) -> Memory:
         return Memory(self._memory)
 
     @property
-    def context(self):
+    def context(self) -> Context:
         h = c_handle(0)
         _call("cusafe_buffer_get_context", ctypes.byref(h), self.handle)
         return Context._adopt(h.value)
 
-    def view(self, offset, size):
+    def view(self, offset: int, size: int) -> Buffer:
         """A Buffer for bytes [offset, offset + size); it keeps this
         buffer's memory alive."""
         h = c_handle(0)
@@ -512,7 +550,8 @@ class Buffer(_Object):
         obj._own(h.value)
         return obj
 
-    def write(self, data, offset=0, stream=None):
+    def write(self, data: _BufferLike, offset: int = 0,
+              stream: Optional[Stream] = None) -> None:
         """Copies host data (bytes, bytearray, memoryview, array.array,
         numpy arrays, ...) into the buffer at `offset`.  Without a stream
         it returns when the copy is complete; with one it is ordered on
@@ -528,7 +567,9 @@ class Buffer(_Object):
         finally:
             host.release()
 
-    def read(self, out=None, offset=0, size=None, stream=None):
+    def read(self, out: Optional[_BufferLike] = None, offset: int = 0,
+             size: Optional[int] = None,
+             stream: Optional[Stream] = None) -> _BufferLike:
         """Copies bytes of the buffer from `offset` into host memory.  With
         `out` (a writable object with the buffer protocol: bytearray,
         memoryview, array.array, numpy array, ...) it fills all of `out`
@@ -550,8 +591,9 @@ class Buffer(_Object):
             host.release()
         return out
 
-    def copy_from(self, src, size=None, dst_offset=0, src_offset=0,
-                  stream=None):
+    def copy_from(self, src: Buffer, size: Optional[int] = None,
+                  dst_offset: int = 0, src_offset: int = 0,
+                  stream: Optional[Stream] = None) -> None:
         """Copies `size` bytes (default: all of src from src_offset) from
         buffer src, ordered on `stream`."""
         if size is None:
@@ -559,14 +601,15 @@ class Buffer(_Object):
         _call("cusafe_buffer_copy", self.handle, dst_offset, src.handle,
               src_offset, size, _stream_handle(stream))
 
-    def fill(self, value, offset=0, size=None, stream=None):
+    def fill(self, value: int, offset: int = 0, size: Optional[int] = None,
+             stream: Optional[Stream] = None) -> None:
         """Sets bytes to `value` (0..255), ordered on `stream`."""
         if size is None:
             size = self._size - offset
         _call("cusafe_buffer_fill", self.handle, offset, size, value,
               _stream_handle(stream))
 
-    def interop_pointer(self):
+    def interop_pointer(self) -> int:
         """The raw address of the first byte, as an int; valid while this
         object is open.  Work queued through it is not tracked."""
         p = ctypes.c_void_p()
@@ -575,8 +618,10 @@ class Buffer(_Object):
 
     # ---- interop: DLPack and the CUDA Array Interface --------------------
 
-    def as_array(self, dtype="u1", shape=None, strides=None, offset=0,
-                 stream=None):
+    def as_array(self, dtype: Any = "u1",
+                 shape: Optional[Union[int, Sequence[int]]] = None,
+                 strides: Optional[Sequence[int]] = None, offset: int = 0,
+                 stream: Any = None) -> Array:
         """An Array: bytes of this buffer from `offset` on, as an array of
         `dtype` (a NumPy type string or name: "f4", "float32", "<i8",
         "bool", ..., or a NumPy dtype) and `shape` (default: 1-D, as many
@@ -592,15 +637,17 @@ class Buffer(_Object):
         from ._interop import Array
         return Array(self, dtype, shape, strides, offset, stream)
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
-                   copy=None):
+    def __dlpack__(self, *, stream: Optional[int] = None,
+                   max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None,
+                   copy: Optional[bool] = None) -> object:
         """The DLPack protocol for the whole buffer as a 1-D array of
         bytes (uint8); see Array.__dlpack__ for other types and shapes."""
         with self.as_array() as a:
             return a.__dlpack__(stream=stream, max_version=max_version,
                                 dl_device=dl_device, copy=copy)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         """(device type, device id) of DLPack: (2, device) for device
         memory (kDLCUDA), (3, 0) for pinned (kDLCUDAHost), (13, device)
         for managed (kDLCUDAManaged)."""
@@ -608,11 +655,12 @@ class Buffer(_Object):
         return _dlpack_device(self._memory, self.context.device)
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         """The CUDA Array Interface (version 3) of the whole buffer as a
         1-D array of bytes; see Array for other types and shapes.  The
         memory stays valid while this Buffer object lives, also after
         close(): a consumer holds the object, not the handle."""
+        a: Optional[Array]
         try:
             a = self._cai
         except AttributeError:
@@ -622,7 +670,8 @@ class Buffer(_Object):
         return a.__cuda_array_interface__
 
     @classmethod
-    def wrap(cls, obj, ctx=None, stream=None):
+    def wrap(cls, obj: Any, ctx: Optional[Context] = None,
+             stream: Any = None) -> Buffer:
         """Another library's array as a Buffer over the same memory,
         zero-copy: through DLPack when `obj` has __dlpack__ (the producer's
         deleter runs once, when this buffer's last reference and queued
@@ -645,12 +694,12 @@ class Buffer(_Object):
         raise TypeError("%s has neither __dlpack__ nor "
                         "__cuda_array_interface__" % type(obj).__name__)
 
-    def _describe(self):
+    def _describe(self) -> str:
         return "%d bytes %s" % (self._size,
                                 Memory(self._memory).name.lower())
 
 
-def _encode(text):
+def _encode(text: Union[str, bytes]) -> bytes:
     return text.encode() if isinstance(text, str) else text
 
 
@@ -659,14 +708,15 @@ class Module(_Object):
     Module.from_data() or Module.compile()."""
 
     __slots__ = ("_origin",)
+    _origin: str
     _release_name = "cusafe_module_release"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use Module.builtin(), Module.from_file(), "
                         "Module.from_data() or Module.compile()")
 
     @classmethod
-    def _make(cls, origin, fn, *args):
+    def _make(cls: Type[_ModT], origin: str, fn: str, *args: Any) -> _ModT:
         h = c_handle(0)
         _call(fn, ctypes.byref(h), *args)
         obj = object.__new__(cls)
@@ -675,18 +725,20 @@ class Module(_Object):
         return obj
 
     @classmethod
-    def builtin(cls, ctx):
+    def builtin(cls: Type[_ModT], ctx: Context) -> _ModT:
         """The kernels built into cusafe (cusafe_vecadd_f32, ...)."""
         return cls._make("builtin", "cusafe_module_load_builtin", ctx.handle)
 
     @classmethod
-    def from_file(cls, ctx, path):
+    def from_file(cls: Type[_ModT], ctx: Context,
+                  path: Union[str, os.PathLike[str]]) -> _ModT:
         """A cubin, fatbin or PTX file."""
         return cls._make(os.fspath(path), "cusafe_module_load_file",
                          ctx.handle, os.fsencode(path))
 
     @classmethod
-    def from_data(cls, ctx, image):
+    def from_data(cls: Type[_ModT], ctx: Context,
+                  image: Union[str, _BufferLike]) -> _ModT:
         """A cubin, fatbin or PTX image in memory (PTX as str or bytes; a
         NUL is added where missing)."""
         if isinstance(image, str):
@@ -702,7 +754,9 @@ class Module(_Object):
             host.release()
 
     @classmethod
-    def compile(cls, ctx, source, name=None, options=()):
+    def compile(cls: Type[_ModT], ctx: Context, source: Union[str, bytes],
+                name: Optional[str] = None,
+                options: Sequence[Union[str, bytes]] = ()) -> _ModT:
         """CUDA C++ compiled with NVRTC for the context's device.  A
         failure raises CusafeError with status COMPILE and the compiler's
         log in its `log` attribute."""
@@ -713,7 +767,7 @@ class Module(_Object):
                          _encode(name) if name is not None else None,
                          array, len(opts))
 
-    def kernel(self, name):
+    def kernel(self, name: str) -> Kernel:
         """The Kernel called `name` (CusafeError NOT_FOUND if none)."""
         from ._launch import Kernel, _no_fast
         h = c_handle(0)
@@ -728,5 +782,5 @@ class Module(_Object):
 
     __getitem__ = kernel
 
-    def _describe(self):
+    def _describe(self) -> str:
         return self._origin
