@@ -198,6 +198,18 @@ def _device_of(obj: Any, default: int = 0) -> int:
     return default
 
 
+def _done(query: str, handle: int) -> bool:
+    """The answer of a query call (cusafe_stream_query,
+    cusafe_event_query): True when done, False while work is pending
+    (NOT_READY); other failures raise."""
+    lib = library()
+    st = getattr(lib.fn, query)(handle)
+    if st == Status.NOT_READY:
+        return False
+    lib.check(st)
+    return True
+
+
 def _stream_handle(stream: Optional[Stream]) -> int:
     if stream is None:
         return 0
@@ -321,12 +333,7 @@ class Stream(_Object):
 
     def query(self) -> bool:
         """True if all queued work has completed."""
-        lib = library()
-        st = lib.fn.cusafe_stream_query(self.handle)
-        if st == Status.NOT_READY:
-            return False
-        lib.check(st)
-        return True
+        return _done("cusafe_stream_query", self.handle)
 
     def wait_event(self, event: Event) -> None:
         """Makes later work on the stream wait for the event's last record."""
@@ -405,12 +412,7 @@ class Event(_Object):
 
     def query(self) -> bool:
         """True if the work before the last record has completed."""
-        lib = library()
-        st = lib.fn.cusafe_event_query(self.handle)
-        if st == Status.NOT_READY:
-            return False
-        lib.check(st)
-        return True
+        return _done("cusafe_event_query", self.handle)
 
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to `end` (both recorded, done)."""
