@@ -286,10 +286,20 @@ class CusafePeer:
         return sample
 
     def alloc_raw_sample(self, size, count):
+        """cusafe_buffer_alloc + cusafe_buffer_release as two bare ctypes
+        calls with ready ctypes values (no argtypes to convert through):
+        the floor of any allocation through ctypes."""
         lib = self.lib
-        alloc, release, check = lib.fn.cusafe_buffer_alloc, \
-            lib.fn.cusafe_buffer_release, lib.check
-        ctx = self.ctx.handle
+        raw = getattr(lib, "raw", None)
+        if raw is not None:
+            alloc, release = raw.cusafe_buffer_alloc, \
+                raw.cusafe_buffer_release
+        else:  # an older binding: the declared functions
+            alloc, release = lib.fn.cusafe_buffer_alloc, \
+                lib.fn.cusafe_buffer_release
+        check = lib.check
+        ctx = ctypes.c_uint64(self.ctx.handle)
+        nbytes = ctypes.c_size_t(size)
         h = ctypes.c_uint64(0)
         ref = ctypes.byref(h)
         sync = self.sync
@@ -297,10 +307,10 @@ class CusafePeer:
         def sample():
             t0 = now()
             for _ in range(count):
-                st = alloc(ref, ctx, 0, size)
+                st = alloc(ref, ctx, 0, nbytes)
                 if st:
                     check(st)
-                st = release(h.value)
+                st = release(h)
                 if st:
                     check(st)
             t = now() - t0

@@ -286,6 +286,17 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
 
 del _P, _h, _sz, _vp
 
+# The functions of the hot paths, bound a second time in Library.raw with
+# no argtypes (restype cusafe_status): callers pass ready ctypes values of
+# the exact C types (c_uint64 handles, c_size_t sizes, byref() pointers;
+# small ints only where the C type is int or an enum), so that ctypes
+# converts nothing per call.
+_RAW = ("cusafe_retain", "cusafe_release", "cusafe_context_release",
+        "cusafe_stream_release", "cusafe_event_release",
+        "cusafe_buffer_alloc", "cusafe_buffer_release",
+        "cusafe_module_release", "cusafe_kernel_release",
+        "cusafe_kernel_launch")
+
 # --------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------
@@ -384,13 +395,21 @@ class Library:
     """A loaded libcusafe.  `cdll` is the ctypes.CDLL; `fn` holds every
     function of cusafe.h as a ctypes function with its argtypes and restype
     declared (a function missing from the library raises CusafeError with
-    status NOT_SUPPORTED when called); `path` is what was loaded."""
+    status NOT_SUPPORTED when called); `raw` holds the functions of the
+    binding's hot paths again, without argtypes, for callers that pass
+    ctypes values of the exact C types; `path` is what was loaded; `missing`
+    lists the functions of the headers that the library lacks."""
 
     def __init__(self, cdll: ctypes.CDLL, path: str) -> None:
         self.cdll = cdll
         self.path = path
         self.fn = _Functions()
+        self.raw = _Functions()
         self.missing: List[str] = []
+        for name in _RAW:
+            f = cdll[name]  # every library has these
+            f.restype = c_status
+            setattr(self.raw, name, f)
         for name, (restype, argtypes) in _PROTOTYPES.items():
             try:
                 # Indexing makes a new function object, private to this
@@ -534,10 +553,21 @@ def handle_type(handle: int) -> HandleType:
 
 
 def retain_handle(handle: int) -> None:
-    """Adds a reference to a handle of any type (cusafe_retain)."""
-    _call("cusafe_retain", handle)
+    """Adds a reference to a live handle (an int) of any type
+    (cusafe_retain): the caller owns it and must release it
+    (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
+    null handle, SHUTDOWN after shutdown()."""
+    st = library().raw.cusafe_retain(c_handle(handle))
+    if st:
+        library().check(st)
 
 
 def release_handle(handle: int) -> None:
-    """Drops a reference of a handle of any type (cusafe_release)."""
-    _call("cusafe_release", handle)
+    """Drops one reference of a handle of any type (cusafe_release); the
+    last one destroys the object once its children and queued work are
+    gone.  Raises CusafeError INVALID_HANDLE for a stale or null handle (a
+    double release is caught, never undefined).  After shutdown() a
+    release is a no-op."""
+    st = library().raw.cusafe_release(c_handle(handle))
+    if st:
+        library().check(st)

@@ -126,88 +126,64 @@ _formats: Dict[str, Callable[..., bytes]] = {}
 
 def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
                ) -> Tuple[ctypes.Array[Arg], Optional[List[Any]]]:
-    """The cusafe_arg array of `args`, packed by one struct call, and what
-    must stay alive with it (the bytes of Bytes arguments, the Buffers that
-    wrap other libraries' arrays; `stream` is the launch's)."""
-    n = len(args)
+    """The general path: the cusafe_arg array of `args` (every type that
+    Kernel.launch takes), packed by one struct call, and what must stay
+    alive with it (the bytes of Bytes arguments, the Buffers that wrap
+    other libraries' arrays for a launch on `stream`).  Raises TypeError
+    or OverflowError naming the argument that cannot be passed."""
     fmt = "<"
     values: List[Any] = []
     keep: Optional[List[Any]] = None
-    for a in args:
+    for i, a in enumerate(args):
         t = type(a)
-        if t is Buffer:
+        if t is Buffer or isinstance(a, Buffer):
             fmt += "IIQ"
             values += (_K_BUFFER, 0, a.handle)
-        elif t is int:
+        elif t is int or (isinstance(a, int) and t is not bool):
             if not _I64_MIN <= a <= _I64_MAX:
-                raise OverflowError("%r does not fit I64" % (a,))
+                raise OverflowError("argument %d: %r does not fit I64"
+                                    % (i, a))
             fmt += "IIq"
-            values += (_K_I64, 0, a)
-        elif t is float:
+            values += (_K_I64, 0, int(a))
+        elif t is float or isinstance(a, float):
             fmt += "IId"
-            values += (_K_F64, 0, a)
+            values += (_K_F64, 0, float(a))
+        elif isinstance(a, _Scalar):
+            a._check()
+            fmt += "II" + _VALUE_FORMAT[a.field]
+            values += (int(a.kind), 0, a.value)
+        elif isinstance(a, Bytes):
+            fmt += "IIQ"
+            values += (_K_BYTES, len(a.data),
+                       ctypes.cast(ctypes.c_char_p(a.data),
+                                   ctypes.c_void_p).value)
+            keep = (keep or []) + [a.data]
+        elif t is bool:
+            raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
+        elif hasattr(a, "__cuda_array_interface__") or \
+                hasattr(a, "__dlpack__"):
+            # Another library's array (or a cusafe Array): wrapped for this
+            # launch, whose queued work then keeps it alive.
+            buf = Buffer.wrap(a, stream=stream)
+            fmt += "IIQ"
+            values += (_K_BUFFER, 0, buf.handle)
+            keep = (keep or []) + [buf]
         else:
-            f, v, k = _pack_other(a, len(values) // 3, stream)
-            fmt += f
-            values += v
-            if k is not None:
-                keep = (keep or []) + [k]
+            raise TypeError("argument %d: cannot pass %s to a kernel"
+                            % (i, type(a).__name__))
     pack = _formats.get(fmt)
     if pack is None:
         pack = _formats[fmt] = struct.Struct(fmt).pack
-    if not n:
+    if not args:
         return (Arg * 1)(), keep
-    return (Arg * n).from_buffer_copy(pack(*values)), keep
+    return (Arg * len(args)).from_buffer_copy(pack(*values)), keep
 
 
-def _pack_other(a: Any, i: int, stream: Optional[Stream] = None
-                ) -> Tuple[str, Tuple[Any, ...], Union[Buffer, bytes, None]]:
-    if isinstance(a, Buffer):
-        return "IIQ", (_K_BUFFER, 0, a.handle), None
-    if hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack__"):
-        # Another library's array (or a cusafe Array): wrapped for this
-        # launch, whose queued work then keeps it alive.
-        buf = Buffer.wrap(a, stream=stream)
-        return "IIQ", (_K_BUFFER, 0, buf.handle), buf
-    if isinstance(a, _Scalar):
-        a._check()
-        return "II" + _VALUE_FORMAT[a.field], (int(a.kind), 0, a.value), None
-    if isinstance(a, Bytes):
-        return "IIQ", (_K_BYTES, len(a.data),
-                       ctypes.cast(ctypes.c_char_p(a.data),
-                                   ctypes.c_void_p).value), a.data
-    if isinstance(a, bool):
-        raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
-    if isinstance(a, int):
-        I64(a)._check()
-        return "IIq", (_K_I64, 0, int(a)), None
-    if isinstance(a, float):
-        return "IId", (_K_F64, 0, float(a)), None
-    raise TypeError("argument %d: cannot pass %s to a kernel"
-                    % (i, type(a).__name__))
-
-
-def _kernel_launch(*args: Any) -> Any:
-    # Bound to the ctypes function at the first launch.
-    global _kernel_launch
-    _kernel_launch = library().fn.cusafe_kernel_launch
-    return _kernel_launch(*args)
-
-
-_launch_packed: Any = None
-
-
-def _launch_packed_fn() -> Any:
-    """cusafe_kernel_launch(handle, config, packed arguments, n) for
-    Kernel.launch's fast path: a function object of its own with no
-    argtypes, called with ready ctypes values and a bytes object (passed
-    as its address), so that ctypes converts nothing."""
-    global _launch_packed
-    if _launch_packed is None:
-        fn = library().cdll["cusafe_kernel_launch"]
-        fn.restype = c_status
-        _launch_packed = fn
-    return _launch_packed
+def _raw_launch() -> Any:
+    """cusafe_kernel_launch of Library.raw: called with the kernel's
+    c_uint64, a pointer to the LaunchConfig, the arguments (a ctypes array
+    or packed bytes) and a c_size_t count."""
+    return library().raw.cusafe_kernel_launch
 
 
 # (grid, block, shared) -> (LaunchConfig, a c_void_p of its address), for
@@ -273,13 +249,13 @@ def _make_fast(types: Tuple[type, ...], grid: _Dim, block: _Dim,
         src += "    (%s,) = args\n" % ", ".join("a%d" % i for i in range(n))
         src += "    if %s:\n        return None\n" % " or ".join(
             "type(a%d) is not _t%d" % (i, i) for i in range(n))
-    src += "    st = _launch(k._c_live, _cfg, _pack(%s), _n)\n" % \
+    src += "    st = _launch(k._c, _cfg, _pack(%s), _n)\n" % \
         ", ".join(fields)
     src += "    if st:\n        k._failed(st, args)\n    return True\n"
     env: Dict[str, Any] = {
         "_pack": struct.Struct(fmt).pack, "_g": grid, "_b": block,
         "_s": shared, "_cfg": config[1], "_n": _SIZES[n],
-        "_launch": _launch_packed_fn()}
+        "_launch": _raw_launch()}
     env.update(("_t%d" % i, t) for i, t in enumerate(types))
     exec(src, env)
     return cast("_FastFn", env["fast"])
@@ -307,8 +283,7 @@ class PreparedLaunch:
         # A function object of its own with no argtypes, called with ctypes
         # values made once: ctypes then converts nothing per call.  The
         # values have the exact C types of cusafe_kernel_launch.
-        self._fn = library().cdll["cusafe_kernel_launch"]
-        self._fn.restype = ctypes.c_int
+        self._fn = _raw_launch()
         cargs, keep = _pack_args(args, stream)
         self._argv = (ctypes.c_uint64(kernel.handle),
                       ctypes.c_void_p(ctypes.addressof(config)), cargs,
@@ -324,11 +299,9 @@ class PreparedLaunch:
 class Kernel(_Object):
     """A kernel of a module (Module.kernel)."""
 
-    # _c_live: _live as a ready ctypes value, for the fast launch path.
-    __slots__ = ("_name", "_pack", "_c_live")
+    __slots__ = ("_name", "_pack")
     _name: str
     _pack: _FastFn
-    _c_live: ctypes.c_uint64
     _release_name = "cusafe_kernel_release"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -388,22 +361,16 @@ class Kernel(_Object):
         path for the next launch of the same shape."""
         config = _launch_config(grid, block, shared, stream)
         cargs, _keep = _pack_args(args, stream)
-        st = _kernel_launch(self.handle, ctypes.byref(config), cargs,
-                            len(args))
+        st = _raw_launch()(self._c, ctypes.byref(config), cargs,
+                           _SIZES[len(args)] if len(args) < 64
+                           else ctypes.c_size_t(len(args)))
+        if st and self.closed:
+            raise ValueError("this cusafe.Kernel is closed")
         if st:
             library().check(st)
         if stream is None:
             self._pack = _make_fast(tuple(map(type, args)), grid, block,
                                     shared) or _no_fast
-
-    def close(self) -> None:
-        self._c_live.value = 0
-        _Object.close(self)
-
-    def detach(self) -> int:
-        handle = _Object.detach(self)
-        self._c_live.value = 0
-        return handle
 
     def _failed(self, status: int, args: Tuple[Any, ...]) -> None:
         """Raises for a failed fast launch: ValueError for a closed object

@@ -6,8 +6,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
-                    Sequence, Tuple, Type, TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
+                    Optional, Sequence, Tuple, Type, TypeVar, Union)
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     STREAM_NON_BLOCKING, Memory, Status, _call, c_enum,
@@ -50,30 +50,39 @@ atexit.register(_at_exit)
 class _Object:
     """An owned reference on one library handle."""
 
-    # _cell holds the handle while the object owns its reference: taking it
-    # out (list.pop, one step under the GIL) is what releases it, once,
-    # whichever of close(), detach() and the collector comes first.  _live
-    # is the handle while open and 0 once closed, for the fast paths;
-    # _handle stays the handle, for repr and equality.
-    __slots__ = ("_handle", "_live", "_cell", "__weakref__")
+    # _cell holds the handle, as a ctypes value, while the object owns its
+    # reference: taking it out (list.pop, one step under the GIL) is what
+    # releases it, once, whichever of close(), detach() and the collector
+    # comes first.  _c is that same ctypes value, for calls without
+    # argument conversion, and _live the handle as an int, for packing;
+    # both read 0 once closed.  _handle stays the handle, for repr and
+    # equality.
+    __slots__ = ("_handle", "_live", "_c", "_cell", "__weakref__")
     _handle: int
     _live: int
-    _cell: List[int]
+    _c: ctypes.c_uint64
+    _cell: List[ctypes.c_uint64]
     _release_name = "cusafe_release"
-    # The release function of the type, bound at the first object: a raw
-    # ctypes function, so that the collector runs no module code.
+    # The release function of the type, bound at the first object: a
+    # ctypes function of Library.raw, which takes the handle as a ready
+    # ctypes value, so that the collector runs no conversion or module
+    # code.
     _release: Any = None
 
     def __init__(self) -> None:
         raise TypeError("cusafe.%s objects are made by their own "
                         "constructors or methods" % type(self).__name__)
 
-    def _own(self, handle: int) -> None:
-        self._handle = self._live = handle
-        self._cell = [handle]
+    def _own(self, handle: Union[int, ctypes.c_uint64]) -> None:
+        """Takes over one reference on `handle` (an int, or a c_uint64 that
+        becomes the object's own)."""
+        c = handle if isinstance(handle, c_handle) else c_handle(handle)
+        self._handle = self._live = c.value
+        self._c = c
+        self._cell = [c]
         cls = type(self)
         if cls._release is None:
-            cls._release = getattr(library().fn, cls._release_name)
+            cls._release = getattr(library().raw, cls._release_name)
 
     def __del__(self, _exiting: List[bool] = _exiting) -> None:
         try:
@@ -82,12 +91,12 @@ class _Object:
             return
         if cell and not _exiting[0]:
             try:
-                handle = cell.pop()
+                c = cell.pop()
             except IndexError:  # another thread closed it meanwhile
                 return
             # A failure is ignored: after shutdown, or in a forked child,
             # a release is a no-op anyway.
-            type(self)._release(handle)
+            type(self)._release(c)
 
     @classmethod
     def _adopt(cls: Type[_T], handle: int) -> _T:
@@ -109,13 +118,17 @@ class _Object:
         return not self._live
 
     def close(self) -> None:
-        """Releases the reference now; closing twice is a no-op."""
+        """Releases the object's reference now (the handle goes stale if it
+        was the last; parents and queued work keep what they need).
+        Closing twice is a no-op.  Raises CusafeError only if the library
+        refuses the release (never after shutdown: releases are no-ops)."""
         self._live = 0
         try:
-            handle = self._cell.pop()
+            c = self._cell.pop()
         except IndexError:
             return
-        status = type(self)._release(handle)
+        status = type(self)._release(c)
+        c.value = 0
         if status:
             library().check(status)
 
@@ -132,10 +145,13 @@ class _Object:
         ValueError if it is closed already."""
         self._live = 0
         try:
-            return self._cell.pop()
+            c = self._cell.pop()
         except IndexError:
             raise ValueError("this cusafe.%s is closed"
                              % type(self).__name__) from None
+        handle = c.value
+        c.value = 0
+        return handle
 
     def __enter__(self: _T) -> _T:
         return self
@@ -232,7 +248,7 @@ class Context(_Object):
         h = c_handle(0)
         _call("cusafe_context_create", ctypes.byref(h), device)
         self._device = device
-        self._own(h.value)
+        self._own(h)
 
     @classmethod
     def _adopt(cls: Type[_CtxT], handle: int) -> _CtxT:
@@ -271,19 +287,28 @@ class Context(_Object):
         return Event(self, timing=timing, blocking_sync=blocking_sync)
 
     def alloc(self, size: int, memory: int = Memory.DEVICE) -> Buffer:
-        """A new Buffer of `size` bytes of `memory` in this context (as
-        Buffer(ctx, size, memory), by the shortest path)."""
+        """A new Buffer of `size` bytes of `memory` in this context, which
+        the caller owns (Buffer(ctx, size, memory), by the shortest path).
+        Device memory is ordered on the context's default stream.  Raises
+        ValueError for a closed Context, a negative size or an unknown
+        memory kind, CusafeError OUT_OF_MEMORY when the device (or host)
+        has no room, NOT_SUPPORTED for managed memory on a device without
+        it."""
+        kind = _MEMORY_KINDS.get(memory)
+        if kind is None:
+            raise ValueError("unknown memory kind %r" % (memory,))
         fn = _alloc_fn or _bind_alloc()
         out = c_handle()
-        st = fn(_byref(out), self._live, memory, size)
+        # Ready ctypes values (and the small int kind): nothing to convert.
+        st = fn(_byref(out), self._c, kind, _size_t(size))
         if st:
-            self.handle  # a closed Context raises ValueError
-            library().check(st)
+            _alloc_failed(self, size, st)
         b = _new_buffer(Buffer)
-        b._handle = b._live = h = out.value
-        b._cell = [h]
+        b._handle = b._live = out.value
+        b._c = out
+        b._cell = [out]
         b._size = size
-        b._memory = memory
+        b._memory = kind
         return b
 
     def load_builtin(self) -> Module:
@@ -299,18 +324,30 @@ class Context(_Object):
 
 _alloc_fn: Any = None
 _byref = ctypes.byref
+_size_t = ctypes.c_size_t
 _new_buffer: Callable[[Type[Buffer]], Buffer] = object.__new__
+# The memory kinds, as plain ints: what Context.alloc accepts.
+_MEMORY_KINDS: Dict[int, int] = {int(m): int(m) for m in Memory}
 
 
 def _bind_alloc() -> Any:
-    """cusafe_buffer_alloc for Context.alloc, bound once, with the
-    release function of Buffer."""
+    """cusafe_buffer_alloc of Library.raw for Context.alloc, bound once,
+    with the release function of Buffer."""
     global _alloc_fn
-    lib = library()
+    raw = library().raw
     if Buffer._release is None:
-        Buffer._release = lib.fn.cusafe_buffer_release
-    _alloc_fn = lib.fn.cusafe_buffer_alloc
+        Buffer._release = getattr(raw, Buffer._release_name)
+    _alloc_fn = raw.cusafe_buffer_alloc
     return _alloc_fn
+
+
+def _alloc_failed(ctx: Context, size: int, status: int) -> NoReturn:
+    """Raises for a failed Context.alloc."""
+    ctx.handle  # a closed Context raises ValueError
+    if size < 0:  # wrapped around to a size no device has
+        raise ValueError("size must not be negative: %d" % size)
+    library().check(status)
+    raise AssertionError("unreachable")
 
 
 class Stream(_Object):
@@ -326,7 +363,7 @@ class Stream(_Object):
         h = c_handle(0)
         _call("cusafe_stream_create", ctypes.byref(h), ctx.handle, flags,
               priority)
-        self._own(h.value)
+        self._own(h)
 
     def synchronize(self) -> None:
         _call("cusafe_stream_synchronize", self.handle)
@@ -401,7 +438,7 @@ class Event(_Object):
                 (EVENT_BLOCKING_SYNC if blocking_sync else 0)
         h = c_handle(0)
         _call("cusafe_event_create", ctypes.byref(h), ctx.handle, flags)
-        self._own(h.value)
+        self._own(h)
 
     def record(self, stream: Optional[Stream] = None) -> None:
         """Records the event on `stream` (None: the context's default)."""
@@ -493,7 +530,7 @@ class Buffer(_Object):
                   int(memory), size)
         self._size = size
         self._memory = int(memory)
-        self._own(h.value)
+        self._own(h)
 
     @classmethod
     def _adopt(cls: Type[_BufT], handle: int) -> _BufT:
@@ -549,7 +586,7 @@ class Buffer(_Object):
         obj = object.__new__(Buffer)
         obj._size = size
         obj._memory = self._memory
-        obj._own(h.value)
+        obj._own(h)
         return obj
 
     def write(self, data: _BufferLike, offset: int = 0,
@@ -723,7 +760,7 @@ class Module(_Object):
         _call(fn, ctypes.byref(h), *args)
         obj = object.__new__(cls)
         obj._origin = origin
-        obj._own(h.value)
+        obj._own(h)
         return obj
 
     @classmethod
@@ -778,8 +815,7 @@ class Module(_Object):
         obj = object.__new__(Kernel)
         obj._name = name
         obj._pack = _no_fast
-        obj._c_live = c_handle(h.value)
-        obj._own(h.value)
+        obj._own(h)
         return obj
 
     __getitem__ = kernel
