@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import operator
 import os
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
                     Optional, Sequence, Tuple, Type, TypeVar, Union)
@@ -298,9 +299,13 @@ class Context(_Object):
         if kind is None:
             raise ValueError("unknown memory kind %r" % (memory,))
         fn = _alloc_fn or _bind_alloc()
+        nbytes = _sizes.get(size) if type(size) is int else None
+        if nbytes is None:
+            nbytes = _size_value(size)
+            size = operator.index(size)
         out = c_handle()
         # Ready ctypes values (and the small int kind): nothing to convert.
-        st = fn(_byref(out), self._c, kind, _size_t(size))
+        st = fn(_byref(out), self._c, kind, nbytes)
         if st:
             _alloc_failed(self, size, st)
         b = _new_buffer(Buffer)
@@ -324,10 +329,24 @@ class Context(_Object):
 
 _alloc_fn: Any = None
 _byref = ctypes.byref
-_size_t = ctypes.c_size_t
 _new_buffer: Callable[[Type[Buffer]], Buffer] = object.__new__
 # The memory kinds, as plain ints: what Context.alloc accepts.
 _MEMORY_KINDS: Dict[int, int] = {int(m): int(m) for m in Memory}
+
+
+# Sizes as c_size_t values, made once each for the sizes allocated most:
+# never written once made, so threads share them.
+_sizes: Dict[int, ctypes.c_size_t] = {}
+
+
+def _size_value(size: int) -> ctypes.c_size_t:
+    """size as a c_size_t (TypeError for a non-int), kept in _sizes while
+    it holds fewer than 1024."""
+    size = operator.index(size)
+    value = ctypes.c_size_t(size)
+    if len(_sizes) < 1024 and size >= 0:
+        _sizes[size] = value
+    return value
 
 
 def _bind_alloc() -> Any:
