@@ -1,7 +1,9 @@
 """cusafe -- a ctypes binding of libcusafe, the resource-safe CUDA runtime.
 
-Copy this one file next to your program (it needs nothing but the standard
-library; numpy arrays work wherever bytes do, through the buffer protocol).
+`make install` installs this package beside the library (and records the
+library's path in it); `pip install ./python` installs the same package
+against an installed libcusafe.  It needs nothing but the standard
+library; numpy arrays work wherever bytes do, through the buffer protocol.
 
     import cusafe
 

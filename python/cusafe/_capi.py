@@ -138,6 +138,7 @@ class DeviceProperties(ctypes.Structure):
 
     @property
     def compute_capability(self) -> Tuple[int, int]:
+        """(major, minor), such as (9, 0)."""
         return (self.compute_capability_major, self.compute_capability_minor)
 
     def __repr__(self) -> str:
@@ -320,6 +321,8 @@ class CusafeError(Exception):
 
     def __init__(self, status: int, message: str = "",
                  cuda_error: int = 0) -> None:
+        """An error of `status` (kept as a Status where it is one), with
+        the library's `message` and the `cuda_error` behind it."""
         try:
             status = Status(status)
         except ValueError:

@@ -200,6 +200,12 @@ class Array:
                  shape: Optional[Union[int, Sequence[int]]] = None,
                  strides: Optional[Sequence[int]] = None, offset: int = 0,
                  stream: Any = None) -> None:
+        """Buffer.as_array(dtype, shape, strides, offset, stream), which
+        says what each argument means.  Raises TypeError for a dtype that
+        is not a type string or NumPy dtype, ValueError for an unknown
+        dtype, a negative shape, strides of another length or not
+        multiples of the element size, or elements beyond the buffer;
+        ValueError for a closed buffer."""
         typestr = _typestr(dtype)
         itemsize = int(typestr[2:])
         size = buffer.size
@@ -273,15 +279,18 @@ class Array:
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The number of elements along each dimension."""
         return self._shape
 
     @property
     def strides(self) -> Optional[Tuple[int, ...]]:
-        """Strides in bytes, or None for C order."""
+        """Strides in bytes, or None for C order (as CAI gives them)."""
         return self._strides
 
     @property
     def closed(self) -> bool:
+        """Whether close() was called (or the references are gone); the
+        protocols of a closed Array raise ValueError."""
         return self._closed or not self._finalizer.alive
 
     def _open(self) -> None:
@@ -299,9 +308,11 @@ class Array:
             self._finalizer()
 
     def __enter__(self) -> Array:
+        """The Array itself: `with` closes it at the end of the block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """close(); exceptions of the block propagate."""
         self.close()
 
     def __repr__(self) -> str:
@@ -337,6 +348,9 @@ class Array:
         }
 
     def __dlpack_device__(self) -> Tuple[int, int]:
+        """(device type, device id) of DLPack: (2, device) for device
+        memory (kDLCUDA), (3, 0) for pinned (kDLCUDAHost), (13, device)
+        for managed (kDLCUDAManaged)."""
         self._open()
         mem, dev = c_enum(0), ctypes.c_int(0)
         _call("cusafe_buffer_get_memory", ctypes.byref(mem), self._buffer)

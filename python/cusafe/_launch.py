@@ -82,6 +82,9 @@ class Bytes:
     data: bytes
 
     def __init__(self, data: _BufferLike) -> None:
+        """Copies `data` (any C-contiguous object with the buffer
+        protocol).  Its size must be that of the kernel's parameter, which
+        the launch checks (CusafeError INVALID_ARGUMENTS)."""
         self.data = bytes(memoryview(data).cast("B"))
 
 
@@ -297,7 +300,11 @@ class PreparedLaunch:
 
 
 class Kernel(_Object):
-    """A kernel of a module (Module.kernel)."""
+    """A kernel of a module (Module.kernel), which it keeps alive; queued
+    launches keep the kernel and their buffers alive until done.  Every
+    launch is checked against the kernel's real parameters (count and
+    sizes): a mismatch raises CusafeError INVALID_ARGUMENTS naming the
+    argument.  Methods of a closed Kernel raise ValueError."""
 
     __slots__ = ("_name", "_pack")
     _name: str
@@ -305,10 +312,13 @@ class Kernel(_Object):
     _release_name = "cusafe_kernel_release"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not for use: raises TypeError (Module.kernel(name) makes
+        Kernels)."""
         raise TypeError("use Module.kernel(name)")
 
     @property
     def name(self) -> str:
+        """The kernel's name in its module (readable after close())."""
         return self._name
 
     @property

@@ -116,6 +116,8 @@ class _Object:
 
     @property
     def closed(self) -> bool:
+        """Whether this object has given up its reference (close(),
+        detach(), the end of a `with` block)."""
         return not self._live
 
     def close(self) -> None:
@@ -155,9 +157,11 @@ class _Object:
         return handle
 
     def __enter__(self: _T) -> _T:
+        """The object itself: `with` closes it at the end of the block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """close(); exceptions of the block propagate."""
         self.close()
 
     def _describe(self) -> str:
@@ -238,14 +242,21 @@ def _stream_handle(stream: Optional[Stream]) -> int:
 
 class Context(_Object):
     """A device's context (cusafe_context_create): one per device, shared
-    with the CUDA runtime and other libraries; each Context object holds
-    one reference."""
+    with the CUDA runtime and other libraries (it is the device's primary
+    context).  Each Context object holds one reference; the context lives
+    while any object made in it (stream, event, buffer, module) lives, even
+    after every Context object is closed.  Methods of a closed Context
+    raise ValueError."""
 
     __slots__ = ("_device",)
     _device: int
     _release_name = "cusafe_context_release"
 
     def __init__(self, device: int = 0) -> None:
+        """A new reference on the context of `device`, which this object
+        owns.  Raises CusafeError INVALID_DEVICE for a device that does not
+        exist, NoDeviceError without a driver or device, SHUTDOWN after
+        shutdown(), FORKED in a child forked after CUDA was used."""
         h = c_handle(0)
         _call("cusafe_context_create", ctypes.byref(h), device)
         self._device = device
@@ -261,14 +272,17 @@ class Context(_Object):
 
     @property
     def device(self) -> int:
+        """The device's ordinal (readable after close())."""
         return self._device
 
     @property
     def properties(self) -> DeviceProperties:
+        """The DeviceProperties of the context's device (a new copy)."""
         return device_properties(self._device)
 
     def synchronize(self) -> None:
-        """Waits for all work on the device."""
+        """Waits for all work queued on the device, by anyone.  Raises
+        CusafeError CUDA with the device's error after a kernel fault."""
         _call("cusafe_context_synchronize", self.handle)
 
     def stream_priority_range(self) -> Tuple[int, int]:
@@ -281,10 +295,14 @@ class Context(_Object):
     # Factories, for convenience.
     def stream(self, non_blocking: bool = False,
                priority: int = 0) -> Stream:
+        """A new Stream of this context, which the caller owns
+        (Stream(ctx, non_blocking, priority))."""
         return Stream(self, non_blocking=non_blocking, priority=priority)
 
     def event(self, timing: bool = True,
               blocking_sync: bool = False) -> Event:
+        """A new Event of this context, which the caller owns
+        (Event(ctx, timing, blocking_sync))."""
         return Event(self, timing=timing, blocking_sync=blocking_sync)
 
     def alloc(self, size: int, memory: int = Memory.DEVICE) -> Buffer:
@@ -317,10 +335,12 @@ class Context(_Object):
         return b
 
     def load_builtin(self) -> Module:
+        """The Module of cusafe's built-in kernels (Module.builtin)."""
         return Module.builtin(self)
 
     def compile(self, source: Union[str, bytes], name: Optional[str] = None,
                 options: Sequence[Union[str, bytes]] = ()) -> Module:
+        """CUDA C++ source compiled at run time (Module.compile)."""
         return Module.compile(self, source, name, options)
 
     def _describe(self) -> str:
@@ -370,13 +390,22 @@ def _alloc_failed(ctx: Context, size: int, status: int) -> NoReturn:
 
 
 class Stream(_Object):
-    """A CUDA stream of a context (cusafe_stream_create)."""
+    """A CUDA stream of a context (cusafe_stream_create), or another
+    library's stream (Stream.wrap).  It keeps its context alive; work
+    queued on it keeps it alive until done, so closing it with work queued
+    is legal.  Methods of a closed Stream raise ValueError."""
 
     __slots__ = ()
     _release_name = "cusafe_stream_release"
 
     def __init__(self, ctx: Context, non_blocking: bool = False,
                  priority: int = 0, flags: Optional[int] = None) -> None:
+        """A new stream of ctx, which this object owns.  `non_blocking`:
+        no implicit synchronisation with the legacy default stream;
+        `priority`: within ctx.stream_priority_range() (lower numbers are
+        greater priorities); `flags`: the raw flags (STREAM_NON_BLOCKING),
+        instead of non_blocking.  Raises ValueError for a closed ctx,
+        CusafeError INVALID_VALUE for unknown flags."""
         if flags is None:
             flags = STREAM_NON_BLOCKING if non_blocking else 0
         h = c_handle(0)
@@ -385,10 +414,13 @@ class Stream(_Object):
         self._own(h)
 
     def synchronize(self) -> None:
+        """Waits for the work queued on the stream.  Raises CusafeError
+        CUDA with the device's error after a kernel fault."""
         _call("cusafe_stream_synchronize", self.handle)
 
     def query(self) -> bool:
-        """True if all queued work has completed."""
+        """True if all queued work has completed, False while some is
+        pending; never waits.  Other failures raise CusafeError."""
         return _done("cusafe_stream_query", self.handle)
 
     def wait_event(self, event: Event) -> None:
@@ -397,12 +429,17 @@ class Stream(_Object):
 
     @property
     def context(self) -> Context:
+        """The stream's Context, as a new object with a reference of its
+        own (the caller's to close)."""
         h = c_handle(0)
         _call("cusafe_stream_get_context", ctypes.byref(h), self.handle)
         return Context._adopt(h.value)
 
     def interop_handle(self) -> int:
-        """The cudaStream_t, as an int; cusafe keeps ownership."""
+        """The cudaStream_t, as an int, for other libraries; cusafe keeps
+        ownership: it is valid while this object is open.  Work queued on
+        it directly is not tracked: use use_buffers() for buffers it
+        touches."""
         p = ctypes.c_void_p()
         _call("cusafe_stream_interop_handle", ctypes.byref(p), self.handle)
         return p.value or 0
@@ -444,7 +481,9 @@ class Stream(_Object):
 
 
 class Event(_Object):
-    """A CUDA event of a context (cusafe_event_create)."""
+    """A CUDA event of a context (cusafe_event_create).  It keeps its
+    context alive; a record queued on a stream keeps it alive until done.
+    Methods of a closed Event raise ValueError."""
 
     __slots__ = ()
     _release_name = "cusafe_event_release"
@@ -452,6 +491,11 @@ class Event(_Object):
     def __init__(self, ctx: Context, timing: bool = True,
                  blocking_sync: bool = False,
                  flags: Optional[int] = None) -> None:
+        """A new event of ctx, which this object owns.  `timing`: usable
+        with elapsed_ms(); `blocking_sync`: synchronize() sleeps instead of
+        spinning; `flags`: the raw flags instead of both.  Raises
+        ValueError for a closed ctx, CusafeError INVALID_VALUE for unknown
+        flags."""
         if flags is None:
             flags = (0 if timing else EVENT_DISABLE_TIMING) | \
                 (EVENT_BLOCKING_SYNC if blocking_sync else 0)
@@ -460,18 +504,25 @@ class Event(_Object):
         self._own(h)
 
     def record(self, stream: Optional[Stream] = None) -> None:
-        """Records the event on `stream` (None: the context's default)."""
+        """Records the event on `stream` (None: the context's default
+        stream).  Raises CusafeError CONTEXT_MISMATCH for a stream of
+        another context, TypeError for a stream that is not a Stream."""
         _call("cusafe_event_record", self.handle, _stream_handle(stream))
 
     def synchronize(self) -> None:
+        """Waits for the work before the event's last record (returns at
+        once for an event never recorded)."""
         _call("cusafe_event_synchronize", self.handle)
 
     def query(self) -> bool:
-        """True if the work before the last record has completed."""
+        """True if the work before the last record has completed, False
+        while it is pending; never waits."""
         return _done("cusafe_event_query", self.handle)
 
     def elapsed_ms(self, end: Event) -> float:
-        """Milliseconds from this event to `end` (both recorded, done)."""
+        """Milliseconds from this event to `end`, both recorded and done.
+        Raises CusafeError NOT_READY while either is pending, CUDA for an
+        event without timing or never recorded."""
         ms = ctypes.c_float(0)
         _call("cusafe_event_elapsed_ms", ctypes.byref(ms), self.handle,
               end.handle)
@@ -522,8 +573,14 @@ class _HostMemory:
 
 
 class Buffer(_Object):
-    """Device, pinned host or managed memory (cusafe_buffer_alloc), or a
-    view of a byte range of another buffer (Buffer.view)."""
+    """Device, pinned host or managed memory (cusafe_buffer_alloc), a view
+    of a byte range of another buffer (Buffer.view), or another library's
+    memory (Buffer.wrap, from_dlpack).  A buffer keeps its context alive,
+    a view its parent; work queued on it (copies, fills, launches) keeps it
+    alive until done, so closing it right after queueing work is legal:
+    the memory is freed after that work.  Every offset and size is checked
+    against the buffer (CusafeError OUT_OF_RANGE).  Methods of a closed
+    Buffer raise ValueError."""
 
     # _cai: the Array behind __cuda_array_interface__, kept with the Buffer
     # object, which is what a consumer of the interface holds.
@@ -535,8 +592,13 @@ class Buffer(_Object):
 
     def __init__(self, ctx: Context, size: int, memory: int = Memory.DEVICE,
                  stream: Optional[Stream] = None) -> None:
-        """Allocates `size` bytes of `memory` in ctx; with a `stream`,
-        device memory ordered on that stream (cusafe_buffer_alloc_async)."""
+        """Allocates `size` bytes of `memory` in ctx, owned by this object;
+        with a `stream`, device memory ordered on that stream
+        (cusafe_buffer_alloc_async).  Contents are undefined.  Raises
+        ValueError for a closed ctx or stream, or a stream with memory
+        other than DEVICE; CusafeError OUT_OF_MEMORY, INVALID_VALUE for an
+        unknown memory kind, NOT_SUPPORTED for managed memory on a device
+        without it."""
         h = c_handle(0)
         if stream is not None:
             if memory != Memory.DEVICE:
@@ -564,8 +626,10 @@ class Buffer(_Object):
     @classmethod
     def from_host(cls: Type[_BufT], ctx: Context, data: _BufferLike,
                   memory: int = Memory.DEVICE) -> _BufT:
-        """A new buffer holding a copy of host data (any object with the
-        buffer protocol)."""
+        """A new buffer of `memory` in ctx holding a copy of host data (any
+        C-contiguous object with the buffer protocol), owned by the caller;
+        the copy is complete when it returns.  Raises ValueError for
+        non-contiguous data, and what Buffer() raises."""
         host = _HostMemory(data, writable=False)
         try:
             buf = cls(ctx, host.nbytes, memory)
@@ -581,24 +645,31 @@ class Buffer(_Object):
 
     @property
     def size(self) -> int:
+        """The size in bytes (readable after close())."""
         return self._size
 
     def __len__(self) -> int:
+        """The size in bytes."""
         return self._size
 
     @property
     def memory(self) -> Memory:
+        """The kind of memory: DEVICE, HOST_PINNED or MANAGED."""
         return Memory(self._memory)
 
     @property
     def context(self) -> Context:
+        """The buffer's Context, as a new object with a reference of its
+        own (the caller's to close)."""
         h = c_handle(0)
         _call("cusafe_buffer_get_context", ctypes.byref(h), self.handle)
         return Context._adopt(h.value)
 
     def view(self, offset: int, size: int) -> Buffer:
-        """A Buffer for bytes [offset, offset + size); it keeps this
-        buffer's memory alive."""
+        """A new Buffer, owned by the caller, for bytes [offset, offset +
+        size) of this one, whose memory it keeps alive (this object may be
+        closed first).  Raises CusafeError OUT_OF_RANGE for a range beyond
+        the buffer."""
         h = c_handle(0)
         _call("cusafe_buffer_view", ctypes.byref(h), self.handle, offset,
               size)
@@ -653,7 +724,11 @@ class Buffer(_Object):
                   dst_offset: int = 0, src_offset: int = 0,
                   stream: Optional[Stream] = None) -> None:
         """Copies `size` bytes (default: all of src from src_offset) from
-        buffer src, ordered on `stream`."""
+        buffer src at src_offset to this one at dst_offset, ordered on
+        `stream` (None: the context's default stream) after the work on
+        both buffers; between devices, a peer copy.  Overlapping ranges of
+        one buffer raise CusafeError INVALID_VALUE, ranges beyond either
+        buffer OUT_OF_RANGE."""
         if size is None:
             size = src.size - src_offset
         _call("cusafe_buffer_copy", self.handle, dst_offset, src.handle,
@@ -661,15 +736,23 @@ class Buffer(_Object):
 
     def fill(self, value: int, offset: int = 0, size: Optional[int] = None,
              stream: Optional[Stream] = None) -> None:
-        """Sets bytes to `value` (0..255), ordered on `stream`."""
+        """Sets `size` bytes from `offset` (default: to the end) to `value`,
+        ordered on `stream` (None: the context's default).  Raises
+        ValueError for a value outside 0..255, CusafeError OUT_OF_RANGE for
+        a range beyond the buffer."""
+        if not 0 <= value <= 255:
+            raise ValueError("fill value must be 0..255, not %r" % (value,))
         if size is None:
             size = self._size - offset
         _call("cusafe_buffer_fill", self.handle, offset, size, value,
               _stream_handle(stream))
 
     def interop_pointer(self) -> int:
-        """The raw address of the first byte, as an int; valid while this
-        object is open.  Work queued through it is not tracked."""
+        """The raw address of the first byte, as an int, for other
+        libraries; valid while this object (or another reference) keeps
+        the buffer.  Work queued through the address is not tracked: tell
+        the stream with Stream.use_buffers(), or use as_array() / DLPack,
+        whose consumers keep the memory alive."""
         p = ctypes.c_void_p()
         _call("cusafe_buffer_interop_pointer", ctypes.byref(p), self.handle)
         return p.value or 0
@@ -763,13 +846,17 @@ def _encode(text: Union[str, bytes]) -> bytes:
 
 class Module(_Object):
     """Loaded code of a context: Module.builtin(ctx), Module.from_file(),
-    Module.from_data() or Module.compile()."""
+    Module.from_data() or Module.compile(), each returning a Module that
+    the caller owns.  A module keeps its context alive; its kernels keep it
+    alive.  Methods of a closed Module raise ValueError."""
 
     __slots__ = ("_origin",)
     _origin: str
     _release_name = "cusafe_module_release"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not for use: raises TypeError (Module.builtin(), from_file(),
+        from_data() and compile() make Modules)."""
         raise TypeError("use Module.builtin(), Module.from_file(), "
                         "Module.from_data() or Module.compile()")
 
@@ -784,13 +871,17 @@ class Module(_Object):
 
     @classmethod
     def builtin(cls: Type[_ModT], ctx: Context) -> _ModT:
-        """The kernels built into cusafe (cusafe_vecadd_f32, ...)."""
+        """The kernels built into cusafe (cusafe_vecadd_f32, ...).  Raises
+        ValueError for a closed ctx, CusafeError INVALID_IMAGE when the
+        library has no code for the device's architecture."""
         return cls._make("builtin", "cusafe_module_load_builtin", ctx.handle)
 
     @classmethod
     def from_file(cls: Type[_ModT], ctx: Context,
                   path: Union[str, os.PathLike[str]]) -> _ModT:
-        """A cubin, fatbin or PTX file."""
+        """A cubin, fatbin or PTX file (the path is not kept).  Raises
+        CusafeError INVALID_IMAGE for a file that cannot be read or is not
+        code for the device (the message names the file and says why)."""
         return cls._make(os.fspath(path), "cusafe_module_load_file",
                          ctx.handle, os.fsencode(path))
 
@@ -798,7 +889,9 @@ class Module(_Object):
     def from_data(cls: Type[_ModT], ctx: Context,
                   image: Union[str, _BufferLike]) -> _ModT:
         """A cubin, fatbin or PTX image in memory (PTX as str or bytes; a
-        NUL is added where missing)."""
+        NUL is added where missing); the image is copied as needed, so it
+        may be dropped when this returns.  Raises CusafeError
+        INVALID_IMAGE for data that is not code for the device."""
         if isinstance(image, str):
             image = image.encode()
         if isinstance(image, (bytes, bytearray)) and image[:1] != b"\x7f" \
@@ -826,7 +919,9 @@ class Module(_Object):
                          array, len(opts))
 
     def kernel(self, name: str) -> Kernel:
-        """The Kernel called `name` (CusafeError NOT_FOUND if none)."""
+        """The Kernel called `name`, owned by the caller; it keeps this
+        module alive.  Raises CusafeError NOT_FOUND if the module has no
+        such kernel."""
         from ._launch import Kernel, _no_fast
         h = c_handle(0)
         _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,
