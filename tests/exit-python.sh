@@ -14,8 +14,11 @@
 #                             (default: $top_builddir/.libs/libcusafe.so)
 #   PYTHON                    the interpreter (default: python3); without
 #                             one the test is skipped (status 77)
+#   cusafe_package            the directory holding the package to test
+#                             (default: $top_srcdir/python; make
+#                             installcheck gives the installed one)
 # and those of tests/exit/common.sh.  Each run gets the library to test in
-# CUSAFE_LIBRARY, and the package (python/cusafe) in PYTHONPATH.
+# CUSAFE_LIBRARY, and the package's directory in PYTHONPATH.
 set -u
 
 test_name=exit-python
@@ -31,7 +34,8 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 	exit 77
 fi
 
-PYTHONPATH=$top_srcdir/python${PYTHONPATH:+:$PYTHONPATH}
+package_dir=${cusafe_package:-$top_srcdir/python}
+PYTHONPATH=$package_dir${PYTHONPATH:+:$PYTHONPATH}
 # No __pycache__ in the source tree (read-only under make distcheck).
 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH PYTHONDONTWRITEBYTECODE
@@ -54,6 +58,18 @@ for f in "$fake_library" "$real_library"; do
 		finish
 	fi
 done
+
+# The package imported is the one under test.
+run "CUSAFE_LIBRARY=$fake_library" "$PYTHON" -c \
+	'import cusafe, os; print(os.path.dirname(os.path.dirname(os.path.realpath(cusafe.__file__))))'
+if test "$status" = 0 &&
+	test "$(cat "$out")" = "$(cd "$package_dir" && pwd -P)"; then
+	report PASS "package ($package_dir)"
+else
+	report FAIL "package" "cusafe was not imported from $package_dir"
+	show_output
+	finish
+fi
 
 # Is there a GPU?  Ask the real library once.
 run "CUSAFE_LIBRARY=$real_library" "$PYTHON" "$scen" probe

@@ -4,7 +4,10 @@
 # without a GPU), each in a process of its own with the package of the
 # source tree.  Skipped (77) without pytest.
 #
-# Environment (set by `make check`): top_srcdir, top_builddir, PYTHON.
+# Environment (set by `make check`): top_srcdir, top_builddir, PYTHON;
+# cusafe_package, the directory holding the package to test (default:
+# $top_srcdir/python; make installcheck gives the installed one), and
+# cusafe_fake_library, cusafe_real_library, the libraries to test against.
 set -u
 top_srcdir=${top_srcdir:-.}
 top_builddir=${top_builddir:-.}
@@ -14,15 +17,16 @@ if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
 	echo "pytest: SKIP: $PYTHON has no pytest (pip install pytest)"
 	exit 77
 fi
-PYTHONPATH=$top_srcdir/python:$top_srcdir/tests/python${PYTHONPATH:+:$PYTHONPATH}
+package_dir=${cusafe_package:-$top_srcdir/python}
+PYTHONPATH=$package_dir:$top_srcdir/tests/python${PYTHONPATH:+:$PYTHONPATH}
 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH PYTHONDONTWRITEBYTECODE
 
 status=0
 for variant in fake gpu; do
 	case $variant in
-	fake) lib=$top_builddir/.libs/libcusafe_fake.so ;;
-	gpu) lib=$top_builddir/.libs/libcusafe.so ;;
+	fake) lib=${cusafe_fake_library:-$top_builddir/.libs/libcusafe_fake.so} ;;
+	gpu) lib=${cusafe_real_library:-$top_builddir/.libs/libcusafe.so} ;;
 	esac
 	if test "$variant" = gpu &&
 		! CUSAFE_LIBRARY=$lib "$PYTHON" -c "import cusafe; cusafe.device_count()" 2>/dev/null; then
