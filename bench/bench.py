@@ -285,10 +285,13 @@ class CusafePeer:
             return t / count / 1e3
         return sample
 
-    def alloc_raw_sample(self, size, count):
+    def alloc_raw_sample(self, size, count, fresh=False):
         """cusafe_buffer_alloc + cusafe_buffer_release as two bare ctypes
         calls with ready ctypes values (no argtypes to convert through):
-        the floor of any allocation through ctypes."""
+        the floor of any allocation through ctypes.  fresh: with a new
+        c_uint64 for the handle and its byref() per allocation, as an
+        object that keeps its handle needs; what ctx.alloc(size).close()
+        costs beyond that is the Python object's."""
         lib = self.lib
         raw = getattr(lib, "raw", None)
         if raw is not None:
@@ -316,7 +319,22 @@ class CusafePeer:
             t = now() - t0
             sync()
             return t / count / 1e3
-        return sample
+
+        def fresh_sample():
+            t0 = now()
+            for _ in range(count):
+                out = new()
+                st = alloc(byref(out), ctx, 0, nbytes)
+                if st:
+                    check(st)
+                st = release(out)
+                if st:
+                    check(st)
+            t = now() - t0
+            sync()
+            return t / count / 1e3
+        new, byref = ctypes.c_uint64, ctypes.byref
+        return fresh_sample if fresh else sample
 
     def refcount_sample(self, count):
         """retain_handle + release_handle of a Buffer's handle."""
@@ -674,8 +692,10 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
         group_header("alloc", "one device allocation of %s and its release, "
                      "us, host side (%d per sample)" % (label, count))
         names = ["cusafe ctx.alloc(size).close()",
-                 "cusafe, ctypes calls of buffer_alloc + buffer_release"]
-        fns = [cs.alloc_sample(size, count), cs.alloc_raw_sample(size, count)]
+                 "cusafe, ctypes calls of buffer_alloc + buffer_release",
+                 "  the same, a new c_uint64 and byref() per allocation"]
+        fns = [cs.alloc_sample(size, count), cs.alloc_raw_sample(size, count),
+               cs.alloc_raw_sample(size, count, fresh=True)]
         skips = []
         if isinstance(cupy_peer, Skip):
             skips.append(("CuPy cupy.empty", str(cupy_peer)))
