@@ -440,7 +440,12 @@ class Library:
         if status == Status.COMPILE:
             log = self.fn.cusafe_last_compile_log()
             err.log = log.decode("utf-8", "replace") if log else ""
-        raise err
+        try:
+            raise err
+        finally:
+            # No cycle of the error, its traceback and this frame: the
+            # frames of a failed call go as soon as the error does.
+            del err
 
     def __repr__(self) -> str:
         return "<cusafe.Library %r>" % (self.path,)
@@ -512,8 +517,15 @@ def library() -> Library:
 
 
 def _call(name: str, *args: Any) -> None:
+    """Calls a function of Library.fn and raises its error; an argument
+    that ctypes cannot convert raises TypeError."""
     lib = library()
-    lib.check(getattr(lib.fn, name)(*args))
+    try:
+        status = getattr(lib.fn, name)(*args)
+    except ctypes.ArgumentError as e:
+        raise TypeError("%s: %s" % (name, e)) from None
+    if status:
+        lib.check(status)
 
 
 # --------------------------------------------------------------------------
@@ -568,9 +580,9 @@ def retain_handle(handle: int) -> None:
 def release_handle(handle: int) -> None:
     """Drops one reference of a handle of any type (cusafe_release); the
     last one destroys the object once its children and queued work are
-    gone.  Raises CusafeError INVALID_HANDLE for a stale or null handle (a
-    double release is caught, never undefined).  After shutdown() a
-    release is a no-op."""
+    gone.  Raises CusafeError INVALID_HANDLE for a stale or forged handle
+    (a double release is caught, never undefined).  Releasing NULL_HANDLE
+    (0), and any release after shutdown(), is a no-op."""
     st = library().raw.cusafe_release(c_handle(handle))
     if st:
         library().check(st)

@@ -24,8 +24,12 @@ _DTYPE_NAMES = {
     "bool": "b1", "int8": "i1", "uint8": "u1", "int16": "i2",
     "uint16": "u2", "int32": "i4", "uint32": "u4", "int64": "i8",
     "uint64": "u8", "float16": "f2", "float32": "f4", "float64": "f8",
-    "complex64": "c8", "complex128": "c16", "byte": "u1",
-    "half": "f2", "float": "f4", "double": "f8", "int": "i8",
+    "complex64": "c8", "complex128": "c16",
+    # C names, as NumPy reads them: "float" and "int" are Python's.
+    "byte": "i1", "ubyte": "u1", "short": "i2", "ushort": "u2",
+    "intc": "i4", "uintc": "u4", "longlong": "i8", "ulonglong": "u8",
+    "half": "f2", "single": "f4", "double": "f8", "float": "f8",
+    "int": "i8", "complex": "c16",
 }
 
 
@@ -39,11 +43,11 @@ def _typestr(dtype: Any) -> str:
         raise TypeError("dtype must be a type string such as 'f4' or a "
                         "NumPy dtype, not %s" % type(dtype).__name__)
     name = _DTYPE_NAMES.get(text, text)
-    if name[:1] in "<>|=":
+    if name and name[0] in "<>|=":
         order, name = name[0], name[1:]
     else:
         order = "<"
-    if name[:1] not in _DL_CODES or not name[1:].isdigit() or \
+    if not name or name[:1] not in _DL_CODES or not name[1:].isdigit() or \
             int(name[1:]) not in (1, 2, 4, 8, 16):
         raise ValueError("unknown dtype %r (expected a type string such as "
                          "'f4', 'i8', 'u1', 'c8', 'b1', or a name such as "
@@ -444,6 +448,11 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
     array's device (default: made for it).  Raises BufferError (from the
     producer) or CusafeError (memory that is not CUDA memory of ctx's
     device, a read-only tensor)."""
+    if not hasattr(obj, "__dlpack__") or \
+            not hasattr(obj, "__dlpack_device__"):
+        raise TypeError("%s does not implement the DLPack protocol "
+                        "(__dlpack__ and __dlpack_device__)"
+                        % type(obj).__name__)
     dev_type, dev_id = obj.__dlpack_device__()
     if ctx is None:
         ctx = Context(dev_id if dev_type != _kDLCUDAHost else 0)
@@ -462,8 +471,15 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
                               "one already used)" % type(obj).__name__)
         tensor = api.get_pointer(capsule, name)
         h = c_handle(0)
-        _call("cusafe_buffer_from_dlpack" + ("" if versioned else "_legacy"),
-              ctypes.byref(h), ctx.handle, tensor)
+        try:
+            _call("cusafe_buffer_from_dlpack" +
+                  ("" if versioned else "_legacy"), ctypes.byref(h),
+                  ctx.handle, tensor)
+        except BaseException:
+            # The tensor stays the capsule's: delete it now, while the
+            # stream its deleter may order work on is still open.
+            capsule = None
+            raise
         # cusafe owns the tensor now: the capsule must not delete it.
         api.set_name(capsule, api.names[b"used_" + name])
         buf = Buffer._adopt(h.value)

@@ -4,11 +4,12 @@ prepared launches."""
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
-from ._capi import Arg, ArgKind, LaunchConfig, _call, c_status, library
+from ._capi import ArgKind, LaunchConfig, _call, library
 from ._objects import Buffer, _Object, _stream_handle
 
 if TYPE_CHECKING:
@@ -46,9 +47,21 @@ def _scalar(kind: ArgKind, field: str, lo: Optional[int] = None,
             hi: Optional[int] = None) -> Type[_Scalar]:
     def check(self: _Scalar) -> None:
         v = self.value
-        # lo and hi are given together.
-        if lo is not None and not lo <= v <= hi:  # type: ignore[operator]
-            raise OverflowError("%r does not fit %s" % (v, kind.name))
+        if lo is not None:  # an integer type: lo and hi are given together
+            if type(v) is not int:
+                try:
+                    v = self.value = operator.index(cast(Any, v))
+                except TypeError:
+                    raise TypeError("%s takes an int, not %s"
+                                    % (kind.name, type(v).__name__)) from None
+            if not lo <= v <= hi:  # type: ignore[operator]
+                raise OverflowError("%r does not fit %s" % (v, kind.name))
+        elif type(v) is not float:
+            if isinstance(v, (str, bytes)) or not hasattr(type(v),
+                                                          "__float__"):
+                raise TypeError("%s takes a float, not %s"
+                                % (kind.name, type(v).__name__))
+            v = self.value = float(v)
         if field == "f32":  # finite, but rounds to infinity
             try:
                 struct.pack("<f", v)
@@ -89,12 +102,20 @@ class Bytes:
 
 
 def _dims(v: _Dim, what: str) -> Tuple[int, ...]:
-    if isinstance(v, int):
-        v = (v,)
-    v = tuple(v)
-    if not 1 <= len(v) <= 3:
+    """A grid or block as 3 ints; TypeError for another type, ValueError
+    for more than 3 or fewer than 1."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError("%s must be an int or 1 to 3 ints, not %s"
+                        % (what, type(v).__name__))
+    try:
+        dims = (operator.index(v),) if not hasattr(v, "__iter__") \
+            else tuple(operator.index(d) for d in v)
+    except TypeError:
+        raise TypeError("%s must be an int or 1 to 3 ints, not %r"
+                        % (what, v)) from None
+    if not 1 <= len(dims) <= 3:
         raise ValueError("%s must be an int or 1 to 3 ints" % what)
-    return v + (1,) * (3 - len(v))
+    return dims + (1,) * (3 - len(dims))
 
 
 _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
@@ -128,12 +149,14 @@ _formats: Dict[str, Callable[..., bytes]] = {}
 
 
 def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
-               ) -> Tuple[ctypes.Array[Arg], Optional[List[Any]]]:
+               ) -> Tuple[Optional[bytes], Optional[List[Any]]]:
     """The general path: the cusafe_arg array of `args` (every type that
-    Kernel.launch takes), packed by one struct call, and what must stay
-    alive with it (the bytes of Bytes arguments, the Buffers that wrap
-    other libraries' arrays for a launch on `stream`).  Raises TypeError
-    or OverflowError naming the argument that cannot be passed."""
+    Kernel.launch takes) as bytes, packed by one struct call (None for no
+    arguments), which ctypes passes as the address of its contents; and
+    what must stay alive with it (the bytes of Bytes arguments, the
+    Buffers that wrap other libraries' arrays for a launch on `stream`).
+    Raises TypeError or OverflowError naming the argument that cannot be
+    passed."""
     fmt = "<"
     values: List[Any] = []
     keep: Optional[List[Any]] = None
@@ -152,7 +175,10 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
             fmt += "IId"
             values += (_K_F64, 0, float(a))
         elif isinstance(a, _Scalar):
-            a._check()
+            try:
+                a._check()
+            except (TypeError, OverflowError) as e:
+                raise type(e)("argument %d: %s" % (i, e)) from None
             fmt += "II" + _VALUE_FORMAT[a.field]
             values += (int(a.kind), 0, a.value)
         elif isinstance(a, Bytes):
@@ -177,9 +203,7 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
     pack = _formats.get(fmt)
     if pack is None:
         pack = _formats[fmt] = struct.Struct(fmt).pack
-    if not args:
-        return (Arg * 1)(), keep
-    return (Arg * len(args)).from_buffer_copy(pack(*values)), keep
+    return (pack(*values) if args else None), keep
 
 
 def _raw_launch() -> Any:
@@ -257,7 +281,8 @@ def _make_fast(types: Tuple[type, ...], grid: _Dim, block: _Dim,
     src += "    if st:\n        k._failed(st, args)\n    return True\n"
     env: Dict[str, Any] = {
         "_pack": struct.Struct(fmt).pack, "_g": grid, "_b": block,
-        "_s": shared, "_cfg": config[1], "_n": _SIZES[n],
+        "_s": shared, "_cfg": config[1],
+        "_n": _SIZES[n] if n < len(_SIZES) else ctypes.c_size_t(n),
         "_launch": _raw_launch()}
     env.update(("_t%d" % i, t) for i, t in enumerate(types))
     exec(src, env)
@@ -276,7 +301,7 @@ class PreparedLaunch:
 
     __slots__ = ("_fn", "_argv", "_keep")
     _fn: Any  # a ctypes function
-    _argv: Tuple[ctypes.c_uint64, ctypes.c_void_p, ctypes.Array[Arg],
+    _argv: Tuple[ctypes.c_uint64, ctypes.c_void_p, Optional[bytes],
                  ctypes.c_size_t]
     _keep: Tuple[Kernel, LaunchConfig, Tuple[Any, ...], Optional[List[Any]]]
 

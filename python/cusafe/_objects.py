@@ -11,8 +11,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
                     Optional, Sequence, Tuple, Type, TypeVar, Union)
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
-                    STREAM_NON_BLOCKING, Memory, Status, _call, c_enum,
-                    c_handle, device_properties, library)
+                    STREAM_NON_BLOCKING, CusafeError, Memory, Status, _call,
+                    c_enum, c_handle, device_properties, library)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer as _BufferLike
@@ -139,7 +139,7 @@ class _Object:
         """Attaches a label (where or why the object was made) that the
         leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it."""
         _call("cusafe_handle_set_label", self.handle,
-              None if label is None else _encode(label))
+              None if label is None else _encode(label, "label"))
         return self
 
     def detach(self) -> int:
@@ -240,6 +240,24 @@ def _stream_handle(stream: Optional[Stream]) -> int:
                     % type(stream).__name__)
 
 
+def _handle_of(obj: Any, cls: Type[_Object], what: str) -> int:
+    """The handle of `obj`, which must be an open `cls` (TypeError for
+    another type, ValueError once closed)."""
+    if isinstance(obj, cls):
+        return obj.handle
+    raise TypeError("%s must be a cusafe.%s, not %s"
+                    % (what, cls.__name__, type(obj).__name__))
+
+
+def _count(value: int, what: str) -> int:
+    """An offset or size: an int (TypeError otherwise), not negative
+    (ValueError), which size_t would turn into a huge one."""
+    value = operator.index(value)
+    if value < 0:
+        raise ValueError("%s must not be negative: %d" % (what, value))
+    return value
+
+
 class Context(_Object):
     """A device's context (cusafe_context_create): one per device, shared
     with the CUDA runtime and other libraries (it is the device's primary
@@ -257,6 +275,7 @@ class Context(_Object):
         owns.  Raises CusafeError INVALID_DEVICE for a device that does not
         exist, NoDeviceError without a driver or device, SHUTDOWN after
         shutdown(), FORKED in a child forked after CUDA was used."""
+        device = operator.index(device)
         h = c_handle(0)
         _call("cusafe_context_create", ctypes.byref(h), device)
         self._device = device
@@ -409,7 +428,8 @@ class Stream(_Object):
         if flags is None:
             flags = STREAM_NON_BLOCKING if non_blocking else 0
         h = c_handle(0)
-        _call("cusafe_stream_create", ctypes.byref(h), ctx.handle, flags,
+        _call("cusafe_stream_create", ctypes.byref(h),
+              _handle_of(ctx, Context, "ctx"), flags,
               priority)
         self._own(h)
 
@@ -425,7 +445,8 @@ class Stream(_Object):
 
     def wait_event(self, event: Event) -> None:
         """Makes later work on the stream wait for the event's last record."""
-        _call("cusafe_stream_wait_event", self.handle, event.handle)
+        _call("cusafe_stream_wait_event", self.handle,
+              _handle_of(event, Event, "event"))
 
     @property
     def context(self) -> Context:
@@ -462,7 +483,8 @@ class Stream(_Object):
             ctx = stream.context if isinstance(stream, Stream) \
                 else Context(_device_of(stream))
         h = c_handle(0)
-        _call("cusafe_stream_wrap", ctypes.byref(h), ctx.handle,
+        _call("cusafe_stream_wrap", ctypes.byref(h),
+              _handle_of(ctx, Context, "ctx"),
               ctypes.c_void_p(raw or None))
         return cls._adopt(h.value)
 
@@ -476,7 +498,8 @@ class Stream(_Object):
         """Records that work other code queues on this stream by address
         uses `buffers` (cusafe_stream_use_buffers): call it before queueing
         that work."""
-        arr = (c_handle * len(buffers))(*[b.handle for b in buffers])
+        arr = (c_handle * len(buffers))(
+            *[_handle_of(b, Buffer, "each argument") for b in buffers])
         _call("cusafe_stream_use_buffers", self.handle, arr, len(buffers))
 
 
@@ -500,7 +523,8 @@ class Event(_Object):
             flags = (0 if timing else EVENT_DISABLE_TIMING) | \
                 (EVENT_BLOCKING_SYNC if blocking_sync else 0)
         h = c_handle(0)
-        _call("cusafe_event_create", ctypes.byref(h), ctx.handle, flags)
+        _call("cusafe_event_create", ctypes.byref(h),
+              _handle_of(ctx, Context, "ctx"), flags)
         self._own(h)
 
     def record(self, stream: Optional[Stream] = None) -> None:
@@ -521,11 +545,13 @@ class Event(_Object):
 
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to `end`, both recorded and done.
-        Raises CusafeError NOT_READY while either is pending, CUDA for an
-        event without timing or never recorded."""
+        Raises CusafeError NOT_READY while either is pending, INVALID_VALUE
+        for an event made without timing, CONTEXT_MISMATCH for events of
+        two contexts, CusafeError with CUDA's error for one never recorded,
+        TypeError for an `end` that is not an Event."""
         ms = ctypes.c_float(0)
         _call("cusafe_event_elapsed_ms", ctypes.byref(ms), self.handle,
-              end.handle)
+              _handle_of(end, Event, "end"))
         return ms.value
 
 
@@ -595,22 +621,36 @@ class Buffer(_Object):
         """Allocates `size` bytes of `memory` in ctx, owned by this object;
         with a `stream`, device memory ordered on that stream
         (cusafe_buffer_alloc_async).  Contents are undefined.  Raises
-        ValueError for a closed ctx or stream, or a stream with memory
-        other than DEVICE; CusafeError OUT_OF_MEMORY, INVALID_VALUE for an
-        unknown memory kind, NOT_SUPPORTED for managed memory on a device
-        without it."""
+        TypeError for a ctx that is not a Context; ValueError for a closed
+        ctx or stream, a negative size, an unknown memory kind, or a stream
+        with memory other than DEVICE; CusafeError CONTEXT_MISMATCH for a
+        stream of another context, OUT_OF_MEMORY, NOT_SUPPORTED for managed
+        memory on a device without it."""
+        ctx_handle = _handle_of(ctx, Context, "ctx")
+        size = _count(size, "size")
+        kind = _MEMORY_KINDS.get(memory)
+        if kind is None:
+            raise ValueError("unknown memory kind %r" % (memory,))
         h = c_handle(0)
         if stream is not None:
-            if memory != Memory.DEVICE:
+            if kind != Memory.DEVICE:
                 raise ValueError("stream-ordered allocation is for device "
                                  "memory only")
+            stream_handle = _stream_handle(stream)
+            with stream.context as owner:
+                if owner.handle != ctx_handle:
+                    raise CusafeError(
+                        Status.CONTEXT_MISMATCH,
+                        "stream of the context of device %d given for an "
+                        "allocation in the context of device %d"
+                        % (owner.device, ctx.device))
             _call("cusafe_buffer_alloc_async", ctypes.byref(h),
-                  _stream_handle(stream), size)
+                  stream_handle, size)
         else:
-            _call("cusafe_buffer_alloc", ctypes.byref(h), ctx.handle,
-                  int(memory), size)
+            _call("cusafe_buffer_alloc", ctypes.byref(h), ctx_handle, kind,
+                  size)
         self._size = size
-        self._memory = int(memory)
+        self._memory = kind
         self._own(h)
 
     @classmethod
@@ -670,6 +710,7 @@ class Buffer(_Object):
         size) of this one, whose memory it keeps alive (this object may be
         closed first).  Raises CusafeError OUT_OF_RANGE for a range beyond
         the buffer."""
+        offset, size = _count(offset, "offset"), _count(size, "size")
         h = c_handle(0)
         _call("cusafe_buffer_view", ctypes.byref(h), self.handle, offset,
               size)
@@ -685,6 +726,7 @@ class Buffer(_Object):
         numpy arrays, ...) into the buffer at `offset`.  Without a stream
         it returns when the copy is complete; with one it is ordered on
         that stream (the data may be reused when it returns)."""
+        offset = _count(offset, "offset")
         host = _HostMemory(data, writable=False)
         try:
             if stream is None:
@@ -704,10 +746,11 @@ class Buffer(_Object):
         memoryview, array.array, numpy array, ...) it fills all of `out`
         and returns it; without, it returns a bytearray of `size` bytes
         (default: up to the end).  Returns when the data is there."""
+        offset = _count(offset, "offset")
         if out is None:
             if size is None:
                 size = self._size - offset if offset <= self._size else 0
-            out = bytearray(size)
+            out = bytearray(_count(size, "size"))
         host = _HostMemory(out, writable=True)
         try:
             if stream is None:
@@ -729,9 +772,13 @@ class Buffer(_Object):
         both buffers; between devices, a peer copy.  Overlapping ranges of
         one buffer raise CusafeError INVALID_VALUE, ranges beyond either
         buffer OUT_OF_RANGE."""
-        if size is None:
-            size = src.size - src_offset
-        _call("cusafe_buffer_copy", self.handle, dst_offset, src.handle,
+        src_handle = _handle_of(src, Buffer, "src")
+        dst_offset = _count(dst_offset, "dst_offset")
+        src_offset = _count(src_offset, "src_offset")
+        # A default size past the end: 0 bytes, which the library checks.
+        size = _count(max(src.size - src_offset, 0) if size is None
+                      else size, "size")
+        _call("cusafe_buffer_copy", self.handle, dst_offset, src_handle,
               src_offset, size, _stream_handle(stream))
 
     def fill(self, value: int, offset: int = 0, size: Optional[int] = None,
@@ -742,8 +789,9 @@ class Buffer(_Object):
         a range beyond the buffer."""
         if not 0 <= value <= 255:
             raise ValueError("fill value must be 0..255, not %r" % (value,))
-        if size is None:
-            size = self._size - offset
+        offset = _count(offset, "offset")
+        size = _count(max(self._size - offset, 0) if size is None else size,
+                      "size")
         _call("cusafe_buffer_fill", self.handle, offset, size, value,
               _stream_handle(stream))
 
@@ -840,8 +888,15 @@ class Buffer(_Object):
                                 Memory(self._memory).name.lower())
 
 
-def _encode(text: Union[str, bytes]) -> bytes:
-    return text.encode() if isinstance(text, str) else text
+def _encode(text: Union[str, bytes], what: str = "text") -> bytes:
+    """text as bytes (str is encoded as UTF-8); TypeError for another
+    type."""
+    if isinstance(text, str):
+        return text.encode()
+    if isinstance(text, bytes):
+        return text
+    raise TypeError("%s must be a str or bytes, not %s"
+                    % (what, type(text).__name__))
 
 
 class Module(_Object):
@@ -874,7 +929,8 @@ class Module(_Object):
         """The kernels built into cusafe (cusafe_vecadd_f32, ...).  Raises
         ValueError for a closed ctx, CusafeError INVALID_IMAGE when the
         library has no code for the device's architecture."""
-        return cls._make("builtin", "cusafe_module_load_builtin", ctx.handle)
+        return cls._make("builtin", "cusafe_module_load_builtin",
+                         _handle_of(ctx, Context, "ctx"))
 
     @classmethod
     def from_file(cls: Type[_ModT], ctx: Context,
@@ -883,7 +939,7 @@ class Module(_Object):
         CusafeError INVALID_IMAGE for a file that cannot be read or is not
         code for the device (the message names the file and says why)."""
         return cls._make(os.fspath(path), "cusafe_module_load_file",
-                         ctx.handle, os.fsencode(path))
+                         _handle_of(ctx, Context, "ctx"), os.fsencode(path))
 
     @classmethod
     def from_data(cls: Type[_ModT], ctx: Context,
@@ -899,7 +955,8 @@ class Module(_Object):
             image = bytes(image) + b"\0"  # PTX text
         host = _HostMemory(image, writable=False)
         try:
-            return cls._make("data", "cusafe_module_load_data", ctx.handle,
+            return cls._make("data", "cusafe_module_load_data",
+                             _handle_of(ctx, Context, "ctx"),
                              host.address, host.nbytes)
         finally:
             host.release()
@@ -914,7 +971,8 @@ class Module(_Object):
         opts = [_encode(o) for o in options]
         array = (ctypes.c_char_p * max(len(opts), 1))(*opts)
         return cls._make(name or "source.cu", "cusafe_module_compile",
-                         ctx.handle, _encode(source),
+                         _handle_of(ctx, Context, "ctx"),
+                         _encode(source, "source"),
                          _encode(name) if name is not None else None,
                          array, len(opts))
 
@@ -925,7 +983,7 @@ class Module(_Object):
         from ._launch import Kernel, _no_fast
         h = c_handle(0)
         _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,
-              _encode(name))
+              _encode(name, "name"))
         obj = object.__new__(Kernel)
         obj._name = name
         obj._pack = _no_fast
