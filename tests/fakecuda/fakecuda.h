@@ -204,7 +204,9 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * ("exec:cudaLaunchKernel" in the log), every non-NULL pointer argument is
  * checked like the pointers of a queued copy (one byte, or, for the
  * built-in kernels, the n elements they touch): one into freed memory is a
- * VIOLATION ("queued kernel NAME touches freed memory ...").  On a device
+ * VIOLATION ("queued kernel NAME touches freed memory ...").  A pointer
+ * just past the end of a live allocation (a buffer of 0 bytes there) is
+ * no access for a kernel of a fake image.  On a device
  * with a sticky error queued launches never run.  The sticky error of the
  * device applies to loading (the current device), launching (the
  * stream's), occupancy (the current device) and setting an attribute (the

@@ -10,7 +10,11 @@ parameter bytes.  A parameter byte of zero chooses the ordinary, valid case
 so most records need only the bytes that differ from it.  Any byte string is
 a valid input: if the decoder changes, the seeds become less targeted, never
 invalid.  The bytes below follow the order in which each op_* function of
-fuzz_api.c reads them."""
+fuzz_api.c reads them.
+
+Inputs that once failed are kept in the corpus as they were found, as
+regress-* files next to the generated seeds; this script leaves them
+alone."""
 
 import os
 import sys
