@@ -102,6 +102,20 @@ struct cs_cuda {
                                void **args, size_t shared_memory,
                                cudaStream_t stream);
 
+  /* stream capture and graphs */
+  cudaError_t (*stream_begin_capture)(cudaStream_t stream,
+                                      enum cudaStreamCaptureMode mode);
+  cudaError_t (*stream_end_capture)(cudaStream_t stream, cudaGraph_t *graph);
+  cudaError_t (*stream_is_capturing)(cudaStream_t stream,
+                                     enum cudaStreamCaptureStatus *status);
+  cudaError_t (*thread_exchange_stream_capture_mode)(
+      enum cudaStreamCaptureMode *mode);
+  cudaError_t (*graph_instantiate)(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                   unsigned long long flags);
+  cudaError_t (*graph_launch)(cudaGraphExec_t exec, cudaStream_t stream);
+  cudaError_t (*graph_exec_destroy)(cudaGraphExec_t exec);
+  cudaError_t (*graph_destroy)(cudaGraph_t graph);
+
   /* NVRTC */
   nvrtcResult (*nvrtc_create_program)(nvrtcProgram *prog, const char *source,
                                       const char *name, int nheaders,

@@ -95,11 +95,16 @@ enum op_kind {
   OP_FREE,
   OP_WAIT,          /* cudaStreamWaitEvent */
   OP_IMPLICIT_WAIT, /* the legacy default stream's implicit synchronization */
-  OP_LAUNCH         /* cudaLaunchKernel */
+  OP_LAUNCH,        /* cudaLaunchKernel */
+  OP_GRAPH,         /* cudaGraphLaunch */
+  OP_WAIT_EXTERNAL  /* a graph's event wait node (cudaEventWaitExternal) */
 };
 
 struct fstream;
 struct fkernel;
+struct fexec;
+struct fevent;
+struct fcapture;
 
 struct fop {
   struct fop *next;
@@ -114,6 +119,8 @@ struct fop {
   void *staging; /* OP_COPY from pageable memory: the bytes taken at the call;
                    OP_LAUNCH: the argument values taken at the call */
   struct fkernel *kernel; /* OP_LAUNCH */
+  struct fexec *exec;     /* OP_GRAPH */
+  struct fevent *event;   /* OP_WAIT_EXTERNAL */
 };
 
 struct fstream {
@@ -126,6 +133,12 @@ struct fstream {
   uint64_t enqueued; /* operations ever queued: the position of the last */
   uint64_t done;     /* operations completed (run or discarded) */
   struct fop *head, *tail;
+  /* The capture this stream takes part in (it began there, or joined by
+   * waiting for an event recorded in it), NULL if none; the sequence
+   * number of the last node it captured, and of the last of its nodes
+   * that another stream of the capture waited for (joined). */
+  struct fcapture *capture;
+  uint64_t cap_last, cap_joined;
 };
 
 struct fevent {
@@ -136,6 +149,41 @@ struct fevent {
   struct fstream *stream; /* where and at which position it was recorded */
   uint64_t pos;
   uint64_t stamp; /* the device's clock at the record, for elapsed time */
+  /* Last recorded in a capture (then the fields above keep the record
+   * before it): the capture, the node count there, the capturing stream. */
+  struct fcapture *capture;
+  uint64_t cap_seq;
+  struct fstream *cap_stream;
+};
+
+/* A stream capture sequence, kept as a tombstone once ended. */
+struct fcapture {
+  enum cudaStreamCaptureMode mode;
+  struct fstream *origin;
+  const void *thread; /* the beginning thread's token (t_self) */
+  int device;
+  int invalidated;
+  int ended;
+  uint64_t seq; /* nodes captured so far */
+  struct fop *head, *tail;
+};
+
+/* A graph (the nodes of an ended capture) and an executable graph (a copy
+ * of a graph's nodes), kept as tombstones once destroyed.  Nodes run in
+ * the order they were captured, which is one order their edges allow. */
+struct fgraph {
+  int device;
+  int destroyed;
+  struct fop *head;
+  size_t nnodes;
+};
+
+struct fexec {
+  int device;
+  int destroyed;
+  size_t pending; /* launches queued and not yet run */
+  struct fop *head;
+  size_t nnodes;
 };
 
 struct fdevice {
@@ -174,6 +222,8 @@ struct flibrary {
   size_t nkernels;
   struct fkernel *kernels; /* a cudaKernel_t points at one of these */
   size_t queued;           /* launches of its kernels not yet run */
+  size_t graph_nodes;      /* launch nodes of its kernels in captures,
+                              graphs and executable graphs */
 };
 
 struct fprogram {
@@ -226,6 +276,12 @@ static struct {
   /* Libraries and NVRTC programs, kept the same way. */
   struct flibrary **libraries;
   size_t nlibraries, cap_libraries;
+  struct fcapture **captures;
+  size_t ncaptures, cap_captures;
+  struct fgraph **graphs;
+  size_t ngraphs, cap_graphs;
+  struct fexec **execs;
+  size_t nexecs, cap_execs;
   struct fprogram **programs;
   size_t nprograms, cap_programs;
   char *nvrtc_options;        /* the options of the last nvrtcCompileProgram */
@@ -238,6 +294,11 @@ static struct {
 
 static _Thread_local int t_device;             /* cudaSetDevice */
 static _Thread_local cudaError_t t_last_error; /* cudaGetLastError */
+/* cudaThreadExchangeStreamCaptureMode (Global, 0, by default), and a
+ * token whose address tells the threads apart. */
+static _Thread_local enum cudaStreamCaptureMode t_capture_mode;
+static _Thread_local char t_self;
+#define SELF ((const void *)&t_self)
 
 /* A distinct non-NULL address per device to hand out as its CUcontext. */
 static char g_ctx_token[MAX_DEVICES];
@@ -374,6 +435,18 @@ static void free_ops(struct fstream *s) {
   s->head = s->tail = NULL;
 }
 
+/* Frees a list of graph nodes: its launches no longer hold their
+ * libraries. */
+static void free_nodes(struct fop *o) {
+  while (o) {
+    struct fop *next = o->next;
+    if (o->kind == OP_LAUNCH)
+      o->kernel->lib->graph_nodes--;
+    free_op(o);
+    o = next;
+  }
+}
+
 static void free_kernel_parts(struct fkernel *k) {
   free(k->name);
   free(k->psize);
@@ -410,6 +483,35 @@ static void free_allocations(struct falloc *a) {
  * runtime does at its teardown, and what fake_reset() promises.  Settings
  * (device count, limits, faults, ...) and the log are left alone. */
 static void free_everything(void) {
+  /* Graph nodes first: they point into the libraries. */
+  for (size_t i = 0; i < g.ncaptures; i++) {
+    free_nodes(g.captures[i]->head);
+    free(g.captures[i]);
+  }
+  free(g.captures);
+  g.captures = NULL;
+  g.ncaptures = g.cap_captures = 0;
+  for (size_t i = 0; i < g.ngraphs; i++) {
+    free_nodes(g.graphs[i]->head);
+    free(g.graphs[i]);
+  }
+  free(g.graphs);
+  g.graphs = NULL;
+  g.ngraphs = g.cap_graphs = 0;
+  /* A queued graph launch refers to its executable graph: the queues go
+   * before the executable graphs. */
+  for (size_t i = 0; i < g.nstreams; i++)
+    free_ops(g.streams[i]);
+  for (int i = 0; i < MAX_DEVICES; i++)
+    free_ops(&g.dev[i].legacy);
+  for (size_t i = 0; i < g.nexecs; i++) {
+    free_nodes(g.execs[i]->head);
+    free(g.execs[i]);
+  }
+  free(g.execs);
+  g.execs = NULL;
+  g.nexecs = g.cap_execs = 0;
+
   free_allocations(g.live);
   g.live = NULL;
   free_allocations(g.quar_head);
@@ -589,6 +691,7 @@ static cudaError_t begin_on_device(const char *name, int flags, int *dev) {
 
 static cudaError_t begin_on_stream(const char *name, cudaStream_t h, int flags,
                                    struct fstream **out);
+static cudaError_t legacy_call(const struct fstream *legacy, int invalidate);
 
 /* Each call opens with one of these statements: its prologue (begin() and
  * what its flags ask for, or begin_nvrtc()) and, when that fails, a return
@@ -797,7 +900,8 @@ static int stream_alive(const struct fstream *s) {
 }
 
 static void run_stream_to(struct fstream *s, uint64_t pos);
-static void exec_launch(struct fop *o);
+static void exec_launch(const struct fop *o);
+static void exec_graph(struct fop *o, int discard);
 
 static void exec_op(struct fop *o) {
   switch (o->kind) {
@@ -828,7 +932,22 @@ static void exec_op(struct fop *o) {
     if (o->kind == OP_WAIT)
       log_add("exec:cudaStreamWaitEvent");
     break;
-  case OP_LAUNCH: exec_launch(o); break;
+  case OP_LAUNCH:
+    o->kernel->lib->queued--;
+    exec_launch(o);
+    break;
+  case OP_GRAPH: exec_graph(o, 0); break;
+  case OP_WAIT_EXTERNAL: {
+    struct fevent *ev = o->event;
+    if (ev->destroyed)
+      violation("a graph's event wait node waits for event %p, which was "
+                "destroyed",
+                (void *)ev);
+    if (ev->recorded && !ev->capture)
+      run_stream_to(ev->stream, ev->pos);
+    log_add("exec:cudaStreamWaitEvent");
+    break;
+  }
   }
 }
 
@@ -842,6 +961,8 @@ static void discard_op(struct fop *o) {
   }
   if (o->kind == OP_LAUNCH)
     o->kernel->lib->queued--;
+  if (o->kind == OP_GRAPH)
+    exec_graph(o, 1);
 }
 
 /* Runs (or, on a sticky device, discards) s's queue up to position pos.
@@ -930,13 +1051,41 @@ static void implicit_deps(struct fstream *s) {
   }
 }
 
+/* Adds o to the graph that s's capture is building, instead of queueing
+ * it: nothing runs.  On a capture that an illegal call invalidated, every
+ * operation fails. */
+static cudaError_t capture_op(struct fstream *s, struct fop *o) {
+  struct fcapture *c = s->capture;
+  if (c->invalidated) {
+    if (o->kind == OP_LAUNCH)
+      o->kernel->lib->queued--;
+    free_op(o);
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  if (o->kind == OP_LAUNCH) {
+    o->kernel->lib->queued--;
+    o->kernel->lib->graph_nodes++;
+  }
+  o->next = NULL;
+  if (c->tail)
+    c->tail->next = o;
+  else
+    c->head = o;
+  c->tail = o;
+  s->cap_last = ++c->seq;
+  return cudaSuccess;
+}
+
 /* Queues o on s, after the implicit dependencies, and runs it at once
- * unless the fake is paused. */
-static void enqueue(struct fstream *s, struct fop *o) {
+ * unless the fake is paused; on a capturing stream, captures it. */
+static cudaError_t enqueue(struct fstream *s, struct fop *o) {
+  if (s->capture)
+    return capture_op(s, o);
   implicit_deps(s);
   push_op(s, o);
   if (!g.paused)
     run_stream(s);
+  return cudaSuccess;
 }
 
 static struct fstream *find_stream(cudaStream_t h) {
@@ -981,6 +1130,8 @@ static cudaError_t begin_on_stream(const char *name, cudaStream_t h, int flags,
   cudaError_t e = begin(name, flags);
   if (e == cudaSuccess)
     e = resolve_stream(name, h, out);
+  if (e == cudaSuccess && (*out)->builtin)
+    e = legacy_call(*out, 1);
   if (e == cudaSuccess && (flags & STICKY))
     e = sticky((*out)->device);
   return e;
@@ -1005,6 +1156,108 @@ static struct fevent *resolve_event(const char *fn, cudaEvent_t h) {
 /* Whether ev's record has been reached; an event never recorded has. */
 static int event_complete(const struct fevent *ev) {
   return !ev->recorded || ev->stream->done >= ev->pos;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The rules of stream capture, as measured on an H100 (CUDA 13.0, driver   */
+/* 580); see fakecuda.h.                                                      */
+/* ------------------------------------------------------------------------ */
+
+static int capture_active(const struct fcapture *c) { return !c->ended; }
+
+/* A "potentially unsafe" call (an allocation or free, a query or
+ * synchronization of a stream or event, ...) is prohibited for a thread
+ * whose mode is not Relaxed while it has a capture of its own that did not
+ * begin Relaxed, or, in Global mode, while another thread has a capture
+ * that began Global.  The call fails with cudaErrorStreamCaptureUnsupported
+ * and invalidates those captures. */
+static cudaError_t unsafe_call(void) {
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed)
+    return cudaSuccess;
+  int prohibited = 0;
+  for (size_t i = 0; i < g.ncaptures; i++) {
+    struct fcapture *c = g.captures[i];
+    if (!capture_active(c))
+      continue;
+    if ((c->thread == SELF && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (t_capture_mode == cudaStreamCaptureModeGlobal && c->thread != SELF &&
+         c->mode == cudaStreamCaptureModeGlobal)) {
+      c->invalidated = 1;
+      prohibited = 1;
+    }
+  }
+  return prohibited ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+/* Inside a call's body (the lock held): unsafe_call(), returning its
+ * error. */
+#define UNSAFE_OR_RETURN()                                                     \
+  do {                                                                         \
+    cudaError_t u_ = unsafe_call();                                            \
+    if (u_ != cudaSuccess)                                                     \
+      return leave(u_);                                                        \
+  } while (0)
+
+/* A query or synchronization of a capturing stream is never legal: it
+ * invalidates the capture.  Of another stream it is a potentially unsafe
+ * call. */
+static cudaError_t stream_wait_call(struct fstream *s) {
+  if (s->capture) {
+    s->capture->invalidated = 1;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return unsafe_call();
+}
+
+/* The same for an event: one last recorded in a capture answers
+ * cudaErrorCapturedEvent (and invalidates it) while the capture lasts,
+ * cudaErrorInvalidValue after it ended. */
+static cudaError_t event_wait_call(struct fevent *ev) {
+  if (ev->capture) {
+    if (ev->capture->ended)
+      return cudaErrorInvalidValue;
+    ev->capture->invalidated = 1;
+    return cudaErrorCapturedEvent;
+  }
+  return unsafe_call();
+}
+
+/* cudaMallocAsync and cudaFreeAsync: potentially unsafe on a stream that
+ * does not capture, graph memory nodes on one that does. */
+static cudaError_t capture_memory_call(struct fstream *s) {
+  return s->capture ? cudaSuccess : unsafe_call();
+}
+
+/* Synchronizing a whole device is illegal while any stream of it
+ * captures, whatever the mode: it invalidates every such capture. */
+static cudaError_t device_wait_call(int device) {
+  int conflict = 0;
+  for (size_t i = 0; i < g.ncaptures; i++) {
+    struct fcapture *c = g.captures[i];
+    if (capture_active(c) && c->device == device) {
+      c->invalidated = 1;
+      conflict = 1;
+    }
+  }
+  return conflict ? cudaErrorStreamCaptureUnsupported : unsafe_call();
+}
+
+/* While a blocking stream (not cudaStreamNonBlocking) of a device
+ * captures, any use of the device's legacy stream would make it depend on
+ * the capture: cudaErrorStreamCaptureImplicit, and with `invalidate` the
+ * capture is invalidated. */
+static cudaError_t legacy_call(const struct fstream *legacy, int invalidate) {
+  cudaError_t e = cudaSuccess;
+  for (size_t i = 0; i < g.nstreams; i++) {
+    struct fstream *t = g.streams[i];
+    if (t->device == legacy->device && t->capture &&
+        !(t->flags & cudaStreamNonBlocking)) {
+      if (invalidate)
+        t->capture->invalidated = 1;
+      e = cudaErrorStreamCaptureImplicit;
+    }
+  }
+  return e;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1047,6 +1300,8 @@ static const struct {
     {300, "cudaErrorInvalidSource", "device kernel image is invalid"},
     {301, "cudaErrorFileNotFound", "file not found"},
     {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {401, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
     {500, "cudaErrorSymbolNotFound", "named symbol not found"},
     {600, "cudaErrorNotReady", "device not ready"},
     {700, "cudaErrorIllegalAddress",
@@ -1063,6 +1318,27 @@ static const struct {
     {719, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {800, "cudaErrorNotPermitted", "operation not permitted"},
     {801, "cudaErrorNotSupported", "operation not supported"},
+    {900, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {901, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {902, "cudaErrorStreamCaptureMerge",
+     "operation would result in a merge of separate capture sequences"},
+    {903, "cudaErrorStreamCaptureUnmatched",
+     "capture was not ended in the same stream as it began"},
+    {904, "cudaErrorStreamCaptureUnjoined",
+     "capturing stream has unjoined work"},
+    {905, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {906, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking "
+     "stream"},
+    {907, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing "
+     "stream"},
+    {908, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another "
+     "thread"},
     {999, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -1248,6 +1524,9 @@ static cudaError_t fk_set_device(int device) {
 static cudaError_t fk_device_synchronize(void) {
   int dev;
   ENTER_ON_DEVICE_OR_RETURN("cudaDeviceSynchronize", 0, &dev);
+  cudaError_t e = device_wait_call(dev);
+  if (e != cudaSuccess)
+    return leave(e);
   run_device(dev); /* discards instead, on a sticky device */
   return leave(sticky(dev));
 }
@@ -1298,6 +1577,9 @@ static size_t count_allocations(int device);
 static size_t count_streams(int device);
 static size_t count_events(int device);
 static size_t count_libraries(int device);
+static size_t count_graphs(int device);
+static size_t count_execs(int device);
+static size_t count_captures(int device);
 static struct flibrary *find_library(cudaLibrary_t h);
 
 /* cuLibraryGetModule: a fake library is loaded whole at cudaLibraryLoadData
@@ -1341,11 +1623,17 @@ static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
   if (--d->ctx_refs == 0) {
     size_t na = count_allocations(dev), ns = count_streams(dev),
            ne = count_events(dev), nl = count_libraries(dev);
+    size_t ngr = count_graphs(dev), nx = count_execs(dev),
+           nc = count_captures(dev);
     if (na || ns || ne || nl)
       violation("primary context of device %d released with %zu "
                 "allocation%s, %zu stream%s, %zu event%s, %zu librar%s alive",
                 dev, na, plural(na), ns, plural(ns), ne, plural(ne), nl,
                 nl == 1 ? "y" : "ies");
+    if (ngr || nx || nc)
+      violation("primary context of device %d released with %zu graph%s, "
+                "%zu executable graph%s, %zu capture%s alive",
+                dev, ngr, plural(ngr), nx, plural(nx), nc, plural(nc));
   }
   return leave_driver(cudaSuccess);
 }
@@ -1442,6 +1730,10 @@ static cudaError_t fk_stream_destroy(cudaStream_t stream) {
   if (s->destroyed)
     violation("cudaStreamDestroy of stream %p, which was already destroyed",
               (void *)stream);
+  if (s->capture)
+    violation("cudaStreamDestroy of stream %p, which takes part in a stream "
+              "capture (cudaStreamEndCapture first)",
+              (void *)stream);
   s->destroyed = 1;
   if (!g.paused || sticky(s->device))
     run_stream(s);
@@ -1451,6 +1743,9 @@ static cudaError_t fk_stream_destroy(cudaStream_t stream) {
 static cudaError_t fk_stream_synchronize(cudaStream_t stream) {
   struct fstream *s;
   ENTER_ON_STREAM_OR_RETURN("cudaStreamSynchronize", stream, 0, &s);
+  cudaError_t e = stream_wait_call(s);
+  if (e != cudaSuccess)
+    return leave(e);
   run_stream(s); /* discards instead, on a sticky device */
   return leave(sticky(s->device));
 }
@@ -1501,6 +1796,9 @@ static cudaError_t fk_stream_get_device(cudaStream_t stream, int *device) {
 static cudaError_t fk_stream_query(cudaStream_t stream) {
   struct fstream *s;
   ENTER_ON_STREAM_OR_RETURN("cudaStreamQuery", stream, STICKY, &s);
+  cudaError_t e = stream_wait_call(s);
+  if (e != cudaSuccess)
+    return leave(e);
   if (g.paused)
     return leave(stream_pending(s) ? cudaErrorNotReady : cudaSuccess);
   run_stream(s);
@@ -1518,13 +1816,44 @@ static cudaError_t fk_stream_wait_event(cudaStream_t stream, cudaEvent_t event,
   if ((e = sticky(s->device)) != cudaSuccess ||
       (e = sticky(ev->device)) != cudaSuccess)
     return leave(e);
+  if (s->capture && s->capture->invalidated)
+    return leave(cudaErrorStreamCaptureInvalidated);
+  struct fcapture *c = ev->capture;
+  if (c && c->ended) /* a record of a capture that is over */
+    return leave(cudaErrorInvalidValue);
+  if (c) {
+    /* An event recorded in a capture: an edge of that capture's graph.  A
+     * stream outside it joins it; one of another capture would merge the
+     * two. */
+    if (s->capture && s->capture != c) {
+      s->capture->invalidated = c->invalidated = 1;
+      return leave(cudaErrorStreamCaptureMerge);
+    }
+    if (!s->capture) {
+      s->capture = c;
+      s->cap_last = s->cap_joined = 0;
+    }
+    if (ev->cap_stream != s && ev->cap_stream->cap_joined < ev->cap_seq)
+      ev->cap_stream->cap_joined = ev->cap_seq;
+    return leave(cudaSuccess);
+  }
+  if (flags & cudaEventWaitExternal) {
+    if (!s->capture) /* only a capture makes event wait nodes */
+      return leave(cudaErrorIllegalState);
+    struct fop *o = new_op(OP_WAIT_EXTERNAL);
+    o->event = ev;
+    return leave(enqueue(s, o));
+  }
   if (!ev->recorded) /* waiting for a never-recorded event is a no-op */
     return leave(cudaSuccess);
+  if (s->capture) { /* a dependency on work outside the capture */
+    s->capture->invalidated = 1;
+    return leave(cudaErrorStreamCaptureIsolation);
+  }
   struct fop *o = new_op(OP_WAIT);
   o->wait_on = ev->stream; /* the record as it is now, not as it will be */
   o->wait_pos = ev->pos;
-  enqueue(s, o);
-  return leave(cudaSuccess);
+  return leave(enqueue(s, o));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1573,6 +1902,15 @@ static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream) {
   cudaError_t e = sticky(s->device);
   if (e != cudaSuccess)
     return leave(e);
+  if (s->capture) { /* a record in the graph, not in the stream */
+    if (s->capture->invalidated)
+      return leave(cudaErrorStreamCaptureInvalidated);
+    ev->capture = s->capture;
+    ev->cap_seq = s->capture->seq;
+    ev->cap_stream = s;
+    return leave(cudaSuccess);
+  }
+  ev->capture = NULL;
   implicit_deps(s); /* on stream 0 the record waits for blocking streams */
   ev->recorded = 1;
   ev->stream = s;
@@ -1586,6 +1924,9 @@ static cudaError_t fk_event_record(cudaEvent_t event, cudaStream_t stream) {
 static cudaError_t fk_event_synchronize(cudaEvent_t event) {
   ENTER_OR_RETURN("cudaEventSynchronize", 0);
   struct fevent *ev = resolve_event("cudaEventSynchronize", event);
+  cudaError_t e = event_wait_call(ev);
+  if (e != cudaSuccess)
+    return leave(e);
   if (ev->recorded)
     run_stream_to(ev->stream, ev->pos); /* discards, if sticky */
   return leave(sticky(ev->device));
@@ -1594,7 +1935,9 @@ static cudaError_t fk_event_synchronize(cudaEvent_t event) {
 static cudaError_t fk_event_query(cudaEvent_t event) {
   ENTER_OR_RETURN("cudaEventQuery", 0);
   struct fevent *ev = resolve_event("cudaEventQuery", event);
-  cudaError_t e = sticky(ev->device);
+  cudaError_t e = event_wait_call(ev);
+  if (e == cudaSuccess)
+    e = sticky(ev->device);
   if (e != cudaSuccess)
     return leave(e);
   if (g.paused)
@@ -1614,6 +1957,11 @@ static cudaError_t fk_event_elapsed_time(float *ms, cudaEvent_t start,
   struct fevent *b = resolve_event("cudaEventElapsedTime", end);
   if (!ms)
     return leave(cudaErrorInvalidValue);
+  cudaError_t w = event_wait_call(a);
+  if (w == cudaSuccess)
+    w = event_wait_call(b);
+  if (w != cudaSuccess)
+    return leave(w);
   if (a->device != b->device)
     return leave(cudaErrorInvalidResourceHandle);
   cudaError_t e = sticky(a->device);
@@ -1643,6 +1991,12 @@ static cudaError_t fk_malloc_async(void **ptr, size_t size,
                                    cudaStream_t stream) {
   struct fstream *s;
   ENTER_ON_STREAM_OR_RETURN("cudaMallocAsync", stream, STICKY, &s);
+  cudaError_t e = capture_memory_call(s);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (s->capture)
+    misuse("cudaMallocAsync on a capturing stream: graph allocation nodes "
+           "are not modelled");
   if (!ptr)
     return leave(cudaErrorInvalidValue);
   return leave(allocate(ptr, size, s->device, KIND_DEVICE));
@@ -1663,9 +2017,17 @@ static struct falloc *live_allocation(const char *fn, const void *ptr) {
 static cudaError_t fk_free_async(void *ptr, cudaStream_t stream) {
   struct fstream *s;
   ENTER_ON_STREAM_OR_RETURN("cudaFreeAsync", stream, 0, &s);
+  cudaError_t e = capture_memory_call(s);
+  if (e != cudaSuccess)
+    return leave(e);
   if (!ptr)
     return leave(cudaSuccess);
   struct falloc *a = live_allocation("cudaFreeAsync", ptr);
+  /* A free node may only free the graph's own allocations, which the fake
+   * does not model: memory from outside is refused, and the capture goes
+   * on (as measured). */
+  if (s->capture)
+    return leave(cudaErrorInvalidValue);
   if (a->kind != KIND_DEVICE)
     violation("cudaFreeAsync of pointer %p, which is %s memory, not device "
               "memory",
@@ -1678,13 +2040,13 @@ static cudaError_t fk_free_async(void *ptr, cudaStream_t stream) {
   }
   struct fop *o = new_op(OP_FREE);
   o->alloc = a;
-  enqueue(s, o);
-  return leave(cudaSuccess);
+  return leave(enqueue(s, o));
 }
 
 static cudaError_t fk_malloc_host(void **ptr, size_t size) {
   int dev;
   ENTER_ON_DEVICE_OR_RETURN("cudaMallocHost", STICKY, &dev);
+  UNSAFE_OR_RETURN();
   if (!ptr)
     return leave(cudaErrorInvalidValue);
   /* Pinned memory belongs to the context it was allocated in: it counts
@@ -1696,6 +2058,7 @@ static cudaError_t fk_malloc_host(void **ptr, size_t size) {
  * devices runs first (or is discarded, on a sticky device). */
 static cudaError_t fk_free_host(void *ptr) {
   ENTER_OR_RETURN("cudaFreeHost", 0);
+  UNSAFE_OR_RETURN();
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
@@ -1712,6 +2075,7 @@ static cudaError_t fk_malloc_managed(void **ptr, size_t size,
                                      unsigned int flags) {
   int dev;
   ENTER_ON_DEVICE_OR_RETURN("cudaMallocManaged", STICKY, &dev);
+  UNSAFE_OR_RETURN();
   if (!ptr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return leave(cudaErrorInvalidValue);
   if (!g.dev[dev].managed)
@@ -1723,6 +2087,7 @@ static cudaError_t fk_malloc_managed(void **ptr, size_t size,
  * device memory too; pinned memory needs cudaFreeHost. */
 static cudaError_t fk_free(void *ptr) {
   ENTER_OR_RETURN("cudaFree", 0);
+  UNSAFE_OR_RETURN();
   if (!ptr)
     return leave(cudaSuccess);
   run_all_devices();
@@ -1782,6 +2147,10 @@ static cudaError_t fk_memcpy_async(void *dst, const void *src, size_t size,
   if (!valid_range(dst, size) || !valid_range(src, size))
     return leave(cudaErrorInvalidValue);
   struct fop *o = new_copy_op(OP_COPY, dst, src, size);
+  /* A captured copy from pageable memory reads it when the graph runs (as
+   * measured), and one into it does not wait: nothing runs. */
+  if (s->capture)
+    return leave(enqueue(s, o));
   if (is_pageable(src)) {
     o->staging = malloc(size);
     if (!o->staging) {
@@ -1814,8 +2183,7 @@ static cudaError_t fk_memcpy_peer_async(void *dst, int dst_device,
   if (!valid_range(dst, size) || !valid_range(src, size))
     return leave(cudaErrorInvalidValue);
   struct fop *o = new_copy_op(OP_PEER_COPY, dst, src, size);
-  enqueue(s, o);
-  return leave(cudaSuccess);
+  return leave(enqueue(s, o));
 }
 
 static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
@@ -1830,8 +2198,7 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
   o->dst = ptr;
   o->value = (unsigned char)value;
   o->size = size;
-  enqueue(s, o);
-  return leave(cudaSuccess);
+  return leave(enqueue(s, o));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2096,6 +2463,7 @@ static cudaError_t fk_library_load_data(cudaLibrary_t *library,
                                         enum cudaLibraryOption *options,
                                         void **values, unsigned int noptions) {
   ENTER_OR_RETURN("cudaLibraryLoadData", 0);
+  UNSAFE_OR_RETURN();
   if (!valid_load_args(library, code, jit_options, jit_values, njit, options,
                        values, noptions))
     return leave(cudaErrorInvalidValue);
@@ -2109,6 +2477,7 @@ static cudaError_t fk_library_load_file(cudaLibrary_t *library,
                                         enum cudaLibraryOption *options,
                                         void **values, unsigned int noptions) {
   ENTER_OR_RETURN("cudaLibraryLoadFromFile", 0);
+  UNSAFE_OR_RETURN();
   if (!valid_load_args(library, path, jit_options, jit_values, njit, options,
                        values, noptions))
     return leave(cudaErrorInvalidValue);
@@ -2178,6 +2547,7 @@ static struct fkernel *resolve_kernel(const char *fn, const void *func) {
  * library must outlive the work that runs its kernels. */
 static cudaError_t fk_library_unload(cudaLibrary_t library) {
   ENTER_OR_RETURN("cudaLibraryUnload", 0);
+  UNSAFE_OR_RETURN();
   struct flibrary *lib = find_library(library);
   if (!lib)
     violation("cudaLibraryUnload of %p, which is not a library",
@@ -2190,6 +2560,11 @@ static cudaError_t fk_library_unload(cudaLibrary_t library) {
               "kernels %s still queued",
               (void *)library, lib->queued, lib->queued == 1 ? "" : "es",
               lib->queued == 1 ? "is" : "are");
+  if (lib->graph_nodes)
+    violation("cudaLibraryUnload of library %p while %zu launch node%s of its "
+              "kernels %s in captures, graphs or executable graphs",
+              (void *)library, lib->graph_nodes, plural(lib->graph_nodes),
+              lib->graph_nodes == 1 ? "is" : "are");
   lib->unloaded = 1;
   return leave(cudaSuccess);
 }
@@ -2350,8 +2725,7 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
   o->kernel = k;
   o->staging = values;
   k->lib->queued++;
-  enqueue(s, o);
-  return leave(cudaSuccess);
+  return leave(enqueue(s, o));
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
@@ -2459,12 +2833,11 @@ static void exec_builtin(const struct fkernel *k, const char *what,
 
 /* A queued launch runs: every pointer argument must still point at live
  * memory (or the test's host memory); the built-in kernels do their work. */
-static void exec_launch(struct fop *o) {
+static void exec_launch(const struct fop *o) {
   struct fkernel *k = o->kernel;
   const unsigned char *v = o->staging;
   char what[256];
   snprintf(what, sizeof what, "kernel %s", k->name);
-  k->lib->queued--;
   log_add("exec:cudaLaunchKernel");
   if (k->op != BI_NONE) {
     exec_builtin(k, what, v);
@@ -3052,6 +3425,277 @@ static nvrtcResult fk_nvrtc_destroy_program(nvrtcProgram *prog) {
 /* The table                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Stream capture and graphs                                                  */
+/* ------------------------------------------------------------------------ */
+
+static cudaError_t fk_stream_begin_capture(cudaStream_t stream,
+                                           enum cudaStreamCaptureMode mode) {
+  ENTER_OR_RETURN("cudaStreamBeginCapture", 0);
+  if (is_default_stream(stream)) /* the legacy stream cannot capture */
+    return leave(cudaErrorStreamCaptureUnsupported);
+  struct fstream *s;
+  cudaError_t e = resolve_stream("cudaStreamBeginCapture", stream, &s);
+  if (e == cudaSuccess)
+    e = sticky(s->device);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (mode != cudaStreamCaptureModeGlobal &&
+      mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return leave(cudaErrorInvalidValue);
+  if (s->capture)
+    return leave(cudaErrorIllegalState);
+  struct fcapture *c = calloc(1, sizeof *c);
+  if (!c)
+    return leave(cudaErrorMemoryAllocation);
+  c->mode = mode;
+  c->origin = s;
+  c->thread = SELF;
+  c->device = s->device;
+  g.captures =
+      grow(g.captures, g.ncaptures, &g.cap_captures, sizeof *g.captures);
+  g.captures[g.ncaptures++] = c;
+  s->capture = c;
+  s->cap_last = s->cap_joined = 0;
+  return leave(cudaSuccess);
+}
+
+/* Ends capture c: every stream leaves it; the nodes go to a new graph
+ * (returned) when `keep`, else are dropped. */
+static struct fgraph *capture_finish(struct fcapture *c, int keep) {
+  for (size_t i = 0; i < g.nstreams; i++)
+    if (g.streams[i]->capture == c)
+      g.streams[i]->capture = NULL;
+  c->ended = 1;
+  struct fgraph *gr = NULL;
+  if (keep) {
+    gr = calloc(1, sizeof *gr);
+    if (!gr) {
+      fputs("fakecuda: out of host memory\n", stderr);
+      abort();
+    }
+    gr->device = c->device;
+    gr->head = c->head;
+    gr->nnodes = c->seq;
+    g.graphs = grow(g.graphs, g.ngraphs, &g.cap_graphs, sizeof *g.graphs);
+    g.graphs[g.ngraphs++] = gr;
+  } else {
+    free_nodes(c->head);
+  }
+  c->head = c->tail = NULL;
+  return gr;
+}
+
+/* As measured: from another thread a capture that did not begin Relaxed
+ * ends with cudaErrorStreamCaptureWrongThread and no graph; an
+ * invalidated one with cudaErrorStreamCaptureInvalidated; one with work of
+ * another stream that the origin never waited for with
+ * cudaErrorStreamCaptureUnjoined.  Each ends the capture. */
+static cudaError_t fk_stream_end_capture(cudaStream_t stream,
+                                         cudaGraph_t *graph) {
+  struct fstream *s;
+  ENTER_ON_STREAM_OR_RETURN("cudaStreamEndCapture", stream, 0, &s);
+  if (!graph)
+    return leave(cudaErrorInvalidValue);
+  *graph = NULL;
+  struct fcapture *c = s->capture;
+  if (!c)
+    return leave(cudaErrorIllegalState);
+  if (c->origin != s)
+    return leave(cudaErrorStreamCaptureUnmatched);
+  cudaError_t e = cudaSuccess;
+  if (c->thread != SELF && c->mode != cudaStreamCaptureModeRelaxed)
+    e = cudaErrorStreamCaptureWrongThread;
+  else if (c->invalidated)
+    e = cudaErrorStreamCaptureInvalidated;
+  else
+    for (size_t i = 0; i < g.nstreams; i++) {
+      struct fstream *t = g.streams[i];
+      if (t->capture == c && t != s && t->cap_last > t->cap_joined)
+        e = cudaErrorStreamCaptureUnjoined;
+    }
+  struct fgraph *gr = capture_finish(c, e == cudaSuccess);
+  if (gr)
+    *graph = (cudaGraph_t)(void *)gr;
+  return leave(e);
+}
+
+static cudaError_t
+fk_stream_is_capturing(cudaStream_t stream,
+                       enum cudaStreamCaptureStatus *status) {
+  ENTER_OR_RETURN("cudaStreamIsCapturing", 0);
+  struct fstream *s;
+  cudaError_t e = resolve_stream("cudaStreamIsCapturing", stream, &s);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (!status)
+    return leave(cudaErrorInvalidValue);
+  *status = cudaStreamCaptureStatusNone;
+  if (s->builtin) /* answers, and invalidates nothing */
+    return leave(legacy_call(s, 0));
+  if (s->capture)
+    *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+  return leave(cudaSuccess);
+}
+
+static cudaError_t
+fk_thread_exchange_stream_capture_mode(enum cudaStreamCaptureMode *mode) {
+  ENTER_OR_RETURN("cudaThreadExchangeStreamCaptureMode", 0);
+  if (!mode || (*mode != cudaStreamCaptureModeGlobal &&
+                *mode != cudaStreamCaptureModeThreadLocal &&
+                *mode != cudaStreamCaptureModeRelaxed))
+    return leave(cudaErrorInvalidValue);
+  enum cudaStreamCaptureMode old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return leave(cudaSuccess);
+}
+
+static struct fgraph *resolve_graph(const char *fn, cudaGraph_t h) {
+  for (size_t i = 0; i < g.ngraphs; i++)
+    if (g.graphs[i] == (struct fgraph *)(void *)h) {
+      if (g.graphs[i]->destroyed)
+        violation("%s of graph %p after it was destroyed", fn, (void *)h);
+      return g.graphs[i];
+    }
+  violation("%s of %p, which is not a graph", fn, (void *)h);
+}
+
+static struct fexec *resolve_exec(const char *fn, cudaGraphExec_t h) {
+  for (size_t i = 0; i < g.nexecs; i++)
+    if (g.execs[i] == (struct fexec *)(void *)h) {
+      if (g.execs[i]->destroyed)
+        violation("%s of executable graph %p after it was destroyed", fn,
+                  (void *)h);
+      return g.execs[i];
+    }
+  violation("%s of %p, which is not an executable graph", fn, (void *)h);
+}
+
+/* A copy of a list of nodes, launches with their argument values. */
+static struct fop *copy_nodes(const struct fop *o, size_t *n) {
+  struct fop *head = NULL, **tail = &head;
+  *n = 0;
+  for (; o; o = o->next) {
+    struct fop *c = new_op(o->kind);
+    *c = *o;
+    c->next = NULL;
+    if (o->kind == OP_LAUNCH) {
+      size_t bytes = o->kernel->argbytes ? o->kernel->argbytes : 1;
+      c->staging = xrealloc(NULL, bytes);
+      memcpy(c->staging, o->staging, bytes);
+      o->kernel->lib->graph_nodes++;
+    }
+    *tail = c;
+    tail = &c->next;
+    ++*n;
+  }
+  return head;
+}
+
+static cudaError_t fk_graph_instantiate(cudaGraphExec_t *exec,
+                                        cudaGraph_t graph,
+                                        unsigned long long flags) {
+  ENTER_OR_RETURN("cudaGraphInstantiate", 0);
+  if (!exec)
+    return leave(cudaErrorInvalidValue);
+  struct fgraph *gr = resolve_graph("cudaGraphInstantiate", graph);
+  if (flags & ~(unsigned long long)(cudaGraphInstantiateFlagAutoFreeOnLaunch |
+                                    cudaGraphInstantiateFlagUpload |
+                                    cudaGraphInstantiateFlagUseNodePriority))
+    return leave(cudaErrorInvalidValue);
+  cudaError_t e = sticky(gr->device);
+  if (e != cudaSuccess)
+    return leave(e);
+  struct fexec *x = calloc(1, sizeof *x);
+  if (!x)
+    return leave(cudaErrorMemoryAllocation);
+  x->device = gr->device;
+  x->head = copy_nodes(gr->head, &x->nnodes);
+  g.execs = grow(g.execs, g.nexecs, &g.cap_execs, sizeof *g.execs);
+  g.execs[g.nexecs++] = x;
+  *exec = (cudaGraphExec_t)(void *)x;
+  return leave(cudaSuccess);
+}
+
+/* Runs (or, discarding, drops) one queued launch of an executable graph:
+ * its nodes in order, each checked as the same work queued on a stream
+ * would be.  The last launch of a destroyed executable graph frees it. */
+static void exec_graph(struct fop *o, int discard) {
+  struct fexec *x = o->exec;
+  if (!discard) {
+    log_add("exec:cudaGraphLaunch");
+    for (struct fop *n = x->head; n; n = n->next) {
+      if (n->kind == OP_LAUNCH)
+        exec_launch(n);
+      else
+        exec_op(n);
+    }
+  }
+  if (--x->pending == 0 && x->destroyed) {
+    free_nodes(x->head);
+    x->head = NULL;
+  }
+}
+
+/* Launches of one executable graph run one after another, in the order
+ * they were made, whatever their streams (as measured). */
+static cudaError_t fk_graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
+  struct fstream *s;
+  ENTER_ON_STREAM_OR_RETURN("cudaGraphLaunch", stream, 0, &s);
+  struct fexec *x = resolve_exec("cudaGraphLaunch", exec);
+  if (x->device != s->device)
+    return leave(cudaErrorInvalidValue);
+  if (s->capture) {
+    s->capture->invalidated = 1;
+    return leave(cudaErrorStreamCaptureUnsupported);
+  }
+  cudaError_t e = sticky(s->device);
+  if (e != cudaSuccess)
+    return leave(e);
+  for (size_t i = 0; i < g.nstreams; i++) /* after its earlier launches */
+    for (struct fop *p = g.streams[i]->head; p; p = p->next)
+      if (p->kind == OP_GRAPH && p->exec == x && g.streams[i] != s)
+        push_wait(s, OP_IMPLICIT_WAIT, g.streams[i], g.streams[i]->enqueued);
+  struct fstream *legacy = &g.dev[s->device].legacy;
+  for (struct fop *p = legacy->head; p; p = p->next)
+    if (p->kind == OP_GRAPH && p->exec == x && legacy != s)
+      push_wait(s, OP_IMPLICIT_WAIT, legacy, legacy->enqueued);
+  struct fop *o = new_op(OP_GRAPH);
+  o->exec = x;
+  x->pending++;
+  return leave(enqueue(s, o));
+}
+
+/* Destroying an executable graph with launches queued is legal: they
+ * still run, and it is freed after the last (as measured).  A potentially
+ * unsafe call during a capture. */
+static cudaError_t fk_graph_exec_destroy(cudaGraphExec_t exec) {
+  ENTER_OR_RETURN("cudaGraphExecDestroy", 0);
+  UNSAFE_OR_RETURN();
+  struct fexec *x = resolve_exec("cudaGraphExecDestroy", exec);
+  x->destroyed = 1;
+  if (x->pending && sticky(x->device))
+    run_device(x->device); /* a dead device's queues: discarded now */
+  if (!x->pending) {
+    free_nodes(x->head);
+    x->head = NULL;
+  }
+  return leave(cudaSuccess);
+}
+
+/* A graph and the executable graphs made of it are independent. */
+static cudaError_t fk_graph_destroy(cudaGraph_t graph) {
+  ENTER_OR_RETURN("cudaGraphDestroy", 0);
+  struct fgraph *gr = resolve_graph("cudaGraphDestroy", graph);
+  gr->destroyed = 1;
+  free_nodes(gr->head);
+  gr->head = NULL;
+  return leave(cudaSuccess);
+}
+
 FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .get_device_count = fk_get_device_count,
     .driver_get_version = fk_driver_get_version,
@@ -3097,6 +3741,15 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .kernel_set_attribute_for_device = fk_kernel_set_attribute_for_device,
     .occupancy_max_active_blocks = fk_occupancy_max_active_blocks,
     .launch_kernel = fk_launch_kernel,
+    .stream_begin_capture = fk_stream_begin_capture,
+    .stream_end_capture = fk_stream_end_capture,
+    .stream_is_capturing = fk_stream_is_capturing,
+    .thread_exchange_stream_capture_mode =
+        fk_thread_exchange_stream_capture_mode,
+    .graph_instantiate = fk_graph_instantiate,
+    .graph_launch = fk_graph_launch,
+    .graph_exec_destroy = fk_graph_exec_destroy,
+    .graph_destroy = fk_graph_destroy,
     .nvrtc_create_program = fk_nvrtc_create_program,
     .nvrtc_compile_program = fk_nvrtc_compile_program,
     .nvrtc_get_program_log_size = fk_nvrtc_get_program_log_size,
@@ -3115,6 +3768,35 @@ static size_t count_allocations(int device) {
   size_t n = 0;
   for (struct falloc *a = g.live; a; a = a->next)
     if (device < 0 || a->device == device)
+      n++;
+  return n;
+}
+
+static size_t count_graphs(int device) {
+  size_t n = 0;
+  for (size_t i = 0; i < g.ngraphs; i++)
+    if ((device < 0 || g.graphs[i]->device == device) &&
+        !g.graphs[i]->destroyed)
+      n++;
+  return n;
+}
+
+/* An executable graph counts as alive until destroyed and its last queued
+ * launch has run. */
+static size_t count_execs(int device) {
+  size_t n = 0;
+  for (size_t i = 0; i < g.nexecs; i++)
+    if ((device < 0 || g.execs[i]->device == device) &&
+        (!g.execs[i]->destroyed || g.execs[i]->pending))
+      n++;
+  return n;
+}
+
+static size_t count_captures(int device) {
+  size_t n = 0;
+  for (size_t i = 0; i < g.ncaptures; i++)
+    if ((device < 0 || g.captures[i]->device == device) &&
+        capture_active(g.captures[i]))
       n++;
   return n;
 }
@@ -3364,6 +4046,27 @@ FAKE_EXPORT size_t fake_live_streams(int device) {
   return n;
 }
 
+FAKE_EXPORT size_t fake_live_graphs(int device) {
+  lock();
+  size_t n = count_graphs(device);
+  unlock();
+  return n;
+}
+
+FAKE_EXPORT size_t fake_live_graph_execs(int device) {
+  lock();
+  size_t n = count_execs(device);
+  unlock();
+  return n;
+}
+
+FAKE_EXPORT size_t fake_live_captures(int device) {
+  lock();
+  size_t n = count_captures(device);
+  unlock();
+  return n;
+}
+
 FAKE_EXPORT size_t fake_live_events(int device) {
   lock();
   size_t n = count_events(device);
@@ -3433,5 +4136,6 @@ FAKE_EXPORT void fake_reset(void) {
   g.torn_down = 0; /* the atexit registration, though, stays */
   t_device = 0;
   t_last_error = cudaSuccess;
+  t_capture_mode = cudaStreamCaptureModeGlobal;
   unlock();
 }

@@ -237,6 +237,77 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * failed, or an -arch=compute_NN).  Programs count as alive until
  * nvrtcDestroyProgram. */
 
+/* Stream capture and graphs, as measured on an H100 (CUDA 13.0, driver
+ * 580).
+ *
+ * cudaStreamBeginCapture(s, mode) makes s capture: work queued on it
+ * (copies, memsets, launches) becomes nodes of a graph instead of running;
+ * a record of an event there is "captured", and a stream outside the
+ * capture that waits for such an event joins it.  The legacy stream
+ * cannot capture (cudaErrorStreamCaptureUnsupported); beginning twice:
+ * cudaErrorIllegalState.  cudaStreamEndCapture on the origin stream gives
+ * the graph, or none and:
+ *   cudaErrorStreamCaptureWrongThread  from another thread than the one
+ *                                      that began it (not Relaxed);
+ *   cudaErrorStreamCaptureInvalidated  after an illegal call (below);
+ *   cudaErrorStreamCaptureUnjoined     a joined stream has nodes that no
+ *                                      stream of the capture waited for;
+ *   cudaErrorStreamCaptureUnmatched    on a joined stream, not the origin
+ *                                      (the capture goes on);
+ *   cudaErrorIllegalState              on a stream that does not capture.
+ * Every outcome but the last ends the capture for all its streams.
+ * Illegal calls fail with the error named and invalidate the capture (it
+ * then fails every further operation with
+ * cudaErrorStreamCaptureInvalidated until it ends):
+ *   - "potentially unsafe" calls -- cudaMallocHost, cudaFreeHost,
+ *     cudaMallocManaged, cudaFree, cudaEventQuery, cudaEventSynchronize,
+ *     cudaEventElapsedTime, cudaStreamQuery, cudaStreamSynchronize, and
+ *     cudaMallocAsync / cudaFreeAsync on a stream that does not capture,
+ *     cudaGraphExecDestroy, cudaLibraryLoad*, cudaLibraryUnload -- answer
+ *     cudaErrorStreamCaptureUnsupported for a thread whose mode
+ *     (cudaThreadExchangeStreamCaptureMode; Global by default) is not
+ *     Relaxed while it has a capture of its own that did not begin
+ *     Relaxed, or, in Global mode, while another thread has one that
+ *     began Global;
+ *   - in any mode, a query or synchronization of a capturing stream and
+ *     cudaDeviceSynchronize during a capture on the device:
+ *     cudaErrorStreamCaptureUnsupported; a query or synchronization of an
+ *     event recorded in the capture: cudaErrorCapturedEvent (after the
+ *     capture ended: cudaErrorInvalidValue, until recorded again);
+ *   - a capturing stream waiting for an event recorded outside it:
+ *     cudaErrorStreamCaptureIsolation (cudaEventWaitExternal makes an
+ *     event wait node instead; outside a capture that flag is
+ *     cudaErrorIllegalState); for an event of another capture:
+ *     cudaErrorStreamCaptureMerge (both invalidated);
+ *   - any use of the legacy stream while a blocking stream of the device
+ *     captures: cudaErrorStreamCaptureImplicit (cudaStreamIsCapturing of
+ *     the legacy stream answers it without invalidating);
+ *   - cudaGraphLaunch onto a capturing stream:
+ *     cudaErrorStreamCaptureUnsupported.
+ * cudaFreeAsync on a capturing stream of memory allocated outside the
+ * graph answers cudaErrorInvalidValue and the capture goes on;
+ * cudaMallocAsync on a capturing stream (graph allocation nodes) is not
+ * modelled: a misuse.  A captured copy from pageable memory reads it when
+ * the graph runs.  cudaStreamDestroy of a stream in a capture is a
+ * VIOLATION.
+ *
+ * cudaGraphInstantiate copies the graph's nodes; graph and executable
+ * graph are independent from then on.  cudaGraphLaunch queues a launch of
+ * all the nodes, in capture order, after the executable graph's earlier
+ * launches on any stream; they are checked when they run, as the same
+ * work queued on a stream would be (freed memory is a VIOLATION, so is an
+ * event wait node whose event was destroyed).  cudaGraphExecDestroy with
+ * launches queued is legal: it is freed after the last.  A library cannot
+ * be unloaded while a capture, graph or executable graph has a launch of
+ * one of its kernels (a VIOLATION), and a primary context cannot be
+ * released while its device has graphs, executable graphs or captures
+ * (a VIOLATION). */
+/* Graphs not destroyed, executable graphs not destroyed or with launches
+ * queued, and captures not ended, of a device (all devices: -1). */
+size_t fake_live_graphs(int device);
+size_t fake_live_graph_execs(int device);
+size_t fake_live_captures(int device);
+
 /* Strict teardown (the default, 1): a call after the fake's teardown is a
  * VIOLATION.  With 0 it answers cudaErrorCudartUnloading (4) silently, as
  * the real runtime does, so that tests can check how cusafe copes. */
