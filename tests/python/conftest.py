@@ -117,3 +117,13 @@ def run_python(code, **env):
                           env=full, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True,
                           timeout=120)
+
+
+needs_dlpack = pytest.mark.skipif(
+    "cusafe_buffer_to_dlpack" in cusafe.library().missing,
+    reason="libcusafe was built without DLPack")
+
+capsule_name = ctypes.pythonapi.PyCapsule_GetName
+"""The name of a PyCapsule (bytes)."""
+capsule_name.restype = ctypes.c_char_p
+capsule_name.argtypes = [ctypes.py_object]

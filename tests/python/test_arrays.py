@@ -9,15 +9,9 @@ import weakref
 import pytest
 
 import cusafe
-from conftest import fake, needs_fake, run_python, stale
+from conftest import (capsule_name as _name, fake, needs_dlpack,
+                      needs_fake, run_python, stale)
 
-needs_dlpack = pytest.mark.skipif(
-    "cusafe_buffer_to_dlpack" in cusafe.library().missing,
-    reason="libcusafe was built without DLPack")
-
-_name = ctypes.pythonapi.PyCapsule_GetName
-_name.restype = ctypes.c_char_p
-_name.argtypes = [ctypes.py_object]
 
 
 @pytest.fixture

@@ -2,21 +2,13 @@
 alone (tests/exit/interop.py runs them with PyTorch, CuPy and Numba)."""
 
 import array
-import ctypes
 import gc
 
 import pytest
 
 import cusafe
-from conftest import stale
+from conftest import capsule_name as _name, needs_dlpack, stale
 
-needs_dlpack = pytest.mark.skipif(
-    "cusafe_buffer_to_dlpack" in cusafe.library().missing,
-    reason="libcusafe was built without DLPack")
-
-_name = ctypes.pythonapi.PyCapsule_GetName
-_name.restype = ctypes.c_char_p
-_name.argtypes = [ctypes.py_object]
 
 
 @needs_dlpack
