@@ -162,7 +162,11 @@ typedef enum cusafe_status {
   /* Run-time compilation failed; the message holds the compiler's log. */
   CUSAFE_ERROR_COMPILE = 18,
   /* A kernel name that the module does not contain. */
-  CUSAFE_ERROR_NOT_FOUND = 19
+  CUSAFE_ERROR_NOT_FOUND = 19,
+  /* The operation cannot be captured into a graph, or cannot run while
+   * the stream it needs captures; refused before any CUDA call, so the
+   * capture goes on unchanged (see Graphs). */
+  CUSAFE_ERROR_CAPTURING = 20
 } cusafe_status;
 
 /* Returns a static, English description of a status.
@@ -239,6 +243,7 @@ typedef cusafe_handle cusafe_event;
 typedef cusafe_handle cusafe_buffer;
 typedef cusafe_handle cusafe_module;
 typedef cusafe_handle cusafe_kernel;
+typedef cusafe_handle cusafe_graph;
 
 #define CUSAFE_NULL_HANDLE ((cusafe_handle)0)
 
@@ -257,7 +262,8 @@ typedef enum cusafe_handle_type {
   CUSAFE_TYPE_EVENT = 3,
   CUSAFE_TYPE_BUFFER = 4,
   CUSAFE_TYPE_MODULE = 5,
-  CUSAFE_TYPE_KERNEL = 6
+  CUSAFE_TYPE_KERNEL = 6,
+  CUSAFE_TYPE_GRAPH = 7
 } cusafe_handle_type;
 
 /* Adds one reference of the caller to a handle of any type: the generic
@@ -1193,6 +1199,150 @@ CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
  * Handles: none.
  * Threads: any thread; it takes the GIL itself. */
 CUSAFE_API void cusafe_python_release(void *object);
+
+/* ------------------------------------------------------------------------ */
+/* Graphs                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A graph is work captured from streams, replayed by one call.
+ * cusafe_stream_begin_capture() makes a stream capture: the cusafe work
+ * queued on it -- copies and fills of buffers, transfers from and to pinned
+ * memory, kernel launches, event records, waits -- is recorded instead of
+ * run; another stream that waits for an event recorded there joins the
+ * capture (and must be joined back: the origin waits for an event recorded
+ * on it).  cusafe_stream_end_capture() gives a graph, which
+ * cusafe_graph_launch() replays on any stream of its context, as often as
+ * wanted, each replay ordered after the earlier work on the buffers it
+ * uses and before later work on them, like any cusafe operation.
+ *
+ * Ownership.  A graph holds a reference on every buffer (so its memory,
+ * parent and context), kernel (so its module), event and stream its
+ * captured work used: releasing any of them, during or after the capture,
+ * is legal, and the memory stays valid for every later replay.  Releasing
+ * the graph with replays queued is legal: the memory it held is freed
+ * stream-ordered after the last replay.  The ordered shutdown ends open
+ * captures and destroys graphs after the work that uses them and before
+ * the buffers and modules they hold.
+ *
+ * What a capture refuses, with CUSAFE_ERROR_CAPTURING and a message that
+ * names the operation, before any CUDA call (the stream and its capture go
+ * on unchanged): synchronizing or querying a capturing stream, or the
+ * context of one; an allocation on it (cusafe_buffer_alloc_async); a
+ * transfer between it and pageable host memory (a replay would read or
+ * write that memory again, long after the call); a synchronous read or
+ * write whose buffer's latest work is on it; a copy that runs on another
+ * stream than the capturing one; a graph replay onto it; waiting for,
+ * querying or timing an event recorded in a capture still open.  Work of
+ * other streams and threads goes on as usual meanwhile: cusafe captures in
+ * CUDA's relaxed mode and keeps its own bookkeeping out of captures. */
+
+/* Makes a stream capture the cusafe work queued on it, until
+ * cusafe_stream_end_capture().
+ * Parameters: stream [in] a stream of cusafe_stream_create() or
+ *   cusafe_stream_wrap() (not CUSAFE_STREAM_DEFAULT, the context's own).
+ * Returns: CUSAFE_SUCCESS: the stream captures.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not
+ *   a stream.  CUSAFE_ERROR_CAPTURING: the stream captures already (also as
+ *   a stream that joined another's capture).  CUSAFE_ERROR_NOT_SUPPORTED: a
+ *   wrapped device default stream (CUDA cannot capture it).
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure
+ *   (cudaEventCreateWithFlags, cudaEventRecord, cudaStreamBeginCapture): its
+ *   mapped status; the stream does not capture then.  CUSAFE_ERROR_SHUTDOWN
+ *   / CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: the capture holds a reference on the stream until it ends.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; work queued on the stream by any thread is
+ *   captured. */
+CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream);
+/* Ends the capture that began on a stream and gives its graph.
+ * Parameters: out [out] the new graph; stream [in] the stream the capture
+ *   began on.
+ * Returns: CUSAFE_SUCCESS: *out is a graph of the captured work (empty if
+ *   none was queued); no stream captures any more.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  CUSAFE_ERROR_CAPTURING: the stream does not capture, or joined
+ *   a capture that began on another stream (which goes on).  A CUDA failure
+ *   (cudaStreamEndCapture; cudaErrorStreamCaptureUnjoined when a stream
+ *   that joined has work its origin never waited for): its mapped status,
+ *   and the capture is over, its work discarded and what it held released.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory (the capture is over).
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out, to release; the
+ *   graph holds what the captured work used (see Graphs) and its context.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; any thread may end a capture. */
+CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
+                                                   cusafe_stream stream);
+/* Tells whether a stream captures (it began a capture, or joined one).
+ * Parameters: out [out] 1 if it captures, else 0; stream [in] the stream.
+ * Returns: CUSAFE_SUCCESS: *out says.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
+ *   stream.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.  *out is 0 on every failure.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; the answer may be out of date at once if another
+ *   thread begins or ends the capture. */
+CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,
+                                                    cusafe_stream stream);
+/* Makes the graph's executable form now, instead of at its first replay.
+ * Parameters: graph [in] the graph.
+ * Returns: CUSAFE_SUCCESS: the graph is ready to replay (also if it was).
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph is NULL, forged, stale or not
+ *   a graph.  A CUDA failure (cudaGraphInstantiate): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
+/* Replays a graph on a stream: its work runs after the earlier work on
+ * the buffers it uses, and later work on them runs after it.
+ * Parameters: graph [in] the graph; stream [in] a stream of the graph's
+ *   context, or CUSAFE_STREAM_DEFAULT for the context's default stream.
+ * Returns: CUSAFE_SUCCESS: the replay is queued.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph or stream is NULL, forged,
+ *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream
+ *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
+ *   captures.  A CUDA failure (cudaGraphInstantiate at the first replay,
+ *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
+ *   status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
+ *   in a forked child.
+ * Ownership: the replay keeps the graph's memory alive until it completes,
+ *   also if the graph is released first.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; replays of one graph run one after another, in the
+ *   order they were queued, whatever their streams (CUDA serialises
+ *   them). */
+CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
+                                             cusafe_stream stream);
+/* Adds one reference of the caller to a graph.
+ * Parameters: graph [in] the graph.
+ * Returns: CUSAFE_SUCCESS: the graph holds one more reference.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph is NULL, forged, stale or not
+ *   a graph.  CUSAFE_ERROR_OUT_OF_MEMORY: too many references (65535 of the
+ *   caller's).  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown
+ *   / in a forked child.
+ * Ownership: the caller owns one more reference, to release.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_graph_retain(cusafe_graph graph);
+/* Drops one reference of the caller to a graph; the last destroys it and
+ * releases what it held, stream-ordered after its queued replays.
+ * Parameters: graph [in] the graph; CUSAFE_NULL_HANDLE: no-op.
+ * Returns: CUSAFE_SUCCESS: the reference is dropped.
+ * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph is forged, stale (a double
+ *   release) or not a graph.  A CUDA failure of the teardown
+ *   (cudaGraphExecDestroy, cudaGraphDestroy): its mapped status; the graph
+ *   is gone all the same.  After shutdown and in a forked child:
+ *   CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_graph_release(cusafe_graph graph);
 
 /* ------------------------------------------------------------------------ */
 /* Modules and kernels                                                        */

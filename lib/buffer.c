@@ -14,6 +14,7 @@
 #include "buffer.h"
 #include "context.h"
 #include "device.h"
+#include "graph.h"
 #include "init.h"
 
 static const char *const kind_alloc_fn[] = {"cudaMallocAsync", "cudaMallocHost",
@@ -44,9 +45,15 @@ struct cs_queue cs_queue_moving;
 
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
                               struct cs_object **drop) {
+  *drop = NULL;
+  /* Captured work runs only when its graph is replayed: the capture holds
+   * the buffer, and the chain waits for the replay (graph.c). */
+  struct cs_capture *c =
+      atomic_load_explicit(&q->capture, memory_order_acquire);
+  if (CS_UNLIKELY(c))
+    return cs_capture_use(c, root, q);
   struct cs_queue *last =
       atomic_load_explicit(root->last, memory_order_relaxed);
-  *drop = NULL;
   if (CS_LIKELY(last == q))
     return CUSAFE_SUCCESS;
   /* A launch may only have peeked at q's stream: its last reference may
@@ -256,6 +263,8 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  if (atomic_load(&s->queue.capture))
+    return cs_capturing("an allocation (cusafe_buffer_alloc_async)", &s->queue);
   struct cs_context *ctx = s->queue.ctx;
   cs_ref(&ctx->hdr);
   cusafe_status st =
@@ -400,6 +409,14 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
 
 /* ---- release ------------------------------------------------------------- */
 
+/* Waits for the work queued on q -- for a queue that captures, the work
+ * queued before the capture: its captured work runs only in replays. */
+static cudaError_t queue_wait(struct cs_queue *q) {
+  if (atomic_load(&q->capture))
+    return cs_cu->event_synchronize(q->entry);
+  return cs_cu->stream_synchronize(q->stream);
+}
+
 /* Frees root memory after the work queued on it: device memory on the
  * stream of its latest operation (in its own context), pinned and managed
  * memory, which CUDA frees synchronously, once that stream is idle. */
@@ -411,7 +428,10 @@ static cusafe_status free_memory(struct cs_buffer *b) {
   cusafe_status st = CUSAFE_SUCCESS;
   if (b->kind == CUSAFE_MEMORY_DEVICE) {
     struct cs_queue *fq = q ? q : &ctx->queue;
-    if (fq->ctx != ctx) { /* last used by a peer copy on another device */
+    /* Last used by a peer copy on another device, or on a stream that now
+     * captures (where a free cannot be queued): freed on the context's
+     * own stream after that work. */
+    if (fq->ctx != ctx || atomic_load(&fq->capture)) {
       st = cs_queue_handoff(fq, &ctx->queue);
       if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
         cs_cu->stream_synchronize(fq->stream);
@@ -427,7 +447,7 @@ static cusafe_status free_memory(struct cs_buffer *b) {
     }
   } else {
     if (q) {
-      err = cs_cu->stream_synchronize(q->stream);
+      err = queue_wait(q);
       fn = "cudaStreamSynchronize";
     }
     cudaError_t ferr = b->kind == CUSAFE_MEMORY_HOST_PINNED
@@ -455,7 +475,7 @@ static cusafe_status give_back(struct cs_buffer *b) {
   if (q) {
     int saved;
     st = cs_device_enter_teardown(q->ctx->device, &saved);
-    cudaError_t err = cs_cu->stream_synchronize(q->stream);
+    cudaError_t err = queue_wait(q);
     if (err != cudaSuccess && cs_cu->device_synchronize() == cudaSuccess)
       err = cudaSuccess;
     if (err != cudaSuccess && st == CUSAFE_SUCCESS)
@@ -586,6 +606,14 @@ static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset, size_t size,
   st = cs_queue_get(stream, ctx, "buffer", &q, &held);
   if (st != CUSAFE_SUCCESS || size == 0)
     return st;
+  /* A replay would read or write that host memory again, after the call,
+   * when the caller may have freed it: copy from or to a pinned buffer
+   * instead (cusafe_buffer_copy), which the graph holds. */
+  if (op.kind != OP_FILL && atomic_load(&q->capture))
+    return cs_capturing(op.kind == OP_READ
+                            ? "a read into host memory at an address"
+                            : "a write from host memory at an address",
+                        q);
   int saved;
   st = cs_device_enter(ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
@@ -718,6 +746,8 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                              : src->kind == CUSAFE_MEMORY_DEVICE ? src->ctx
                                                                  : q->ctx;
   struct cs_queue *run = peer || owner == q->ctx ? q : &owner->queue;
+  if (run != q && atomic_load(&q->capture))
+    return cs_capturing("a copy that runs on another device's stream", q);
   int saved;
   st = cs_device_enter(run->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)

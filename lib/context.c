@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "context.h"
+#include "graph.h"
 #include "device.h"
 #include "init.h"
 
@@ -248,6 +249,11 @@ CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
 CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
+  if (cs_capture_open_in(ctx))
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "synchronizing the context of device %d cannot be done "
+                   "while one of its streams captures",
+                   ctx->device);
   int saved;
   cusafe_status st = cs_device_enter(ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {

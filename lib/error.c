@@ -33,6 +33,7 @@ CUSAFE_API const char *cusafe_status_string(cusafe_status status) {
   case CUSAFE_ERROR_INVALID_IMAGE: return "invalid module image";
   case CUSAFE_ERROR_COMPILE: return "compilation failed";
   case CUSAFE_ERROR_NOT_FOUND: return "not found";
+  case CUSAFE_ERROR_CAPTURING: return "stream capturing";
   }
   return "unknown status";
 }

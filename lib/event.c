@@ -6,6 +6,7 @@
 #include "context.h"
 #include "device.h"
 #include "event.h"
+#include "graph.h"
 
 #define EVENT_FLAGS (CUSAFE_EVENT_DISABLE_TIMING | CUSAFE_EVENT_BLOCKING_SYNC)
 
@@ -78,13 +79,79 @@ CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
   cusafe_status st = cs_queue_get(stream, ev->ctx, "event", &q, &held);
   if (st != CUSAFE_SUCCESS)
     return st;
+  /* A record in a capture: the graph holds the event. */
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
+    return st;
   int saved;
   st = cs_device_enter(ev->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
     st = cs_status_pending(cs_cu->event_record(ev->event, q->stream),
                            "cudaEventRecord");
+    if (st == CUSAFE_SUCCESS)
+      atomic_store(&ev->capture_id, c ? c->id : 0);
     cs_device_leave(saved);
   }
+  return st;
+}
+
+/* Refuses to wait for, query or time an event whose latest record was in
+ * a capture: what it stands for runs only in replays. */
+static cusafe_status check_not_captured(const struct cs_event *ev,
+                                        const char *what) {
+  uint64_t id = atomic_load(&ev->capture_id);
+  if (CS_LIKELY(!id))
+    return CUSAFE_SUCCESS;
+  if (cs_capture_open(id))
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "%s event 0x%016llx cannot be done: it was recorded in a "
+                   "capture that is still open",
+                   what, (unsigned long long)ev->hdr.handle);
+  return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "%s event 0x%016llx cannot be done: its latest record was "
+                 "in a capture, which has ended; record it again",
+                 what, (unsigned long long)ev->hdr.handle);
+}
+
+/* s waits for ev, whose context is s's.  Across a capture: a wait for an
+ * event recorded in the capture is an edge of its graph, and a stream
+ * outside that waits for one joins the capture (CUDA's rule), its work
+ * before recorded first for whoever waits for it from outside; a
+ * capturing stream's wait for an event recorded outside becomes a node
+ * that waits at each replay (cudaEventWaitExternal), and the graph holds
+ * the event. */
+static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
+  struct cs_queue *q = &s->queue;
+  uint64_t id = atomic_load(&ev->capture_id);
+  struct cs_capture *mine = atomic_load(&q->capture);
+  struct cs_capture *theirs = id ? cs_capture_find(id) : NULL;
+  if (id && !theirs)
+    return check_not_captured(ev, "waiting for");
+  if (theirs && mine && theirs != mine)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx cannot wait for event 0x%016llx: it "
+                   "was recorded in another stream's capture",
+                   (unsigned long long)s->hdr.handle,
+                   (unsigned long long)ev->hdr.handle);
+  unsigned int flags = 0;
+  if (mine && !theirs) {
+    cusafe_status st = cs_capture_hold(mine, &ev->hdr);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+    flags = cudaEventWaitExternal;
+  }
+  int saved;
+  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (theirs && !mine) { /* q joins the capture */
+    st = cs_capture_join(theirs, q, ev->event);
+  } else {
+    cudaError_t err = cs_cu->stream_wait_event(q->stream, ev->event, flags);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamWaitEvent");
+  }
+  cs_device_leave(saved);
   return st;
 }
 
@@ -95,15 +162,7 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
   if (ev->ctx != s->queue.ctx)
     return cs_mismatch("event", ev->ctx, "stream", s->queue.ctx);
-  int saved;
-  cusafe_status st = cs_device_enter(s->queue.ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->stream_wait_event(s->queue.stream, ev->event, 0);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaStreamWaitEvent");
-    cs_device_leave(saved);
-  }
-  return st;
+  return cs_stream_wait(s, ev);
 }
 
 /* ---- queries ------------------------------------------------------------- */
@@ -111,12 +170,18 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  cusafe_status st = check_not_captured(ev, "synchronizing with");
+  if (st != CUSAFE_SUCCESS)
+    return st;
   return cs_device_wait(ev->ctx->device, NULL, ev->event, false);
 }
 
 CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  cusafe_status st = check_not_captured(ev, "querying");
+  if (st != CUSAFE_SUCCESS)
+    return st;
   return cs_device_wait(ev->ctx->device, NULL, ev->event, true);
 }
 
@@ -130,8 +195,13 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
   if ((a->flags | b->flags) & CUSAFE_EVENT_DISABLE_TIMING)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                    "event was created with CUSAFE_EVENT_DISABLE_TIMING");
+  cusafe_status st = check_not_captured(a, "timing");
+  if (st == CUSAFE_SUCCESS)
+    st = check_not_captured(b, "timing");
+  if (st != CUSAFE_SUCCESS)
+    return st;
   int saved;
-  cusafe_status st = cs_device_enter(a->ctx->device, &saved);
+  st = cs_device_enter(a->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
     st = cs_status_pending(cs_cu->event_elapsed_time(ms, a->event, b->event),
                            "cudaEventElapsedTime");

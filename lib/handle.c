@@ -611,6 +611,7 @@ CS_RETAIN_RELEASE(event, CS_EVENT)
 CS_RETAIN_RELEASE(buffer, CS_BUFFER)
 CS_RETAIN_RELEASE(module, CS_MODULE)
 CS_RETAIN_RELEASE(kernel, CS_KERNEL)
+CS_RETAIN_RELEASE(graph, CS_GRAPH)
 
 CUSAFE_API cusafe_status cusafe_retain(cusafe_handle handle) {
   return retain_handle(handle, 0, "handle");

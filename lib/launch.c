@@ -15,6 +15,7 @@
 #include "buffer.h"
 #include "context.h"
 #include "device.h"
+#include "graph.h"
 #include "kernel.h"
 
 /* Arguments held on the stack; more go to the heap. */
@@ -171,7 +172,14 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
-  if (CS_UNLIKELY(!all_on(lb, q))) {
+  struct cs_capture *cap =
+      atomic_load_explicit(&q->capture, memory_order_acquire);
+  if (CS_UNLIKELY(cap)) {
+    /* A captured launch: the capture holds the kernel and the buffers. */
+    st = cs_capture_hold(cap, &k->hdr);
+    if (st == CUSAFE_SUCCESS)
+      st = launch_locked(k, q, stream, c, argv, lb);
+  } else if (CS_UNLIKELY(!all_on(lb, q))) {
     st = launch_locked(k, q, stream, c, argv, lb);
   } else {
     st = queue_kernel(k, c, argv, stream);

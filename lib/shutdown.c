@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "graph.h"
 #include "handle.h"
 #include "init.h"
 
@@ -55,6 +56,8 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
   if (report && !strcmp(report, "1"))
     for (int t = 1; t <= CS_TYPES; t++)
       cs_handle_foreach((enum cs_type)t, report_leak);
+  /* Open captures end first: no device can be synchronised during one. */
+  cs_captures_abort_all();
   cs_handle_foreach(CS_CONTEXT, cs_context_settle);
 #define CS_TYPE_SHUTDOWN(TYPE, name, article, peeked)                          \
   cs_handle_foreach(CS_##TYPE, shut_##name);

@@ -6,6 +6,7 @@
 
 #include "context.h"
 #include "device.h"
+#include "graph.h"
 #include "stream.h"
 
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
@@ -57,12 +58,21 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   if (st != CUSAFE_SUCCESS)
     return st;
   cudaEvent_t ev = NULL;
-  st = handoff_event(from, &ev);
-  if (st == CUSAFE_SUCCESS) {
-    cudaError_t err = cs_cu->event_record(ev, from->stream);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaEventRecord");
+  cs_spin_lock(&from->capture_lock);
+  struct cs_capture *c =
+      atomic_load_explicit(&from->capture, memory_order_acquire);
+  if (CS_UNLIKELY(c) &&
+      atomic_load_explicit(&to->capture, memory_order_acquire) != c) {
+    ev = from->entry; /* a record now would be captured */
+  } else {
+    st = handoff_event(from, &ev);
+    if (st == CUSAFE_SUCCESS) {
+      cudaError_t err = cs_cu->event_record(ev, from->stream);
+      if (err != cudaSuccess)
+        st = cs_fail_cuda(err, "cudaEventRecord");
+    }
   }
+  cs_spin_unlock(&from->capture_lock);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS)
     return st;
@@ -80,6 +90,8 @@ cudaError_t cs_queue_fini(struct cs_queue *q, bool owned) {
   cudaEvent_t ev = atomic_load(&q->handoff);
   if (ev)
     cs_cu->event_destroy(ev);
+  if (q->entry)
+    cs_cu->event_destroy(q->entry);
   return owned ? cs_cu->stream_destroy(q->stream) : cudaSuccess;
 }
 
@@ -197,12 +209,16 @@ void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  if (atomic_load(&s->queue.capture))
+    return cs_capturing("synchronizing", &s->queue);
   return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, false);
 }
 
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  if (atomic_load(&s->queue.capture))
+    return cs_capturing("querying", &s->queue);
   return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, true);
 }
 

@@ -7,6 +7,7 @@
 #include "handle.h"
 
 struct cs_context;
+struct cs_capture;
 
 /* A CUDA stream as buffers see it: a user stream or a context's default
  * stream.  `owner` is the object that keeps it alive (the stream object or
@@ -17,6 +18,15 @@ struct cs_queue {
   struct cs_object *owner;
   /* Recorded to hand work over to another stream; created on first need. */
   _Atomic(cudaEvent_t) handoff;
+  /* The capture the queue takes part in (graph.h), NULL if none.  While
+   * it does, work outside the capture that must follow the queue's work
+   * waits for `entry`, recorded just before the queue entered the capture,
+   * instead of a record of its own (which would be captured).  The lock
+   * orders a hand-off's look at `capture` and its record against the
+   * capture's beginning. */
+  _Atomic(struct cs_capture *) capture;
+  cudaEvent_t entry; /* created at the queue's first capture */
+  cs_spinlock capture_lock;
 };
 
 struct cs_stream {
@@ -36,7 +46,9 @@ struct cs_stream {
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            const char *dflt_name, struct cs_queue **out,
                            struct cs_object **held);
-/* Makes later work on `to` wait for the work queued so far on `from`. */
+/* Makes later work on `to` wait for the work queued so far on `from` (if
+ * `from` captures and `to` is not in its capture: for the work queued
+ * before the capture). */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */

@@ -136,6 +136,7 @@ static const cusafe_status all_statuses[] = {
     CUSAFE_ERROR_INVALID_IMAGE,
     CUSAFE_ERROR_COMPILE,
     CUSAFE_ERROR_NOT_FOUND,
+    CUSAFE_ERROR_CAPTURING,
 };
 #define NSTATUSES (sizeof all_statuses / sizeof all_statuses[0])
 
@@ -156,7 +157,7 @@ END_TEST
 
 START_TEST(test_status_string_of_unknown_value) {
   ck_assert_str_eq(
-      cusafe_status_string((cusafe_status)(CUSAFE_ERROR_NOT_FOUND + 1)),
+      cusafe_status_string((cusafe_status)(CUSAFE_ERROR_CAPTURING + 1)),
       "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)-1), "unknown status");
   ck_assert_str_eq(cusafe_status_string((cusafe_status)1000), "unknown status");

@@ -27,7 +27,10 @@ static inline void tu_nothing_live(const char *file, int line,
               {fake_live_streams(-1), "streams"},
               {fake_live_events(-1), "events"},
               {fake_live_libraries(-1), "libraries"},
-              {fake_live_programs(), "NVRTC programs"}};
+              {fake_live_programs(), "NVRTC programs"},
+              {fake_live_graphs(-1), "graphs"},
+              {fake_live_graph_execs(-1), "executable graphs"},
+              {fake_live_captures(-1), "captures"}};
   const char *sep = what ? ": " : "";
   if (!what)
     what = "";

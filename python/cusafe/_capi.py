@@ -38,6 +38,7 @@ class Status(enum.IntEnum):
     INVALID_IMAGE = 17
     COMPILE = 18
     NOT_FOUND = 19
+    CAPTURING = 20
 
 
 class HandleType(enum.IntEnum):
@@ -49,6 +50,7 @@ class HandleType(enum.IntEnum):
     BUFFER = 4
     MODULE = 5
     KERNEL = 6
+    GRAPH = 7
 
 
 class Memory(enum.IntEnum):
@@ -255,6 +257,14 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
                                       _vp, _vp]),
     "cusafe_stream_use_buffers": (c_status, [_h, _P(_h), _sz]),
     "cusafe_python_release": (None, [_vp]),
+    # graphs
+    "cusafe_stream_begin_capture": (c_status, [_h]),
+    "cusafe_stream_end_capture": (c_status, [_P(_h), _h]),
+    "cusafe_stream_is_capturing": (c_status, [_P(ctypes.c_int), _h]),
+    "cusafe_graph_instantiate": (c_status, [_h]),
+    "cusafe_graph_launch": (c_status, [_h, _h]),
+    "cusafe_graph_retain": (c_status, [_h]),
+    "cusafe_graph_release": (c_status, [_h]),
     # cusafe_dlpack.h (a library built with DLPack): tensors as addresses
     "cusafe_buffer_to_dlpack": (c_status, [_P(_vp), _h, _sz, _DLDataType,
                                            ctypes.c_int32, _P(ctypes.c_int64),
@@ -296,7 +306,7 @@ _RAW = ("cusafe_retain", "cusafe_release", "cusafe_context_release",
         "cusafe_stream_release", "cusafe_event_release",
         "cusafe_buffer_alloc", "cusafe_buffer_release",
         "cusafe_module_release", "cusafe_kernel_release",
-        "cusafe_kernel_launch")
+        "cusafe_graph_release", "cusafe_kernel_launch")
 
 # --------------------------------------------------------------------------
 # Errors
@@ -355,6 +365,7 @@ _STATUS_WORDS = {
     12: "CUDA error", 13: "shut down", 14: "forked",
     15: "invalid arguments", 16: "invalid configuration",
     17: "invalid image", 18: "compile error", 19: "not found",
+    20: "stream capturing",
 }
 
 
@@ -410,7 +421,11 @@ class Library:
         self.raw = _Functions()
         self.missing: List[str] = []
         for name in _RAW:
-            f = cdll[name]  # every library has these
+            try:
+                f = cdll[name]
+            except AttributeError:  # an older library: see `missing`
+                setattr(self.raw, name, _Missing(name, path))
+                continue
             f.restype = c_status
             setattr(self.raw, name, f)
         for name, (restype, argtypes) in _PROTOTYPES.items():

@@ -17,7 +17,7 @@ INCLUDE = os.path.join(HERE, os.pardir, os.pardir, "include")
 
 HANDLES = {"cusafe_handle", "cusafe_context", "cusafe_stream",
            "cusafe_event", "cusafe_buffer", "cusafe_module",
-           "cusafe_kernel"}
+           "cusafe_kernel", "cusafe_graph"}
 ENUMS = {"cusafe_status", "cusafe_handle_type", "cusafe_memory",
          "cusafe_arg_kind"}
 STRUCTS = {"cusafe_device_properties": cusafe.DeviceProperties,

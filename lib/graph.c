@@ -1,0 +1,501 @@
+/* graph.c -- stream capture and graphs (invariant 2: a graph holds what its
+ * captured work uses, and its replays keep its memory alive; invariant 5:
+ * the shutdown ends open captures and destroys graphs before what they
+ * hold).
+ *
+ * Captured work does not run, so it changes no buffer's chain of work
+ * (buffer.h): a capture remembers the buffers its work used, and each
+ * replay chains them onto its stream as one operation.  Inside a capture,
+ * a buffer's captured uses on different queues of the capture are ordered
+ * by events recorded in the capture.  Every capture begins in CUDA's
+ * relaxed mode, so that cusafe's own calls from any thread (queries,
+ * frees, allocations on other streams) stay legal meanwhile; the calls
+ * that no mode allows (synchronizing or querying a capturing stream or
+ * its device, waiting for an event recorded in a capture) are refused
+ * before they reach CUDA (CUSAFE_ERROR_CAPTURING). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "device.h"
+#include "event.h"
+#include "graph.h"
+#include "kernel.h"
+
+/* The open captures, for the shutdown and the checks by id. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cs_capture *open_captures;
+static uint64_t last_id;
+
+cusafe_status cs_capturing(const char *what, const struct cs_queue *q) {
+  return cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "%s cannot be done while stream 0x%016llx captures", what,
+                 (unsigned long long)q->owner->handle);
+}
+
+bool cs_capture_open_in(const struct cs_context *ctx) {
+  pthread_mutex_lock(&open_lock);
+  bool found = false;
+  for (struct cs_capture *c = open_captures; c && !found; c = c->next)
+    found = !ctx || c->ctx == ctx;
+  pthread_mutex_unlock(&open_lock);
+  return found;
+}
+
+struct cs_capture *cs_capture_find(uint64_t id) {
+  pthread_mutex_lock(&open_lock);
+  struct cs_capture *c = open_captures;
+  while (c && c->id != id)
+    c = c->next;
+  pthread_mutex_unlock(&open_lock);
+  return c;
+}
+
+bool cs_capture_open(uint64_t id) { return cs_capture_find(id) != NULL; }
+
+/* Grows *arr (of *cap elements of `size`) to hold n + 1. */
+static bool grow(void **arr, size_t n, size_t *cap, size_t size) {
+  if (n < *cap)
+    return true;
+  size_t want = *cap ? 2 * *cap : 8;
+  void *p = realloc(*arr, want * size);
+  if (!p)
+    return false;
+  *arr = p;
+  *cap = want;
+  return true;
+}
+
+/* c->lock held. */
+static cusafe_status hold_locked(struct cs_capture *c, struct cs_object *obj) {
+  for (size_t i = 0; i < c->nheld; i++)
+    if (c->held[i] == obj)
+      return CUSAFE_SUCCESS;
+  if (!grow((void **)&c->held, c->nheld, &c->cap_held, sizeof *c->held))
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  if (!cs_try_ref(obj))
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                   "%s 0x%016llx is stale: its object was released",
+                   cs_type_name(obj->type), (unsigned long long)obj->handle);
+  c->held[c->nheld++] = obj;
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_capture_hold(struct cs_capture *c, struct cs_object *obj) {
+  pthread_mutex_lock(&c->lock);
+  cusafe_status st = hold_locked(c, obj);
+  pthread_mutex_unlock(&c->lock);
+  return st;
+}
+
+/* Makes `to` wait for the work captured so far on `from`, both queues of
+ * capture c (c->lock held): an event recorded in the capture, an edge of
+ * its graph. */
+static cusafe_status order_in_capture(struct cs_capture *c,
+                                      struct cs_queue *from,
+                                      struct cs_queue *to) {
+  if (!grow((void **)&c->events, c->nevents, &c->cap_events, sizeof *c->events))
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  cudaEvent_t ev;
+  cudaError_t err = cs_cu->event_create(&ev, cudaEventDisableTiming);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaEventCreateWithFlags");
+  c->events[c->nevents++] = ev;
+  if ((err = cs_cu->event_record(ev, from->stream)) != cudaSuccess)
+    return cs_fail_cuda(err, "cudaEventRecord");
+  if ((err = cs_cu->stream_wait_event(to->stream, ev, 0)) != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamWaitEvent");
+  return CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
+                             struct cs_queue *q) {
+  pthread_mutex_lock(&c->lock);
+  cusafe_status st = CUSAFE_SUCCESS;
+  size_t i = 0;
+  while (i < c->nuses && c->uses[i].root != root)
+    i++;
+  if (i == c->nuses) {
+    if (!grow((void **)&c->uses, c->nuses, &c->cap_uses, sizeof *c->uses))
+      st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    else if ((st = hold_locked(c, &root->hdr)) == CUSAFE_SUCCESS)
+      c->uses[c->nuses++] = (struct cs_capture_use){root, q};
+  } else if (c->uses[i].q != q) {
+    st = order_in_capture(c, c->uses[i].q, q);
+    if (st == CUSAFE_SUCCESS)
+      c->uses[i].q = q;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return st;
+}
+
+/* ---- beginning and ending ------------------------------------------------ */
+
+/* Records q's entry event (making it at the first capture), so that work
+ * outside the capture can wait for what q did before it (q's device
+ * current). */
+static cusafe_status record_entry(struct cs_queue *q) {
+  cudaError_t err;
+  if (!q->entry && (err = cs_cu->event_create(
+                        &q->entry, cudaEventDisableTiming)) != cudaSuccess) {
+    q->entry = NULL;
+    return cs_fail_cuda(err, "cudaEventCreateWithFlags");
+  }
+  err = cs_cu->event_record(q->entry, q->stream);
+  return err == cudaSuccess ? CUSAFE_SUCCESS
+                            : cs_fail_cuda(err, "cudaEventRecord");
+}
+
+cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
+                              cudaEvent_t ev) {
+  pthread_mutex_lock(&c->lock);
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (!grow((void **)&c->members, c->nmembers, &c->cap_members,
+            sizeof *c->members))
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  else
+    st = hold_locked(c, q->owner);
+  if (st == CUSAFE_SUCCESS) {
+    cs_spin_lock(&q->capture_lock);
+    if (atomic_load(&q->capture)) {
+      st = cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx joined another capture meanwhile",
+                   (unsigned long long)q->owner->handle);
+    } else if ((st = record_entry(q)) == CUSAFE_SUCCESS) {
+      cudaError_t err = cs_cu->stream_wait_event(q->stream, ev, 0);
+      if (err != cudaSuccess) {
+        st = cs_fail_cuda(err, "cudaStreamWaitEvent");
+      } else {
+        c->members[c->nmembers++] = q;
+        atomic_store(&q->capture, c);
+      }
+    }
+    cs_spin_unlock(&q->capture_lock);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return st;
+}
+
+static void capture_free(struct cs_capture *c) {
+  for (size_t i = 0; i < c->nevents; i++)
+    cs_cu->event_destroy(c->events[i]);
+  free(c->events);
+  free(c->uses);
+  free(c->members);
+  free(c->held);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  struct cs_queue *q = &s->queue;
+  if (atomic_load(&q->capture))
+    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
+                   (unsigned long long)stream);
+  if (s->borrowed && (q->stream == NULL || q->stream == cudaStreamLegacy ||
+                      q->stream == cudaStreamPerThread))
+    return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                   "stream 0x%016llx wraps a device's default stream, which "
+                   "CUDA cannot capture",
+                   (unsigned long long)stream);
+  struct cs_capture *c = calloc(1, sizeof *c);
+  if (!c)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  pthread_mutex_init(&c->lock, NULL);
+  c->origin = q;
+  c->ctx = q->ctx;
+  cusafe_status st = hold_locked(c, &s->hdr);
+  int saved;
+  if (st == CUSAFE_SUCCESS)
+    st = cs_device_enter(q->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS) {
+    if (c->nheld)
+      cs_unref(c->held[0]);
+    capture_free(c);
+    return st;
+  }
+  cs_spin_lock(&q->capture_lock);
+  st = record_entry(q);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err =
+        cs_cu->stream_begin_capture(q->stream, cudaStreamCaptureModeRelaxed);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamBeginCapture");
+  }
+  if (st == CUSAFE_SUCCESS) {
+    pthread_mutex_lock(&open_lock);
+    c->id = ++last_id;
+    c->next = open_captures;
+    open_captures = c;
+    pthread_mutex_unlock(&open_lock);
+    atomic_store(&q->capture, c);
+  }
+  cs_spin_unlock(&q->capture_lock);
+  cs_device_leave(saved);
+  if (st != CUSAFE_SUCCESS) {
+    cs_unref(c->held[0]);
+    capture_free(c);
+  }
+  return st;
+}
+
+/* Takes c off the list of open captures and its queues out of it. */
+static void capture_close(struct cs_capture *c) {
+  pthread_mutex_lock(&open_lock);
+  struct cs_capture **p = &open_captures;
+  while (*p && *p != c)
+    p = &(*p)->next;
+  if (*p)
+    *p = c->next;
+  pthread_mutex_unlock(&open_lock);
+  struct cs_queue *qs[1] = {c->origin};
+  for (size_t i = 0; i < 1 + c->nmembers; i++) {
+    struct cs_queue *q = i == 0 ? qs[0] : c->members[i - 1];
+    cs_spin_lock(&q->capture_lock);
+    atomic_store(&q->capture, NULL);
+    cs_spin_unlock(&q->capture_lock);
+  }
+}
+
+/* Drops what a capture (or a graph) holds. */
+static void drop_held(struct cs_object **held, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    cs_unref(held[i]);
+}
+
+/* A graph of the captured work, taking over what c holds; c is freed. */
+static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
+                               cudaGraph_t g) {
+  struct cs_graph *gr = calloc(1, sizeof *gr);
+  struct cs_buffer **roots = c->nuses ? malloc(c->nuses * sizeof *roots) : NULL;
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (!gr || (c->nuses && !roots)) {
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  } else {
+    pthread_mutex_init(&gr->lock, NULL);
+    gr->ctx = c->ctx;
+    gr->graph = g;
+    for (size_t i = 0; i < c->nuses; i++)
+      roots[i] = c->uses[i].root;
+    gr->roots = roots;
+    gr->nroots = c->nuses;
+    gr->held = c->held;
+    gr->nheld = c->nheld;
+    cs_ref(&c->ctx->hdr);
+    gr->hdr.parent = &c->ctx->hdr;
+    st = cs_handle_new(&gr->hdr, CS_GRAPH);
+    if (st != CUSAFE_SUCCESS) {
+      cs_unref(&c->ctx->hdr);
+      pthread_mutex_destroy(&gr->lock);
+    }
+  }
+  if (st != CUSAFE_SUCCESS) {
+    free(gr);
+    free(roots);
+    cs_cu->graph_destroy(g);
+    drop_held(c->held, c->nheld);
+  } else {
+    c->held = NULL; /* the graph's now */
+    *out = gr->hdr.handle;
+  }
+  c->nheld = 0;
+  capture_free(c);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
+                                                   cusafe_stream stream) {
+  CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  struct cs_queue *q = &s->queue;
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (!c)
+    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx does not capture",
+                   (unsigned long long)stream);
+  if (c->origin != q)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx joined a capture that began on stream "
+                   "0x%016llx: end it there",
+                   (unsigned long long)stream,
+                   (unsigned long long)c->origin->owner->handle);
+  int saved;
+  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  cudaGraph_t g = NULL;
+  cudaError_t err = cs_cu->stream_end_capture(q->stream, &g);
+  cs_device_leave(saved);
+  capture_close(c);
+  if (err != cudaSuccess) {
+    st = cs_fail_cuda(err, "cudaStreamEndCapture");
+    if (g)
+      cs_cu->graph_destroy(g);
+    drop_held(c->held, c->nheld);
+    capture_free(c);
+    return st;
+  }
+  return graph_new(out, c, g);
+}
+
+CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,
+                                                    cusafe_stream stream) {
+  CS_ENTER_OUT(out, 0);
+  CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  *out = atomic_load(&s->queue.capture) != NULL;
+  return CUSAFE_SUCCESS;
+}
+
+void cs_captures_abort_all(void) {
+  for (;;) {
+    pthread_mutex_lock(&open_lock);
+    struct cs_capture *c = open_captures;
+    pthread_mutex_unlock(&open_lock);
+    if (!c)
+      return;
+    int saved;
+    cudaGraph_t g = NULL;
+    if (cs_device_enter_teardown(c->ctx->device, &saved) == CUSAFE_SUCCESS) {
+      cs_cu->stream_end_capture(c->origin->stream, &g);
+      if (g)
+        cs_cu->graph_destroy(g);
+      cs_device_leave(saved);
+    }
+    capture_close(c);
+    /* The objects stay: the shutdown destroys them in order next. */
+    capture_free(c);
+  }
+}
+
+/* ---- graphs -------------------------------------------------------------- */
+
+/* The executable graph, made at the first need (g's device current). */
+static cusafe_status graph_exec(struct cs_graph *g, cudaGraphExec_t *out) {
+  cudaGraphExec_t x = atomic_load_explicit(&g->exec, memory_order_acquire);
+  if (CS_LIKELY(x)) {
+    *out = x;
+    return CUSAFE_SUCCESS;
+  }
+  pthread_mutex_lock(&g->lock);
+  cusafe_status st = CUSAFE_SUCCESS;
+  x = atomic_load(&g->exec);
+  if (!x) {
+    cudaError_t err = cs_cu->graph_instantiate(&x, g->graph, 0);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaGraphInstantiate");
+    else
+      atomic_store_explicit(&g->exec, x, memory_order_release);
+  }
+  pthread_mutex_unlock(&g->lock);
+  *out = x;
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_graph, g, graph, CS_GRAPH, "graph");
+  int saved;
+  cusafe_status st = cs_device_enter(g->ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    cudaGraphExec_t x;
+    st = graph_exec(g, &x);
+    cs_device_leave(saved);
+  }
+  return st;
+}
+
+/* Replays g on q: its buffers' work chained onto q, all locked across the
+ * launch, as a kernel launch does (launch.c). */
+static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
+  cudaGraphExec_t x;
+  cusafe_status st = graph_exec(g, &x);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  struct cs_buffer **roots = NULL;
+  struct cs_object **drops = NULL;
+  if (g->nroots) {
+    roots = malloc(g->nroots * sizeof *roots);
+    drops = malloc(g->nroots * sizeof *drops);
+    if (!roots || !drops) {
+      free(roots);
+      free(drops);
+      return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    }
+    memcpy(roots, g->roots, g->nroots * sizeof *roots);
+  }
+  size_t n = g->nroots, ndrops = 0;
+  st = cs_roots_chain(roots, &n, q, drops, &ndrops);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->graph_launch(x, q->stream);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaGraphLaunch");
+  }
+  cs_roots_unlock(roots, n);
+  for (size_t i = 0; i < ndrops; i++)
+    cs_unref(drops[i]);
+  free(roots);
+  free(drops);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
+                                             cusafe_stream stream) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_graph, g, graph, CS_GRAPH, "graph");
+  struct cs_queue *q;
+  struct cs_object *held CS_HELD = NULL;
+  cusafe_status st = cs_queue_get(stream, g->ctx, "graph", &q, &held);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (atomic_load(&q->capture))
+    return cs_capturing("a graph replay", q);
+  int saved;
+  st = cs_device_enter(g->ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = replay(g, q);
+    cs_device_leave(saved);
+  }
+  return st;
+}
+
+/* Destroys the executable graph (legal with replays queued: CUDA frees it
+ * after them) and the graph, in relaxed capture mode, so that a capture of
+ * other code in progress is not broken. */
+static cudaError_t graph_destroy(void *obj) {
+  struct cs_graph *g = obj;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cs_cu->thread_exchange_stream_capture_mode(&mode);
+  cudaError_t err = cudaSuccess, e;
+  cudaGraphExec_t x = atomic_load(&g->exec);
+  if (x && (e = cs_cu->graph_exec_destroy(x)) != cudaSuccess)
+    err = e;
+  if ((e = cs_cu->graph_destroy(g->graph)) != cudaSuccess && !err)
+    err = e;
+  cs_cu->thread_exchange_stream_capture_mode(&mode);
+  return err;
+}
+
+cusafe_status cs_graph_fini(struct cs_object *obj) {
+  struct cs_graph *g = (struct cs_graph *)obj;
+  return cs_device_teardown(g->ctx->device, graph_destroy, g,
+                            "cudaGraphExecDestroy");
+}
+
+/* What the graph held goes after it: its buffers' frees are ordered after
+ * its replays (their chains end on the replays' streams). */
+void cs_graph_free(struct cs_object *obj) {
+  struct cs_graph *g = (struct cs_graph *)obj;
+  drop_held(g->held, g->nheld);
+  free(g->held);
+  free(g->roots);
+  pthread_mutex_destroy(&g->lock);
+  free(g);
+}
+
+void cs_graph_describe(const struct cs_object *obj, char *what, size_t size) {
+  const struct cs_graph *g = (const struct cs_graph *)obj;
+  snprintf(what, size, "device %d, %zu object%s held", g->ctx->device, g->nheld,
+           g->nheld == 1 ? "" : "s");
+}

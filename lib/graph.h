@@ -1,0 +1,77 @@
+/* graph.h -- stream capture and graphs (graph.c): captured work keeps
+ * everything it uses alive for as long as the graph and its replays need
+ * it (invariant 2), and cusafe's own bookkeeping stays out of captures.
+ * Internal; never installed. */
+#ifndef CUSAFE_GRAPH_H
+#define CUSAFE_GRAPH_H
+
+#include <pthread.h>
+
+#include "buffer.h"
+
+/* One capture, from cusafe_stream_begin_capture() to its end.  Its queues
+ * (the origin and the streams that joined) point at it (cs_queue.capture)
+ * while it lasts. */
+struct cs_capture {
+  uint64_t id; /* unique, never 0: what an event recorded in it keeps */
+  struct cs_queue *origin;
+  struct cs_context *ctx;
+  pthread_mutex_t lock; /* guards everything below */
+  /* What the captured work used, each referenced once (cs_ref). */
+  struct cs_object **held;
+  size_t nheld, cap_held;
+  /* Each buffer's root and the queue of its latest captured use. */
+  struct cs_capture_use {
+    struct cs_buffer *root;
+    struct cs_queue *q;
+  } * uses;
+  size_t nuses, cap_uses;
+  /* Events cusafe recorded in the capture to order its queues; destroyed
+   * when it ends. */
+  cudaEvent_t *events;
+  size_t nevents, cap_events;
+  /* The queues that joined (not the origin). */
+  struct cs_queue **members;
+  size_t nmembers, cap_members;
+  struct cs_capture *next; /* in the list of open captures */
+};
+
+struct cs_graph {
+  struct cs_object hdr; /* parent: the context */
+  struct cs_context *ctx;
+  cudaGraph_t graph;
+  pthread_mutex_t lock; /* guards the instantiation */
+  _Atomic(cudaGraphExec_t) exec;
+  struct cs_object **held; /* referenced */
+  size_t nheld;
+  struct cs_buffer **roots; /* the buffers among them, for replays */
+  size_t nroots;
+};
+
+/* Chains root's next captured operation on q, a queue of capture c
+ * (root's lock held; the thread may be pinned): c holds root from now on,
+ * and the operation comes after root's previous captured one. */
+cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
+                             struct cs_queue *q);
+/* Makes capture c hold obj (a live object: the caller holds or peeked at
+ * it), once. */
+cusafe_status cs_capture_hold(struct cs_capture *c, struct cs_object *obj);
+/* q, which captures nothing, joins capture c by waiting for ev, recorded
+ * in it (q's device current): its work so far is recorded first (entry),
+ * for work outside to wait for. */
+cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
+                              cudaEvent_t ev);
+/* Whether a capture of ctx (NULL: any) is open. */
+bool cs_capture_open_in(const struct cs_context *ctx);
+/* Whether the capture of that id is open. */
+bool cs_capture_open(uint64_t id);
+/* The open capture of that id, or NULL. */
+struct cs_capture *cs_capture_find(uint64_t id);
+/* Ends every open capture, discarding its work: the first step of the
+ * ordered shutdown. */
+void cs_captures_abort_all(void);
+/* CUSAFE_ERROR_CAPTURING: "<what> cannot ... : stream 0x... is capturing". */
+cusafe_status cs_capturing(const char *what, const struct cs_queue *q)
+    __attribute__((cold));
+
+#endif /* CUSAFE_GRAPH_H */

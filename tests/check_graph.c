@@ -1,0 +1,462 @@
+/* check_graph.c -- stream capture and graphs through cusafe: what a graph
+ * holds, replays ordered with other work, what a capture refuses, and the
+ * shutdown with captures open and replays queued.  Built twice: against
+ * the fake CUDA (check_graph_fake, with its live counts and VIOLATIONs)
+ * and against the real runtime (check_graph_gpu, skipped without a GPU). */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cusafe.h"
+#include "testutil.h"
+#ifdef CUSAFE_TEST_FAKE
+#include "fakeutil.h"
+#endif
+
+enum { N = 1024 }; /* floats per buffer */
+
+struct world {
+  cusafe_context ctx;
+  cusafe_stream s, t;
+  cusafe_module mod;
+  cusafe_kernel fill, scale, axpy;
+  cusafe_buffer x, y;
+};
+
+static void world_make(struct world *w) {
+  memset(w, 0, sizeof *w);
+  TU_OK(cusafe_context_create(&w->ctx, 0));
+  TU_OK(cusafe_stream_create(&w->s, w->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_create(&w->t, w->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_module_load_builtin(&w->mod, w->ctx));
+  w->fill = tu_get_kernel(w->mod, "cusafe_fill_f32");
+  w->scale = tu_get_kernel(w->mod, "cusafe_scale_f32");
+  w->axpy = tu_get_kernel(w->mod, "cusafe_axpy_f32");
+  TU_OK(cusafe_buffer_alloc(&w->x, w->ctx, CUSAFE_MEMORY_DEVICE,
+                            N * sizeof(float)));
+  TU_OK(cusafe_buffer_alloc(&w->y, w->ctx, CUSAFE_MEMORY_DEVICE,
+                            N * sizeof(float)));
+}
+
+static void world_release(struct world *w) {
+  cusafe_handle all[] = {w->x,   w->y, w->fill, w->scale, w->axpy,
+                         w->mod, w->s, w->t,    w->ctx};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    TU_OK(cusafe_release(all[i]));
+}
+
+/* A launch of one of the built-in f32 kernels over n floats of buf. */
+static cusafe_status run1(cusafe_kernel k, cusafe_stream s, cusafe_buffer buf,
+                          float a, size_t n, cusafe_buffer other) {
+  cusafe_launch_config c = {
+      {(uint32_t)((n + 255) / 256), 1, 1}, {256, 1, 1}, 0, s};
+  cusafe_arg args[4];
+  size_t nargs = 0;
+  args[nargs++] = CUSAFE_ARG_BUF(buf);
+  args[nargs++] = CUSAFE_ARG_F32V(a);
+  if (other)
+    args[nargs++] = CUSAFE_ARG_BUF(other);
+  args[nargs++] = CUSAFE_ARG_U64V(n);
+  return cusafe_kernel_launch(k, &c, args, nargs);
+}
+
+static void read_floats(cusafe_buffer b, float *out, size_t n) {
+  TU_OK(cusafe_buffer_read(b, 0, out, n * sizeof(float)));
+}
+
+static void expect_all(cusafe_buffer b, size_t n, float want) {
+  float *got = tu_xmalloc(n * sizeof *got);
+  read_floats(b, got, n);
+  for (size_t i = 0; i < n; i++)
+    TU_ASSERT(got[i] == want, "element %zu is %g, expected %g", i,
+              (double)got[i], (double)want);
+  free(got);
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* A chain of built-in kernels over views, captured once and replayed: the
+ * buffers, kernels and module released after the capture stay valid for
+ * every replay. */
+START_TEST(test_replay_chain_over_views) {
+  struct world w;
+  world_make(&w);
+  cusafe_buffer lo, hi;
+  TU_OK(cusafe_buffer_view(&lo, w.x, 0, N / 2 * sizeof(float)));
+  TU_OK(cusafe_buffer_view(&hi, w.x, N / 2 * sizeof(float),
+                           N / 2 * sizeof(float)));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  int capturing = 0;
+  TU_OK(cusafe_stream_is_capturing(&capturing, w.s));
+  TU_ASSERT(capturing == 1, "is_capturing says %d", capturing);
+  /* lo = 1, hi = 2, lo *= 3, y = 2 * lo + y (y filled with 10 first) */
+  TU_OK(run1(w.fill, w.s, lo, 1.0f, N / 2, 0));
+  TU_OK(run1(w.fill, w.s, hi, 2.0f, N / 2, 0));
+  TU_OK(run1(w.scale, w.s, lo, 3.0f, N / 2, 0));
+  TU_OK(run1(w.fill, w.s, w.y, 10.0f, N, 0));
+  TU_OK(run1(w.axpy, w.s, w.y, 2.0f, N / 2, lo));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_LIVE(g, CUSAFE_TYPE_GRAPH);
+  TU_OK(cusafe_stream_is_capturing(&capturing, w.s));
+  TU_ASSERT(capturing == 0, "is_capturing says %d after the end", capturing);
+  /* Nothing ran yet. */
+  TU_OK(cusafe_buffer_fill(w.x, 0, N * sizeof(float), 0, w.t));
+  expect_all(w.x, N, 0.0f);
+  /* Everything but the graph and y goes. */
+  cusafe_buffer y = w.y;
+  TU_OK(cusafe_release(lo));
+  TU_OK(cusafe_release(hi));
+  TU_OK(cusafe_release(w.x));
+  TU_OK(cusafe_release(w.fill));
+  TU_OK(cusafe_release(w.scale));
+  TU_OK(cusafe_release(w.axpy));
+  TU_OK(cusafe_release(w.mod));
+  TU_STALE(w.x);
+#ifdef CUSAFE_TEST_FAKE
+  int replays = 20;
+#else
+  int replays = 1000;
+#endif
+  for (int i = 0; i < replays; i++)
+    TU_OK(cusafe_graph_launch(g, i % 2 ? w.s : w.t));
+  float *got = tu_xmalloc(N * sizeof *got);
+  read_floats(y, got, N);
+  for (size_t i = 0; i < N; i++) {
+    float want = i < N / 2 ? 16.0f : 10.0f; /* 10 + 2 * 3 */
+    TU_ASSERT(got[i] == want, "y[%zu] is %g, expected %g", i, (double)got[i],
+              (double)want);
+  }
+  free(got);
+  TU_OK(cusafe_graph_release(g));
+  TU_STALE(g);
+  TU_OK(cusafe_release(y));
+  TU_OK(cusafe_release(w.s));
+  TU_OK(cusafe_release(w.t));
+  TU_OK(cusafe_release(w.ctx));
+}
+END_TEST
+
+/* A replay is ordered after the work queued before it on the buffers it
+ * uses, on any stream, and later work after it. */
+START_TEST(test_replay_is_ordered) {
+  struct world w;
+  world_make(&w);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.scale, w.s, w.x, 2.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(run1(w.fill, w.t, w.x, 5.0f, N, 0)); /* before the replay */
+  TU_OK(cusafe_graph_launch(g, w.s));
+  TU_OK(run1(w.scale, w.t, w.x, 3.0f, N, 0)); /* after it */
+  expect_all(w.x, N, 30.0f);
+  TU_OK(cusafe_graph_release(g));
+  world_release(&w);
+}
+END_TEST
+
+/* Copies and fills between buffers, pinned memory included, and an event
+ * recorded in the capture. */
+START_TEST(test_copies_fills_events) {
+  struct world w;
+  world_make(&w);
+  cusafe_buffer pinned;
+  cusafe_event ev;
+  TU_OK(cusafe_buffer_alloc(&pinned, w.ctx, CUSAFE_MEMORY_HOST_PINNED,
+                            N * sizeof(float)));
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_buffer_fill(w.x, 0, N * sizeof(float), 0x3f, w.s));
+  TU_OK(cusafe_buffer_copy(pinned, 0, w.x, 0, N * sizeof(float), w.s));
+  TU_OK(cusafe_event_record(ev, w.s));
+  TU_ERR(cusafe_event_query(ev), CUSAFE_ERROR_CAPTURING,
+         "querying event 0x%016llx cannot be done: it was recorded in a "
+         "capture that is still open",
+         TU_HX(ev));
+  TU_ERR(cusafe_event_synchronize(ev), CUSAFE_ERROR_CAPTURING,
+         "synchronizing with event 0x%016llx cannot be done: it was "
+         "recorded in a capture that is still open",
+         TU_HX(ev));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_ERR(cusafe_event_query(ev), CUSAFE_ERROR_INVALID_VALUE,
+         "querying event 0x%016llx cannot be done: its latest record was "
+         "in a capture, which has ended; record it again",
+         TU_HX(ev));
+  TU_OK(cusafe_release(ev)); /* the graph holds it */
+  TU_OK(cusafe_graph_launch(g, CUSAFE_STREAM_DEFAULT));
+  unsigned char got[64], want[64];
+  memset(want, 0x3f, sizeof want);
+  TU_OK(cusafe_buffer_read(pinned, 0, got, sizeof got));
+  TU_BYTES_EQ(got, want, sizeof got);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_release(pinned));
+  world_release(&w);
+}
+END_TEST
+
+/* What a capture refuses, before CUDA sees it: the capture goes on and
+ * gives a working graph. */
+START_TEST(test_refused_during_capture) {
+  struct world w;
+  world_make(&w);
+  unsigned char host[64];
+  memset(host, 0, sizeof host);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.fill, w.s, w.x, 4.0f, N, 0));
+  TU_ERR(cusafe_stream_begin_capture(w.s), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx captures already", TU_HX(w.s));
+  TU_ERR(cusafe_stream_synchronize(w.s), CUSAFE_ERROR_CAPTURING,
+         "synchronizing cannot be done while stream 0x%016llx captures",
+         TU_HX(w.s));
+  TU_ERR(cusafe_stream_query(w.s), CUSAFE_ERROR_CAPTURING,
+         "querying cannot be done while stream 0x%016llx captures", TU_HX(w.s));
+  TU_ERR(cusafe_context_synchronize(w.ctx), CUSAFE_ERROR_CAPTURING,
+         "synchronizing the context of device 0 cannot be done while one of "
+         "its streams captures");
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_buffer_alloc_async(&b, w.s, 64), CUSAFE_ERROR_CAPTURING,
+         "an allocation (cusafe_buffer_alloc_async) cannot be done while "
+         "stream 0x%016llx captures",
+         TU_HX(w.s));
+  TU_ASSERT(b == CUSAFE_NULL_HANDLE, "alloc_async left a handle");
+  TU_ERR(cusafe_buffer_write_async(w.y, 0, host, sizeof host, w.s),
+         CUSAFE_ERROR_CAPTURING,
+         "a write from host memory at an address cannot be done while "
+         "stream 0x%016llx captures",
+         TU_HX(w.s));
+  TU_ERR(cusafe_buffer_read_async(w.y, 0, host, sizeof host, w.s),
+         CUSAFE_ERROR_CAPTURING,
+         "a read into host memory at an address cannot be done while "
+         "stream 0x%016llx captures",
+         TU_HX(w.s));
+  /* Other streams and synchronous transfers go on as usual. */
+  TU_OK(cusafe_buffer_write(w.y, 0, host, sizeof host));
+  TU_OK(cusafe_stream_synchronize(w.t));
+  /* Not the origin, nor capturing. */
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, w.t), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx does not capture", TU_HX(w.t));
+  TU_ASSERT(g == CUSAFE_NULL_HANDLE, "end_capture left a handle");
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_graph_launch(g, CUSAFE_STREAM_DEFAULT));
+  expect_all(w.x, N, 4.0f);
+  /* A replay onto a capturing stream. */
+  TU_OK(cusafe_stream_begin_capture(w.t));
+  TU_ERR(cusafe_graph_launch(g, w.t), CUSAFE_ERROR_CAPTURING,
+         "a graph replay cannot be done while stream 0x%016llx captures",
+         TU_HX(w.t));
+  cusafe_graph empty;
+  TU_OK(cusafe_stream_end_capture(&empty, w.t));
+  TU_OK(cusafe_graph_launch(empty, w.t));
+  TU_OK(cusafe_graph_release(empty));
+  TU_OK(cusafe_graph_release(g));
+  world_release(&w);
+}
+END_TEST
+
+/* Streams fork from and join back into a capture through events; one that
+ * is not joined back makes the end fail, and the capture is over. */
+START_TEST(test_fork_and_join) {
+  struct world w;
+  world_make(&w);
+  cusafe_event fork_ev, join_ev;
+  TU_OK(cusafe_event_create(&fork_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_create(&join_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.fill, w.s, w.x, 1.0f, N, 0));
+  TU_OK(cusafe_event_record(fork_ev, w.s));
+  TU_OK(cusafe_stream_wait_event(w.t, fork_ev));
+  int capturing = 0;
+  TU_OK(cusafe_stream_is_capturing(&capturing, w.t));
+  TU_ASSERT(capturing == 1, "the forked stream does not capture");
+  /* x moves to t inside the capture: ordered after the fill. */
+  TU_OK(run1(w.scale, w.t, w.x, 7.0f, N, 0));
+  TU_OK(cusafe_event_record(join_ev, w.t));
+  TU_OK(cusafe_stream_wait_event(w.s, join_ev));
+  cusafe_graph g;
+  TU_ERR(cusafe_stream_end_capture(&g, w.t), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx joined a capture that began on stream 0x%016llx: "
+         "end it there",
+         TU_HX(w.t), TU_HX(w.s));
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_stream_is_capturing(&capturing, w.t));
+  TU_ASSERT(capturing == 0, "the joined stream still captures");
+  TU_OK(cusafe_graph_launch(g, w.s));
+  expect_all(w.x, N, 7.0f);
+  TU_OK(cusafe_graph_release(g));
+  /* Not joined back. */
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(fork_ev, w.s));
+  TU_OK(cusafe_stream_wait_event(w.t, fork_ev));
+  TU_OK(run1(w.fill, w.t, w.y, 2.0f, N, 0));
+  g = CUSAFE_NULL_HANDLE;
+  TU_ERR_PREFIX(cusafe_stream_end_capture(&g, w.s), CUSAFE_ERROR_CUDA,
+                "cudaStreamEndCapture failed: ");
+  TU_ASSERT(g == CUSAFE_NULL_HANDLE, "a failed end gave a graph");
+  TU_OK(cusafe_stream_is_capturing(&capturing, w.t));
+  TU_ASSERT(capturing == 0, "the forked stream still captures");
+  TU_OK(cusafe_release(fork_ev));
+  TU_OK(cusafe_release(join_ev));
+  world_release(&w);
+}
+END_TEST
+
+/* A capturing stream's wait for an event recorded outside is a node that
+ * waits at each replay; the graph holds the event. */
+START_TEST(test_wait_for_outside_event) {
+  struct world w;
+  world_make(&w);
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(run1(w.fill, w.t, w.x, 3.0f, N, 0));
+  TU_OK(cusafe_event_record(ev, w.t));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_stream_wait_event(w.s, ev));
+  TU_OK(run1(w.fill, w.s, w.y, 1.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_release(ev));
+  TU_OK(cusafe_graph_launch(g, w.s));
+  expect_all(w.y, N, 1.0f);
+  TU_OK(cusafe_graph_release(g));
+  world_release(&w);
+}
+END_TEST
+
+/* Handles: a graph is a handle like the others. */
+START_TEST(test_graph_handles) {
+  struct world w;
+  world_make(&w);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_graph_retain(g));
+  TU_OK(cusafe_graph_instantiate(g));
+  TU_OK(cusafe_graph_instantiate(g));
+  TU_OK(cusafe_graph_release(g));
+  TU_LIVE(g, CUSAFE_TYPE_GRAPH);
+  TU_ERR(cusafe_graph_launch(w.s, w.s), CUSAFE_ERROR_INVALID_HANDLE,
+         "graph 0x%016llx is a stream, not a graph", TU_HX(w.s));
+  TU_ERR(cusafe_graph_release(w.s), CUSAFE_ERROR_INVALID_HANDLE,
+         "graph 0x%016llx is a stream, not a graph", TU_HX(w.s));
+  TU_OK(cusafe_graph_release(g));
+  TU_STALE(g);
+  TU_ERR(cusafe_graph_launch(g, w.s), CUSAFE_ERROR_INVALID_HANDLE,
+         "graph 0x%016llx is stale: its object was released", TU_HX(g));
+  TU_OK(cusafe_graph_release(CUSAFE_NULL_HANDLE));
+  world_release(&w);
+}
+END_TEST
+
+#ifdef CUSAFE_TEST_FAKE
+/* The graph holds its memory until its last replay has run, also when it
+ * is released with replays queued. */
+START_TEST(test_release_with_replays_queued) {
+  struct world w;
+  world_make(&w);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.fill, w.s, w.x, 9.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  size_t before = fake_live_allocations(-1);
+  fake_set_paused(1);
+  TU_OK(cusafe_graph_launch(g, w.s));
+  TU_OK(cusafe_graph_launch(g, w.t));
+  TU_OK(cusafe_release(w.x));
+  TU_OK(cusafe_graph_release(g));
+  TU_ASSERT(fake_live_allocations(-1) == before,
+            "memory freed with replays queued");
+  TU_ASSERT(fake_live_graph_execs(-1) == 1,
+            "%zu executable graphs alive, expected 1 until its replays ran",
+            fake_live_graph_execs(-1));
+  fake_set_paused(0);
+  TU_OK(cusafe_stream_synchronize(w.t));
+  TU_OK(cusafe_context_synchronize(w.ctx));
+  TU_ASSERT(fake_live_allocations(-1) == before - 1,
+            "%zu allocations alive, expected %zu", fake_live_allocations(-1),
+            before - 1);
+  TU_ASSERT(fake_live_graph_execs(-1) == 0 && fake_live_graphs(-1) == 0,
+            "graphs alive after release");
+  w.x = CUSAFE_NULL_HANDLE;
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* The shutdown ends open captures and destroys graphs with replays queued
+ * before the buffers and modules they hold. */
+START_TEST(test_shutdown_with_capture_and_replays) {
+  struct world w;
+  world_make(&w);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.fill, w.s, w.x, 1.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  fake_set_paused(1);
+  TU_OK(cusafe_graph_launch(g, w.t));
+  TU_OK(cusafe_stream_begin_capture(w.s)); /* left open */
+  TU_OK(run1(w.scale, w.s, w.y, 2.0f, N, 0));
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* What the capture held is dropped when its end fails. */
+START_TEST(test_failed_end_drops_what_it_held) {
+  struct world w;
+  world_make(&w);
+  cusafe_event fork_ev;
+  TU_OK(cusafe_event_create(&fork_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(fork_ev, w.s));
+  TU_OK(cusafe_stream_wait_event(w.t, fork_ev));
+  TU_OK(run1(w.fill, w.t, w.y, 2.0f, N, 0));
+  size_t before = fake_live_allocations(-1);
+  TU_OK(cusafe_release(w.y));
+  TU_ASSERT(fake_live_allocations(-1) == before, "held memory freed");
+  cusafe_graph g;
+  TU_STATUS(cusafe_stream_end_capture(&g, w.s), CUSAFE_ERROR_CUDA);
+  TU_OK(cusafe_context_synchronize(w.ctx));
+  TU_ASSERT(fake_live_allocations(-1) == before - 1,
+            "memory of a failed capture not freed");
+  w.y = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_release(fork_ev));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+#endif
+
+static Suite *graph_suite(void) {
+  Suite *s = suite_create("graph");
+  TCase *tc = tcase_create("graphs");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_replay_chain_over_views);
+  tcase_add_test(tc, test_replay_is_ordered);
+  tcase_add_test(tc, test_copies_fills_events);
+  tcase_add_test(tc, test_refused_during_capture);
+  tcase_add_test(tc, test_fork_and_join);
+  tcase_add_test(tc, test_wait_for_outside_event);
+  tcase_add_test(tc, test_graph_handles);
+#ifdef CUSAFE_TEST_FAKE
+  tcase_add_test(tc, test_release_with_replays_queued);
+  tcase_add_test(tc, test_shutdown_with_capture_and_replays);
+  tcase_add_test(tc, test_failed_end_drops_what_it_held);
+#endif
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+#ifdef CUSAFE_TEST_FAKE
+  return tu_run_suite(graph_suite(), CK_FORK);
+#else
+  tu_require_gpu();
+  return tu_run_suite(graph_suite(), CK_NOFORK);
+#endif
+}
