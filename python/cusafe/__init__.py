@@ -50,7 +50,8 @@ from ._capi import (  # noqa: F401
     _PROTOTYPES, c_enum, c_handle, c_status, device_count, device_properties,
     handle_type, library, load, release_handle, retain_handle, shutdown,
     status_string, version)
-from ._objects import Buffer, Context, Event, Module, Stream  # noqa: F401
+from ._objects import (  # noqa: F401
+    Buffer, Context, Event, Graph, Module, Stream)
 from ._interop import Array, from_dlpack  # noqa: F401
 from ._launch import (  # noqa: F401
     Bytes, F32, F64, I8, I16, I32, I64, Kernel, PreparedLaunch, U8, U16, U32,
@@ -66,7 +67,8 @@ __all__ = [
     "load", "library", "status_string", "version", "device_count",
     "device_properties", "shutdown", "release_handle", "retain_handle",
     "handle_type",
-    "Context", "Stream", "Event", "Buffer", "Module", "Kernel", "Array",
+    "Context", "Stream", "Event", "Buffer", "Module", "Kernel", "Graph",
+    "Array",
     "from_dlpack",
     "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "F32", "F64",
     "Bytes",

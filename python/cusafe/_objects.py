@@ -494,6 +494,44 @@ class Stream(_Object):
         not use it after this object is closed."""
         return (0, self.interop_handle())
 
+    def begin_capture(self) -> None:
+        """Makes the stream capture the cusafe work queued on it, until
+        end_capture() (cusafe_stream_begin_capture): copies, fills,
+        launches, event records and waits become a graph instead of
+        running.  Raises CusafeError CAPTURING if it captures already,
+        NOT_SUPPORTED for a wrapped default stream.  Prefer capture()."""
+        _call("cusafe_stream_begin_capture", self.handle)
+
+    def end_capture(self) -> Graph:
+        """Ends the capture begun on this stream and returns its Graph,
+        which the caller owns (cusafe_stream_end_capture).  Raises
+        CusafeError CAPTURING if the stream does not capture or only
+        joined another stream's capture, CUDA if CUDA refuses the capture
+        (a stream that joined was never joined back): the capture is over
+        either way."""
+        h = c_handle(0)
+        _call("cusafe_stream_end_capture", ctypes.byref(h), self.handle)
+        return Graph._adopt(h.value)
+
+    def capture(self) -> _Capture:
+        """A context manager that captures the block's work on this
+        stream:
+
+            with stream.capture() as graph:
+                kernel.launch(grid, block, buf, n, stream=stream)
+            graph.launch(stream)
+
+        The Graph is usable after the block; an exception in the block
+        discards the capture and propagates."""
+        return _Capture(self)
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the stream captures (began a capture or joined one)."""
+        out = ctypes.c_int(0)
+        _call("cusafe_stream_is_capturing", ctypes.byref(out), self.handle)
+        return bool(out.value)
+
     def use_buffers(self, *buffers: Buffer) -> None:
         """Records that work other code queues on this stream by address
         uses `buffers` (cusafe_stream_use_buffers): call it before queueing
@@ -501,6 +539,86 @@ class Stream(_Object):
         arr = (c_handle * len(buffers))(
             *[_handle_of(b, Buffer, "each argument") for b in buffers])
         _call("cusafe_stream_use_buffers", self.handle, arr, len(buffers))
+
+
+class Graph(_Object):
+    """Work captured from streams (Stream.capture), replayed by one call
+    (launch).  It holds every buffer, kernel, event and stream its captured
+    work used: releasing them, during or after the capture, is legal, and
+    their memory stays valid for every replay.  Closing the graph with
+    replays queued is legal too: its memory goes after the last replay.
+    Methods of a closed Graph raise ValueError."""
+
+    # _capturing: made by Stream.capture() and waiting for the capture to
+    # end, which gives it its handle.
+    __slots__ = ("_capturing",)
+    _capturing: bool
+    _release_name = "cusafe_graph_release"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not for use: raises TypeError (Stream.capture() and
+        Stream.end_capture() make Graphs)."""
+        raise TypeError("use Stream.capture() or Stream.end_capture()")
+
+    @property
+    def handle(self) -> int:
+        """The handle, an int.  Raises ValueError before the capture ended
+        and once closed."""
+        h = self._live
+        if not h:
+            if getattr(self, "_capturing", False):
+                raise ValueError("the capture of this cusafe.Graph has not "
+                                 "ended")
+            raise ValueError("this cusafe.Graph is closed")
+        return h
+
+    def instantiate(self) -> None:
+        """Makes the graph's executable form now rather than at its first
+        replay (cusafe_graph_instantiate).  Raises CusafeError with CUDA's
+        error if it cannot be made."""
+        _call("cusafe_graph_instantiate", self.handle)
+
+    def launch(self, stream: Optional[Stream] = None) -> None:
+        """Replays the graph on `stream` (None: the context's default
+        stream), after the earlier work on the buffers it uses and before
+        the later (cusafe_graph_launch).  Raises CusafeError CAPTURING for
+        a stream that captures, CONTEXT_MISMATCH for a stream of another
+        context."""
+        _call("cusafe_graph_launch", self.handle, _stream_handle(stream))
+
+    __call__ = launch
+
+
+class _Capture:
+    """The context manager of Stream.capture()."""
+
+    __slots__ = ("_stream", "_graph")
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._graph: Optional[Graph] = None
+
+    def __enter__(self) -> Graph:
+        self._stream.begin_capture()
+        g = self._graph = object.__new__(Graph)
+        g._capturing = True
+        g._handle = g._live = 0
+        return g
+
+    def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
+        g = self._graph
+        assert g is not None
+        g._capturing = False
+        if exc_type is not None:  # the capture is discarded
+            try:
+                self._stream.end_capture().close()
+            except Exception:
+                pass
+            return
+        h = c_handle(0)
+        _call("cusafe_stream_end_capture", ctypes.byref(h),
+              self._stream.handle)
+        g._own(h)
 
 
 class Event(_Object):
