@@ -58,6 +58,9 @@ scenario thread-shutdown "$both" 0 empty "" "$repeat" -- thread-shutdown
 scenario fork          "$both" 0 empty "" 1 -- fork
 scenario fault         "$both" 0 empty "^fault reported: " 1 -- fault
 scenario atexit-before "$both" 0 empty "" 1 -- atexit-before
+scenario graph-replays "$both" 0 empty \
+	"^graph-replays: exiting with 100 replays queued and a capture open$" 1 -- \
+	graph-replays
 
 # The example examples/c/leaky_exit.c.
 program=leaky_exit

@@ -131,6 +131,9 @@ scenario fork               "$both" 0 empty "" 1 -- "$scen" fork
 scenario mp-fork            "$both" 0 empty "" 1 -- "$scen" mp-fork
 scenario mp-spawn           "$both" 0 empty "" 1 -- "$scen" mp-spawn
 scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fault
+scenario graph-replays      "$both" 0 empty "" 1 -- "$scen" graph-replays
+scenario "graph-replays, sys.exit" "$both" 3 empty "" 1 -- \
+	"$scen" graph-replays sys-exit-3
 scenario cupy-first         gpu     0 empty "" 1 -- "$scen" cupy-first
 scenario cusafe-first       gpu     0 empty "" 1 -- "$scen" cusafe-first
 

@@ -387,6 +387,31 @@ static int atexit_before(void) {
   return 0;
 }
 
+/* Exits with a graph whose replays are queued, its buffers released, and
+ * a capture left open on another stream. */
+static int graph_replays(void) {
+  cusafe_stream other;
+  cusafe_graph g;
+  make_live(&L);
+  OK(cusafe_stream_create(&other, L.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  cusafe_launch_config config = {
+      {(N / 2 + 255) / 256, 1, 1}, {256, 1, 1}, 0, L.stream};
+  OK(cusafe_stream_begin_capture(L.stream));
+  OK(CUSAFE_LAUNCH(L.fill, &config, CUSAFE_ARG_BUF(L.view),
+                   CUSAFE_ARG_F32V(1.0f), CUSAFE_ARG_U64V(N / 2)));
+  OK(cusafe_buffer_copy(L.b, 0, L.a, 0, sizeof host, L.stream));
+  OK(cusafe_stream_end_capture(&g, L.stream));
+  for (int i = 0; i < 100; i++)
+    OK(cusafe_graph_launch(g, i % 2 ? L.stream : other));
+  release_live(&L, CUSAFE_SUCCESS);
+  config.stream = other;
+  OK(cusafe_stream_begin_capture(other)); /* never ended */
+  OK(cusafe_graph_launch(g, CUSAFE_STREAM_DEFAULT));
+  printf("graph-replays: exiting with 100 replays queued and a capture "
+         "open\n");
+  return 0;
+}
+
 static const struct {
   const char *name;
   int (*run)(void);
@@ -402,6 +427,7 @@ static const struct {
     {"fork", forked},
     {"fault", fault},
     {"atexit-before", atexit_before},
+    {"graph-replays", graph_replays},
 };
 
 int main(int argc, char **argv) {

@@ -605,7 +605,32 @@ def cusafe_first():
     LIVE += [z, _cupy_roundtrip(LIVE[0]["ctx"])]
 
 
+def graph_replays(how="exit"):
+    """A graph with replays queued, its buffers closed, and a capture left
+    open (a `with` block that the exit interrupts: sys.exit inside it, or
+    an open begin_capture()); exit 0, or 3 with sys-exit-3."""
+    o = make_live()
+    s = o["stream"]
+    other = o["ctx"].stream(non_blocking=True)
+    with s.capture() as graph:
+        o["fill"].launch((N // 2 + 255) // 256, 256, o["view"],
+                         cusafe.F32(1.0), N // 2, stream=s)
+        o["b"].copy_from(o["a"], stream=s)
+    for i in range(100):
+        graph.launch(s if i % 2 else other)
+    for name in ("a", "b", "view", "fill", "module"):
+        o[name].close()
+    LIVE.append((o, graph, other))
+    if how == "sys-exit-3":
+        with other.capture():
+            sys.exit(3)
+    other.begin_capture()  # never ended
+
+
+LIVE = []
+
 SCENARIOS = {
+    "graph-replays": graph_replays,
     "probe": probe,
     "layout": layout,
     "binding": binding,
