@@ -178,8 +178,46 @@ void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library) {
   pthread_mutex_unlock(&ctx->orphan_lock);
 }
 
+void cs_context_orphan_graph(struct cs_context *ctx, cudaGraph_t graph,
+                             cudaGraphExec_t exec) {
+  pthread_mutex_lock(&ctx->orphan_lock);
+  if (graph) {
+    cudaGraph_t *grown =
+        realloc(ctx->orphan_graphs, (ctx->norphan_graphs + 1) * sizeof *grown);
+    if (grown) {
+      ctx->orphan_graphs = grown;
+      ctx->orphan_graphs[ctx->norphan_graphs++] = graph;
+    }
+  }
+  if (exec) {
+    cudaGraphExec_t *grown =
+        realloc(ctx->orphan_execs, (ctx->norphan_execs + 1) * sizeof *grown);
+    if (grown) {
+      ctx->orphan_execs = grown;
+      ctx->orphan_execs[ctx->norphan_execs++] = exec;
+    }
+  }
+  pthread_mutex_unlock(&ctx->orphan_lock);
+}
+
+bool cs_context_graphs_orphaned(struct cs_context *ctx) {
+  pthread_mutex_lock(&ctx->orphan_lock);
+  bool any = ctx->norphan_graphs || ctx->norphan_execs;
+  pthread_mutex_unlock(&ctx->orphan_lock);
+  return any;
+}
+
 static void unload_orphans(struct cs_context *ctx) {
   pthread_mutex_lock(&ctx->orphan_lock);
+  for (size_t i = 0; i < ctx->norphan_execs; i++)
+    cs_cu->graph_exec_destroy(ctx->orphan_execs[i]);
+  for (size_t i = 0; i < ctx->norphan_graphs; i++)
+    cs_cu->graph_destroy(ctx->orphan_graphs[i]);
+  free(ctx->orphan_execs);
+  free(ctx->orphan_graphs);
+  ctx->orphan_execs = NULL;
+  ctx->orphan_graphs = NULL;
+  ctx->norphan_execs = ctx->norphan_graphs = 0;
   for (size_t i = 0; i < ctx->norphans; i++)
     cs_cu->library_unload(ctx->orphans[i]);
   free(ctx->orphans);

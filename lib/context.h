@@ -25,6 +25,12 @@ struct cs_context {
   pthread_mutex_t orphan_lock;
   cudaLibrary_t *orphans;
   size_t norphans;
+  /* Graphs and executable graphs whose destruction failed, retried
+   * before the libraries (under orphan_lock). */
+  cudaGraph_t *orphan_graphs;
+  size_t norphan_graphs;
+  cudaGraphExec_t *orphan_execs;
+  size_t norphan_execs;
 };
 
 /* "stream belongs to device 1 but buffer belongs to device 0" */
@@ -60,6 +66,14 @@ cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx,
  * be queued, or its unload failed): it is unloaded before the context's
  * primary context is released, so that no code outlives its context. */
 void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library);
+
+/* Keeps a graph or an executable graph of ctx (either may be NULL) whose
+ * destruction failed: it is destroyed again before the libraries of the
+ * context are unloaded. */
+void cs_context_orphan_graph(struct cs_context *ctx, cudaGraph_t graph,
+                             cudaGraphExec_t exec);
+/* Whether ctx keeps such graphs: its libraries must wait for them. */
+bool cs_context_graphs_orphaned(struct cs_context *ctx);
 
 /* The first step of the ordered shutdown: synchronises ctx's device. */
 void cs_context_settle(struct cs_object *obj);

@@ -188,6 +188,28 @@ static void capture_free(struct cs_capture *c) {
   free(c);
 }
 
+/* A stream that CUDA says captures although cusafe began nothing on it:
+ * one of its own whose capture could not be ended (a failed
+ * cudaStreamEndCapture) is ended now, discarding; a wrapped one is being
+ * captured by its owner. */
+static cusafe_status leftover_capture(struct cs_stream *s) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t err = cs_cu->stream_is_capturing(s->queue.stream, &cs);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamIsCapturing");
+  if (cs == cudaStreamCaptureStatusNone)
+    return CUSAFE_SUCCESS;
+  if (s->borrowed)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx is being captured by other code",
+                   (unsigned long long)s->hdr.handle);
+  cudaGraph_t g = NULL;
+  err = cs_cu->stream_end_capture(s->queue.stream, &g);
+  if (g)
+    cs_cu->graph_destroy(g);
+  return CUSAFE_SUCCESS;
+}
+
 CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
@@ -218,7 +240,9 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     return st;
   }
   cs_spin_lock(&q->capture_lock);
-  st = record_entry(q);
+  st = leftover_capture(s);
+  if (st == CUSAFE_SUCCESS)
+    st = record_entry(q);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err =
         cs_cu->stream_begin_capture(q->stream, cudaStreamCaptureModeRelaxed);
@@ -321,16 +345,27 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
                    "0x%016llx: end it there",
                    (unsigned long long)stream,
                    (unsigned long long)c->origin->owner->handle);
+  /* The capture ends whatever fails: a failure discards its work. */
   int saved;
-  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
+  cusafe_status st = cs_device_enter_teardown(q->ctx->device, &saved);
   cudaGraph_t g = NULL;
   cudaError_t err = cs_cu->stream_end_capture(q->stream, &g);
+  if (err != cudaSuccess) {
+    /* A stream that still captures would capture whatever comes next:
+     * once more, discarding. */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaGraph_t again = NULL;
+    if (cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
+        cs != cudaStreamCaptureStatusNone)
+      cs_cu->stream_end_capture(q->stream, &again);
+    if (again)
+      cs_cu->graph_destroy(again);
+  }
   cs_device_leave(saved);
   capture_close(c);
-  if (err != cudaSuccess) {
+  if (err != cudaSuccess)
     st = cs_fail_cuda(err, "cudaStreamEndCapture");
+  if (st != CUSAFE_SUCCESS) {
     if (g)
       cs_cu->graph_destroy(g);
     drop_held(c->held, c->nheld);
@@ -462,25 +497,32 @@ CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
 
 /* Destroys the executable graph (legal with replays queued: CUDA frees it
  * after them) and the graph, in relaxed capture mode, so that a capture of
- * other code in progress is not broken. */
-static cudaError_t graph_destroy(void *obj) {
-  struct cs_graph *g = obj;
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cs_cu->thread_exchange_stream_capture_mode(&mode);
-  cudaError_t err = cudaSuccess, e;
-  cudaGraphExec_t x = atomic_load(&g->exec);
-  if (x && (e = cs_cu->graph_exec_destroy(x)) != cudaSuccess)
-    err = e;
-  if ((e = cs_cu->graph_destroy(g->graph)) != cudaSuccess && !err)
-    err = e;
-  cs_cu->thread_exchange_stream_capture_mode(&mode);
-  return err;
-}
-
+ * other code in progress is not broken -- also when the device cannot be
+ * made current.  One that cannot be destroyed now is retried before the
+ * context goes, ahead of the libraries whose kernels it launches. */
 cusafe_status cs_graph_fini(struct cs_object *obj) {
   struct cs_graph *g = (struct cs_graph *)obj;
-  return cs_device_teardown(g->ctx->device, graph_destroy, g,
-                            "cudaGraphExecDestroy");
+  int saved;
+  cusafe_status st = cs_device_enter_teardown(g->ctx->device, &saved);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  bool relaxed =
+      cs_cu->thread_exchange_stream_capture_mode(&mode) == cudaSuccess;
+  cudaGraphExec_t x = atomic_load(&g->exec);
+  cudaError_t err;
+  if (x && (err = cs_cu->graph_exec_destroy(x)) != cudaSuccess) {
+    cs_context_orphan_graph(g->ctx, NULL, x);
+    if (st == CUSAFE_SUCCESS)
+      st = cs_fail_cuda(err, "cudaGraphExecDestroy");
+  }
+  if ((err = cs_cu->graph_destroy(g->graph)) != cudaSuccess) {
+    cs_context_orphan_graph(g->ctx, g->graph, NULL);
+    if (st == CUSAFE_SUCCESS)
+      st = cs_fail_cuda(err, "cudaGraphDestroy");
+  }
+  if (relaxed)
+    cs_cu->thread_exchange_stream_capture_mode(&mode);
+  cs_device_leave(saved);
+  return st;
 }
 
 /* What the graph held goes after it: its buffers' frees are ordered after

@@ -326,7 +326,8 @@ cusafe_status cs_module_fini(struct cs_object *obj) {
   struct cs_module *m = (struct cs_module *)obj;
   int saved;
   cusafe_status st = cs_device_idle(m->ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
+  /* Graphs that could not be destroyed may still launch its kernels. */
+  if (st == CUSAFE_SUCCESS && !cs_context_graphs_orphaned(m->ctx)) {
     cudaError_t err = library_unload(m->ctx, m->library);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaLibraryUnload");

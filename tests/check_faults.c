@@ -270,9 +270,12 @@ static int is_failure_of(const char *function, cudaError_t err,
  * point (cuLibraryGetModule) is optional; a stream-ordered free that
  * cannot be queued is done synchronously.  Frees and destroys are
  * counted as "failed in a free" instead. */
-static const char *const absorbable[] = {"cudaSetDevice", "cudaGetLastError",
-                                         "cudaGetDriverEntryPointByVersion",
-                                         "cudaFreeAsync"};
+static const char *const absorbable[] = {
+    "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
+    "cudaFreeAsync",
+    /* A graph destroyed in the thread's own capture mode: the destruction
+     * is retried before its context goes if that makes it fail. */
+    "cudaThreadExchangeStreamCaptureMode"};
 
 static int is_absorbable(const char *name) {
   for (size_t i = 0; i < sizeof absorbable / sizeof absorbable[0]; i++)
@@ -295,6 +298,8 @@ static int is_absorbable_in(const char *name, int teardown) {
  * primary context goes, so those two excuse a leak only where the retry
  * fails too: failing persistently. */
 static const char *const cleanup_calls[] = {
+    "cudaGraphExecDestroy",
+    "cudaGraphDestroy",
     "cudaFree",
     "cudaFreeHost",
     "cudaStreamDestroy",
@@ -364,6 +369,11 @@ struct world {
   cusafe_buffer a, b, c, pinned, managed, view, async, d1, tmp;
   cusafe_module m, m1;
   cusafe_kernel k, k1;
+  cusafe_graph g;
+  /* A compound operation's first failure, kept across the cleanup calls
+   * that follow it (a capture ended after a step failed). */
+  char failure[1024];
+  int failure_cuda;
   cusafe_handle out;  /* what the operation made */
   cusafe_handle gone; /* what the operation released */
   int n;
@@ -377,12 +387,12 @@ struct world {
  * object that would not go. */
 #define WORLD_HANDLES(w)                                                       \
   {                                                                            \
-    &(w)->out, &(w)->k, &(w)->k1, &(w)->m, &(w)->m1, &(w)->view, &(w)->a,      \
-        &(w)->b, &(w)->c, &(w)->pinned, &(w)->managed, &(w)->async, &(w)->d1,  \
-        &(w)->tmp, &(w)->e1, &(w)->e2, &(w)->e11, &(w)->s1, &(w)->s2,          \
-        &(w)->s3, &(w)->s11, &(w)->ctx, &(w)->ctx1                             \
+    &(w)->out, &(w)->g, &(w)->k, &(w)->k1, &(w)->m, &(w)->m1, &(w)->view,      \
+        &(w)->a, &(w)->b, &(w)->c, &(w)->pinned, &(w)->managed, &(w)->async,   \
+        &(w)->d1, &(w)->tmp, &(w)->e1, &(w)->e2, &(w)->e11, &(w)->s1,          \
+        &(w)->s2, &(w)->s3, &(w)->s11, &(w)->ctx, &(w)->ctx1                   \
   }
-#define WORLD_NHANDLES 23
+#define WORLD_NHANDLES 24
 
 /* Releases what the world holds.  Strictly (every release must succeed),
  * or on a broken device (CUSAFE_ERROR_CUDA allowed, the handle stale all
@@ -963,6 +973,86 @@ static cusafe_status op_launch(struct world *w) {
                        CUSAFE_ARG_BUF(w->b), CUSAFE_ARG_U64V(NFLOATS));
 }
 
+/* ---- graphs ---- */
+
+/* Ends the capture on s after the captured operation's status st: the
+ * graph goes to w->out on success; the first failure is returned. */
+static cusafe_status capture_end(struct world *w, cusafe_stream s,
+                                 cusafe_status st) {
+  if (st != CUSAFE_SUCCESS) {
+    snprintf(w->failure, sizeof w->failure, "%s", cusafe_last_error_message());
+    w->failure_cuda = cusafe_last_cuda_error();
+  }
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  cusafe_status end = cusafe_stream_end_capture(&g, s);
+  if (st != CUSAFE_SUCCESS) {
+    if (g)
+      cusafe_release(g);
+    return st;
+  }
+  w->out = g;
+  return end;
+}
+
+/* A capture of a launch: begin, the launch, end. */
+static cusafe_status op_capture_launch(struct world *w) {
+  cusafe_status st = cusafe_stream_begin_capture(w->s2);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  return capture_end(w, w->s2, op_launch(w));
+}
+
+/* A capture that another stream joins and leaves: a copy on s3 between
+ * fills on s2, ordered by events recorded in the capture. */
+static void su_capture_join(struct world *w) {
+  su_launch(w);
+  OK(cusafe_stream_create(&w->s3, w->ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  OK(cusafe_event_create(&w->e1, w->ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  OK(cusafe_event_create(&w->e2, w->ctx, CUSAFE_EVENT_DISABLE_TIMING));
+}
+
+static cusafe_status op_capture_join(struct world *w) {
+  cusafe_status st = cusafe_stream_begin_capture(w->s2);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if ((st = cusafe_buffer_fill(w->a, 0, SIZE, 3, w->s2)) == CUSAFE_SUCCESS &&
+      (st = cusafe_event_record(w->e1, w->s2)) == CUSAFE_SUCCESS &&
+      (st = cusafe_stream_wait_event(w->s3, w->e1)) == CUSAFE_SUCCESS &&
+      (st = cusafe_buffer_copy(w->b, 0, w->a, 0, SIZE, w->s3)) ==
+          CUSAFE_SUCCESS &&
+      (st = cusafe_event_record(w->e2, w->s3)) == CUSAFE_SUCCESS)
+    st = cusafe_stream_wait_event(w->s2, w->e2);
+  return capture_end(w, w->s2, st);
+}
+
+/* A graph of a launch, not yet instantiated. */
+static void su_graph(struct world *w) {
+  su_launch(w);
+  OK(op_capture_launch(w));
+  w->g = w->out;
+  w->out = CUSAFE_NULL_HANDLE;
+}
+
+static cusafe_status op_graph_launch(struct world *w) {
+  return cusafe_graph_launch(w->g, w->s1);
+}
+
+/* Its last reference released with two replays queued. */
+static void su_graph_replays(struct world *w) {
+  su_graph(w);
+  fake_set_paused(1);
+  OK(cusafe_graph_launch(w->g, w->s1));
+  OK(cusafe_graph_launch(w->g, w->s2));
+  OK(cusafe_release(w->a));
+  w->a = CUSAFE_NULL_HANDLE;
+}
+
+static cusafe_status op_graph_release(struct world *w) {
+  w->gone = w->g;
+  w->g = CUSAFE_NULL_HANDLE;
+  return cusafe_graph_release(w->gone);
+}
+
 static void su_suggest(struct world *w) {
   su_fake_module(w);
   OK(cusafe_module_get_kernel(&w->k, w->m, "small"));
@@ -1050,7 +1140,10 @@ enum op_flags {
   /* Its calls act on devices 0 and 1 in turn, one cudaDeviceSynchronize
    * each (the shutdown, context by context); others act on device 0, as
    * far as their synchronisations go. */
-  OP_ALTERNATE = 8
+  OP_ALTERNATE = 8,
+  /* It ends a capture, which, like a teardown, tries once more to make
+   * the device current. */
+  OP_ENDS = 16
 };
 
 struct op {
@@ -1130,6 +1223,14 @@ static const struct op ops[] = {
     {"cusafe_kernel_launch (built-in kernel, three buffers)", su_launch,
      op_launch, 0},
     {"cusafe_kernel_suggest_config", su_suggest, op_suggest, 0},
+    {"cusafe_stream_begin_capture, a launch, cusafe_stream_end_capture",
+     su_launch, op_capture_launch, OP_CREATES | OP_ENDS},
+    {"a capture that another stream joins (event records and waits)",
+     su_capture_join, op_capture_join, OP_CREATES | OP_ENDS},
+    {"cusafe_graph_launch (the first: instantiation)", su_graph,
+     op_graph_launch, 0},
+    {"cusafe_graph_release (last reference, replays queued)", su_graph_replays,
+     op_graph_release, OP_CONSUMES},
     {"cusafe_module_release (last reference)", su_fake_module,
      op_module_release, OP_CONSUMES},
     {"cusafe_kernel_release (last reference of its module, launch queued)",
@@ -1288,6 +1389,10 @@ static void fault_child(void *arg) {
   char msg[1024], want[1024];
   tu_copy_message(msg, sizeof msg);
   int cuda_err = cusafe_last_cuda_error();
+  if (w.failure[0]) {
+    snprintf(msg, sizeof msg, "%s", w.failure);
+    cuda_err = w.failure_cuda;
+  }
   fake_fail_clear();
   const unsigned long first = start + a->n;
   const unsigned long last = a->persistent ? end : first;
@@ -1498,7 +1603,8 @@ static void fault_loop(const struct op *op, int persistent) {
             append(absorbed_names, sizeof absorbed_names, "%s%s",
                    absorbed_names[0] ? ", " : "", name);
           if (!(op->flags & OP_SHUTDOWN) &&
-              !is_absorbable_in(name, (op->flags & OP_CONSUMES) != 0) &&
+              !is_absorbable_in(name,
+                                (op->flags & (OP_CONSUMES | OP_ENDS)) != 0) &&
               !is_cleanup_call(name, 1))
             snprintf(what, sizeof what,
                      "the operation succeeded all the "
