@@ -10,7 +10,8 @@
  *   bench/bench [--quick] [--only=GROUP[,GROUP...]] [--samples=N]
  *               [--csv[=FILE]] [--device=N]
  *
- * Groups: launch, alloc, objects, copy, refcount, shutdown.  Every CUDA and
+ * Groups: launch, graph, alloc, objects, copy, refcount, shutdown.  Every
+ * CUDA and
  * cusafe call is checked; a failure prints what failed and exits with 2.
  * Without a CUDA driver or device it prints one line and exits with 1. */
 #define _GNU_SOURCE
@@ -52,8 +53,8 @@ static struct {
   int device;
 } opt;
 
-static const char *const all_groups[] = {"launch", "alloc",    "objects",
-                                         "copy",   "refcount", "shutdown"};
+static const char *const all_groups[] = {
+    "launch", "graph", "alloc", "objects", "copy", "refcount", "shutdown"};
 #define NGROUPS (sizeof all_groups / sizeof *all_groups)
 
 static int group_selected(const char *group) {
@@ -671,6 +672,164 @@ static void group_launch(void) {
   CK(cusafe_module_release(module));
   CK(cusafe_context_synchronize(ctx));
   CU(cudaStreamDestroy(stream));
+  CU(cudaLibraryUnload(library));
+}
+
+/* ---- graph --------------------------------------------------------------- */
+
+#define GRAPH_KERNELS 100 /* launches in the kernel graph */
+#define GRAPH_COPIES 10   /* copies in the copy graph */
+#define GRAPH_BATCH 32    /* replays between two synchronisations */
+
+struct graph_case {
+  int batches;
+  cusafe_graph graph; /* cusafe's, or NULL: raw */
+  cusafe_stream stream;
+  cudaGraphExec_t exec;
+  cudaStream_t raw_stream;
+  /* 100 separate launches instead (kernel != NULL) */
+  cusafe_kernel kernel;
+  const cusafe_arg *args;
+};
+
+/* Host-side cost of one replay (or of GRAPH_KERNELS separate launches). */
+static double graph_sample(void *arg) {
+  const struct graph_case *c = arg;
+  uint64_t total = 0;
+  cusafe_launch_config config = {{1, 1, 1}, {32, 1, 1}, 0, c->stream};
+  for (int b = 0; b < c->batches; b++) {
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < GRAPH_BATCH; i++) {
+      if (c->kernel) {
+        for (int k = 0; k < GRAPH_KERNELS; k++) {
+          cusafe_status st =
+              cusafe_kernel_launch(c->kernel, &config, c->args, 4);
+          if (UNLIKELY(st != CUSAFE_SUCCESS))
+            cs_failed(st, "cusafe_kernel_launch", __LINE__);
+        }
+      } else if (c->graph) {
+        cusafe_status st = cusafe_graph_launch(c->graph, c->stream);
+        if (UNLIKELY(st != CUSAFE_SUCCESS))
+          cs_failed(st, "cusafe_graph_launch", __LINE__);
+      } else {
+        cudaError_t err = cudaGraphLaunch(c->exec, c->raw_stream);
+        if (UNLIKELY(err != cudaSuccess))
+          cuda_failed(err, "cudaGraphLaunch", __LINE__);
+      }
+    }
+    total += now_ns() - t0;
+    if (c->graph || c->kernel)
+      CK(cusafe_stream_synchronize(c->stream));
+    else
+      CU(cudaStreamSynchronize(c->raw_stream));
+  }
+  return (double)total / ((double)c->batches * GRAPH_BATCH);
+}
+
+/* The same work captured through cusafe and by hand with the raw runtime:
+ * 100 launches of an empty kernel of 2 buffers and 2 scalars, and 10
+ * copies of 64 KiB between two buffers. */
+static void group_graph(void) {
+  int samples = samples_of(101, 11);
+  int batches = opt.quick ? 1 : 2;
+  char what[200];
+  snprintf(what, sizeof what,
+           "host-side cost per replay (%d replays per sample, drained every "
+           "%d); raw: cudaGraphLaunch of the same work captured by hand",
+           batches * GRAPH_BATCH, GRAPH_BATCH);
+  group_header("graph", what);
+
+  cusafe_module module;
+  CK(cusafe_module_load_data(&module, ctx, cubin, cubin_size));
+  cudaLibrary_t library;
+  CU(cudaLibraryLoadData(&library, cubin, NULL, NULL, 0, NULL, NULL, 0));
+  cusafe_kernel k;
+  cudaKernel_t rk;
+  CK(cusafe_module_get_kernel(&k, module, "empty4p"));
+  CU(cudaLibraryGetKernel(&rk, library, "empty4p"));
+  cusafe_stream s;
+  CK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  cudaStream_t rs;
+  CU(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+  cusafe_buffer bufs[2];
+  void *raw[2];
+  for (int i = 0; i < 2; i++) {
+    CK(cusafe_buffer_alloc(&bufs[i], ctx, CUSAFE_MEMORY_DEVICE, 64 * KiB));
+    CU(cudaMalloc(&raw[i], 64 * KiB));
+  }
+  CK(cusafe_context_synchronize(ctx));
+  int a0 = 1, a1 = 2;
+  cusafe_arg args[4] = {CUSAFE_ARG_BUF(bufs[0]), CUSAFE_ARG_BUF(bufs[1]),
+                        CUSAFE_ARG_I32V(a0), CUSAFE_ARG_I32V(a1)};
+  void *rargs[4] = {&raw[0], &raw[1], &a0, &a1};
+  const dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+  cusafe_launch_config config = {{1, 1, 1}, {32, 1, 1}, 0, s};
+
+  cusafe_graph g[2];
+  cudaGraph_t rg[2];
+  cudaGraphExec_t rx[2];
+  for (int which = 0; which < 2; which++) {
+    CK(cusafe_stream_begin_capture(s));
+    CU(cudaStreamBeginCapture(rs, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < (which ? GRAPH_COPIES : GRAPH_KERNELS); i++) {
+      if (which) {
+        CK(cusafe_buffer_copy(bufs[i % 2], 0, bufs[1 - i % 2], 0, 64 * KiB, s));
+        CU(cudaMemcpyAsync(raw[i % 2], raw[1 - i % 2], 64 * KiB,
+                           cudaMemcpyDeviceToDevice, rs));
+      } else {
+        CK(cusafe_kernel_launch(k, &config, args, 4));
+        CU(cudaLaunchKernel((const void *)rk, grid, block, rargs, 0, rs));
+      }
+    }
+    CK(cusafe_stream_end_capture(&g[which], s));
+    CU(cudaStreamEndCapture(rs, &rg[which]));
+    CK(cusafe_graph_instantiate(g[which]));
+    CU(cudaGraphInstantiate(&rx[which], rg[which], 0));
+  }
+
+  static const char *const labels[] = {
+      "graph of 100 empty-kernel launches, one replay",
+      "graph of 10 copies of 64 KiB, one replay"};
+  for (int which = 0; which < 2; which++) {
+    struct graph_case cs = {.batches = batches, .graph = g[which], .stream = s};
+    struct graph_case rw = {
+        .batches = batches, .exec = rx[which], .raw_stream = rs};
+    struct variant v[2] = {{graph_sample, &cs, {0}}, {graph_sample, &rw, {0}}};
+    measure(v, 2, samples, 3);
+    to_us(v[0].v, samples);
+    to_us(v[1].v, samples);
+    report("graph", labels[which], "us", v[0].v, v[1].v, samples,
+           "cudaGraphLaunch", T_RATIO_MAX, 1.03);
+    if (which == 0) {
+      /* Per kernel: one replay of the graph against 100 launches. */
+      struct graph_case each = {
+          .batches = 1, .stream = s, .kernel = k, .args = args};
+      struct variant w[2] = {{graph_sample, &cs, {0}},
+                             {graph_sample, &each, {0}}};
+      measure(w, 2, samples_of(21, 5), 1);
+      for (int i = 0; i < samples_of(21, 5); i++) {
+        w[0].v[i] /= 1e3 * GRAPH_KERNELS;
+        w[1].v[i] /= 1e3 * GRAPH_KERNELS;
+      }
+      report("graph", "per kernel: in the graph vs 100 cusafe_kernel_launch",
+             "us", w[0].v, w[1].v, samples_of(21, 5), "cusafe_kernel_launch",
+             T_NONE, 0);
+    }
+  }
+  for (int which = 0; which < 2; which++) {
+    CK(cusafe_graph_release(g[which]));
+    CU(cudaGraphExecDestroy(rx[which]));
+    CU(cudaGraphDestroy(rg[which]));
+  }
+  for (int i = 0; i < 2; i++) {
+    CK(cusafe_buffer_release(bufs[i]));
+    CU(cudaFree(raw[i]));
+  }
+  CK(cusafe_kernel_release(k));
+  CK(cusafe_stream_release(s));
+  CK(cusafe_module_release(module));
+  CK(cusafe_context_synchronize(ctx));
+  CU(cudaStreamDestroy(rs));
   CU(cudaLibraryUnload(library));
 }
 
@@ -1524,9 +1683,9 @@ int main(int argc, char **argv) {
       die("cannot write %s: %s", opt.csv, strerror(errno));
   }
 
-  static void (*const runs[])(void) = {group_launch,   group_alloc,
-                                       group_objects,  group_copy,
-                                       group_refcount, group_shutdown};
+  static void (*const runs[])(void) = {
+      group_launch, group_graph,    group_alloc,   group_objects,
+      group_copy,   group_refcount, group_shutdown};
   uint64_t start = now_ns();
   for (size_t g = 0; g < NGROUPS; g++) {
     if (!group_selected(all_groups[g]))
