@@ -302,8 +302,14 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
     pthread_mutex_init(&gr->lock, NULL);
     gr->ctx = c->ctx;
     gr->graph = g;
-    for (size_t i = 0; i < c->nuses; i++)
-      roots[i] = c->uses[i].root;
+    /* In lock order once, so that each replay's sort finds them sorted. */
+    for (size_t i = 0; i < c->nuses; i++) {
+      struct cs_buffer *r = c->uses[i].root;
+      size_t j = i;
+      for (; j > 0 && cs_root_before(r, roots[j - 1]); j--)
+        roots[j] = roots[j - 1];
+      roots[j] = r;
+    }
     gr->roots = roots;
     gr->nroots = c->nuses;
     gr->held = c->held;
@@ -448,9 +454,10 @@ static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
   cusafe_status st = graph_exec(g, &x);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_buffer **roots = NULL;
-  struct cs_object **drops = NULL;
-  if (g->nroots) {
+  /* A graph of few buffers (most) needs no allocation per replay. */
+  struct cs_buffer *roots_stack[16], **roots = roots_stack;
+  struct cs_object *drops_stack[16], **drops = drops_stack;
+  if (g->nroots > 16) {
     roots = malloc(g->nroots * sizeof *roots);
     drops = malloc(g->nroots * sizeof *drops);
     if (!roots || !drops) {
@@ -458,8 +465,9 @@ static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
       free(drops);
       return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
     }
-    memcpy(roots, g->roots, g->nroots * sizeof *roots);
   }
+  if (g->nroots)
+    memcpy(roots, g->roots, g->nroots * sizeof *roots);
   size_t n = g->nroots, ndrops = 0;
   st = cs_roots_chain(roots, &n, q, drops, &ndrops);
   if (st == CUSAFE_SUCCESS) {
@@ -470,8 +478,10 @@ static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
   cs_roots_unlock(roots, n);
   for (size_t i = 0; i < ndrops; i++)
     cs_unref(drops[i]);
-  free(roots);
-  free(drops);
+  if (roots != roots_stack) {
+    free(roots);
+    free(drops);
+  }
   return st;
 }
 
