@@ -3,6 +3,7 @@
  * context goes last, after every child, invariant 1). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "context.h"
 #include "graph.h"
@@ -167,36 +168,34 @@ cusafe_status cs_context_child(cusafe_handle *out, cusafe_context ctx_handle,
 
 /* ---- libraries that outlive their module --------------------------------- */
 
+/* Appends the `size` bytes at item to the array *arr of *n items
+ * (orphan_lock held); without host memory the item is not kept. */
+static void orphan_append(void **arr, size_t *n, size_t size,
+                          const void *item) {
+  char *grown = realloc(*arr, (*n + 1) * size);
+  if (grown) {
+    memcpy(grown + *n * size, item, size);
+    *arr = grown;
+    ++*n;
+  }
+}
+
 void cs_context_orphan(struct cs_context *ctx, cudaLibrary_t library) {
   pthread_mutex_lock(&ctx->orphan_lock);
-  cudaLibrary_t *grown =
-      realloc(ctx->orphans, (ctx->norphans + 1) * sizeof *grown);
-  if (grown) {
-    ctx->orphans = grown;
-    ctx->orphans[ctx->norphans++] = library;
-  }
+  orphan_append((void **)&ctx->orphans, &ctx->norphans, sizeof library,
+                &library);
   pthread_mutex_unlock(&ctx->orphan_lock);
 }
 
 void cs_context_orphan_graph(struct cs_context *ctx, cudaGraph_t graph,
                              cudaGraphExec_t exec) {
   pthread_mutex_lock(&ctx->orphan_lock);
-  if (graph) {
-    cudaGraph_t *grown =
-        realloc(ctx->orphan_graphs, (ctx->norphan_graphs + 1) * sizeof *grown);
-    if (grown) {
-      ctx->orphan_graphs = grown;
-      ctx->orphan_graphs[ctx->norphan_graphs++] = graph;
-    }
-  }
-  if (exec) {
-    cudaGraphExec_t *grown =
-        realloc(ctx->orphan_execs, (ctx->norphan_execs + 1) * sizeof *grown);
-    if (grown) {
-      ctx->orphan_execs = grown;
-      ctx->orphan_execs[ctx->norphan_execs++] = exec;
-    }
-  }
+  if (graph)
+    orphan_append((void **)&ctx->orphan_graphs, &ctx->norphan_graphs,
+                  sizeof graph, &graph);
+  if (exec)
+    orphan_append((void **)&ctx->orphan_execs, &ctx->norphan_execs, sizeof exec,
+                  &exec);
   pthread_mutex_unlock(&ctx->orphan_lock);
 }
 
