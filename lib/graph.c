@@ -447,40 +447,73 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph) {
   return st;
 }
 
-/* Replays g on q: its buffers' work chained onto q, all locked across the
- * launch, as a kernel launch does (launch.c). */
-static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
-  cudaGraphExec_t x;
-  cusafe_status st = graph_exec(g, &x);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  /* A graph of few buffers (most) needs no allocation per replay. */
-  struct cs_buffer *roots_stack[16], **roots = roots_stack;
-  struct cs_object *drops_stack[16], **drops = drops_stack;
+/* Room for a replay's buffers: on the stack for a graph of up to 16 (most),
+ * else on the heap. */
+struct replay_space {
+  struct cs_buffer **roots;
+  struct cs_object **drops;
+  size_t ndrops;
+  struct cs_buffer *roots_stack[16];
+  struct cs_object *drops_stack[16];
+};
+
+/* Replays x, g's executable graph, on q (q's device current, the thread
+ * pinned): its buffers' work chained onto q, all locked across the launch,
+ * as a kernel launch does (launch.c).  What the chains let go of is left
+ * in sp, to be dropped unpinned. */
+static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
+                            struct cs_queue *q, struct replay_space *sp) {
   if (g->nroots > 16) {
-    roots = malloc(g->nroots * sizeof *roots);
-    drops = malloc(g->nroots * sizeof *drops);
-    if (!roots || !drops) {
-      free(roots);
-      free(drops);
+    sp->roots = malloc(g->nroots * sizeof *sp->roots);
+    sp->drops = malloc(g->nroots * sizeof *sp->drops);
+    if (!sp->roots || !sp->drops)
       return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-    }
   }
   if (g->nroots)
-    memcpy(roots, g->roots, g->nroots * sizeof *roots);
-  size_t n = g->nroots, ndrops = 0;
-  st = cs_roots_chain(roots, &n, q, drops, &ndrops);
+    memcpy(sp->roots, g->roots, g->nroots * sizeof *sp->roots);
+  size_t n = g->nroots;
+  cusafe_status st = cs_roots_chain(sp->roots, &n, q, sp->drops, &sp->ndrops);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->graph_launch(x, q->stream);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaGraphLaunch");
   }
-  cs_roots_unlock(roots, n);
-  for (size_t i = 0; i < ndrops; i++)
-    cs_unref(drops[i]);
-  if (roots != roots_stack) {
-    free(roots);
-    free(drops);
+  cs_roots_unlock(sp->roots, n);
+  return st;
+}
+
+/* The replay without references: the graph and the stream are peeked at
+ * (graphs, like streams, wait for the pins of replays in progress before
+ * they go).  *cold: the graph has no executable form yet, nothing done. */
+static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
+                                   struct replay_space *sp, bool *cold) {
+  struct cs_graph *g;
+  cusafe_status st =
+      cs_peek(graph, CS_GRAPH, "graph", -1, (struct cs_object **)&g);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  cudaGraphExec_t x = atomic_load_explicit(&g->exec, memory_order_acquire);
+  if (!x) {
+    *cold = true;
+    return CUSAFE_SUCCESS;
+  }
+  struct cs_queue *q = &g->ctx->queue;
+  if (stream != CUSAFE_STREAM_DEFAULT) {
+    struct cs_object *s;
+    st = cs_peek(stream, CS_STREAM, "stream", -1, &s);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+    q = &((struct cs_stream *)s)->queue;
+    if (q->ctx != g->ctx)
+      return cs_mismatch("stream", q->ctx, "graph", g->ctx);
+  }
+  if (atomic_load_explicit(&q->capture, memory_order_acquire))
+    return cs_capturing("a graph replay", q);
+  int saved;
+  st = cs_device_enter(g->ctx->device, &saved);
+  if (st == CUSAFE_SUCCESS) {
+    st = replay(g, x, q, sp);
+    cs_device_leave(saved);
   }
   return st;
 }
@@ -488,21 +521,35 @@ static cusafe_status replay(struct cs_graph *g, struct cs_queue *q) {
 CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
                                              cusafe_stream stream) {
   CS_ENTER();
-  CS_HOLD_OR_RETURN(cs_graph, g, graph, CS_GRAPH, "graph");
-  struct cs_queue *q;
-  struct cs_object *held CS_HELD = NULL;
-  cusafe_status st = cs_queue_get(stream, g->ctx, "graph", &q, &held);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (atomic_load(&q->capture))
-    return cs_capturing("a graph replay", q);
-  int saved;
-  st = cs_device_enter(g->ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = replay(g, q);
-    cs_device_leave(saved);
+  for (int tries = 0;; tries++) {
+    struct replay_space sp;
+    sp.roots = sp.roots_stack;
+    sp.drops = sp.drops_stack;
+    sp.ndrops = 0;
+    bool cold = false;
+    cs_pin(cs_call_);
+    cusafe_status st = launch_pinned(graph, stream, &sp, &cold);
+    cs_unpin(cs_call_);
+    for (size_t i = 0; i < sp.ndrops; i++)
+      cs_unref(sp.drops[i]);
+    if (sp.roots != sp.roots_stack)
+      free(sp.roots);
+    if (sp.drops != sp.drops_stack)
+      free(sp.drops);
+    if (!cold || tries > 0)
+      return st;
+    /* The first replay makes the executable graph, holding the graph. */
+    CS_HOLD_OR_RETURN(cs_graph, g, graph, CS_GRAPH, "graph");
+    int saved;
+    st = cs_device_enter(g->ctx->device, &saved);
+    if (st == CUSAFE_SUCCESS) {
+      cudaGraphExec_t x;
+      st = graph_exec(g, &x);
+      cs_device_leave(saved);
+    }
+    if (st != CUSAFE_SUCCESS)
+      return st;
   }
-  return st;
 }
 
 /* Destroys the executable graph (legal with replays queued: CUDA frees it

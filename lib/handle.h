@@ -34,7 +34,7 @@
  * A new type is a CUSAFE_TYPE_ in cusafe.h, a row here, and its three
  * functions (lib/README.md, "Four questions"). */
 #define CS_TYPE_MAP(X)                                                         \
-  X(GRAPH, graph, "a graph", false)                                            \
+  X(GRAPH, graph, "a graph", true)                                             \
   X(BUFFER, buffer, "a buffer", true)                                          \
   X(EVENT, event, "an event", false)                                           \
   X(STREAM, stream, "a stream", true)                                          \
