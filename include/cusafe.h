@@ -1249,7 +1249,9 @@ CUSAFE_API void cusafe_python_release(void *object);
  *   (cudaEventCreateWithFlags, cudaEventRecord, cudaStreamBeginCapture): its
  *   mapped status; the stream does not capture then.  CUSAFE_ERROR_SHUTDOWN
  *   / CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
- * Ownership: the capture holds a reference on the stream until it ends.
+ * Ownership: the stream's last release ends the capture, discarding its
+ *   work and releasing what it held; the capture holds the streams that
+ *   joined it.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; work queued on the stream by any thread is
  *   captured. */

@@ -48,8 +48,7 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   *drop = NULL;
   /* Captured work runs only when its graph is replayed: the capture holds
    * the buffer, and the chain waits for the replay (graph.c). */
-  struct cs_capture *c =
-      atomic_load_explicit(&q->capture, memory_order_acquire);
+  struct cs_capture *c = cs_queue_capture(q);
   if (CS_UNLIKELY(c))
     return cs_capture_use(c, root, q);
   struct cs_queue *last =
@@ -263,12 +262,18 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  if (atomic_load(&s->queue.capture))
+  /* Under the queue's capture lock, so that a capture beginning on another
+   * thread cannot turn the allocation into one of its graph's. */
+  cs_spin_lock(&s->queue.capture_lock);
+  if (cs_queue_capture(&s->queue)) {
+    cs_spin_unlock(&s->queue.capture_lock);
     return cs_capturing("an allocation (cusafe_buffer_alloc_async)", &s->queue);
+  }
   struct cs_context *ctx = s->queue.ctx;
   cs_ref(&ctx->hdr);
   cusafe_status st =
       buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
+  cs_spin_unlock(&s->queue.capture_lock);
   if (st == CUSAFE_SUCCESS)
     s = NULL; /* the buffer's, on the stream of its latest operation */
   else
@@ -412,8 +417,8 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
 /* Waits for the work queued on q -- for a queue that captures, the work
  * queued before the capture: its captured work runs only in replays. */
 static cudaError_t queue_wait(struct cs_queue *q) {
-  if (atomic_load(&q->capture))
-    return cs_cu->event_synchronize(q->entry);
+  if (cs_queue_capture(q))
+    return cs_cu->event_synchronize(cs_queue_entry(q));
   return cs_cu->stream_synchronize(q->stream);
 }
 
@@ -431,7 +436,7 @@ static cusafe_status free_memory(struct cs_buffer *b) {
     /* Last used by a peer copy on another device, or on a stream that now
      * captures (where a free cannot be queued): freed on the context's
      * own stream after that work. */
-    if (fq->ctx != ctx || atomic_load(&fq->capture)) {
+    if (fq->ctx != ctx || cs_queue_capture(fq)) {
       st = cs_queue_handoff(fq, &ctx->queue);
       if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
         cs_cu->stream_synchronize(fq->stream);
@@ -609,7 +614,7 @@ static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset, size_t size,
   /* A replay would read or write that host memory again, after the call,
    * when the caller may have freed it: copy from or to a pinned buffer
    * instead (cusafe_buffer_copy), which the graph holds. */
-  if (op.kind != OP_FILL && atomic_load(&q->capture))
+  if (op.kind != OP_FILL && cs_queue_capture(q))
     return cs_capturing(op.kind == OP_READ
                             ? "a read into host memory at an address"
                             : "a write from host memory at an address",
@@ -746,7 +751,7 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                              : src->kind == CUSAFE_MEMORY_DEVICE ? src->ctx
                                                                  : q->ctx;
   struct cs_queue *run = peer || owner == q->ctx ? q : &owner->queue;
-  if (run != q && atomic_load(&q->capture))
+  if (run != q && cs_queue_capture(q))
     return cs_capturing("a copy that runs on another device's stream", q);
   int saved;
   st = cs_device_enter(run->ctx->device, &saved);

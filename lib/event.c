@@ -80,7 +80,7 @@ CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
   if (st != CUSAFE_SUCCESS)
     return st;
   /* A record in a capture: the graph holds the event. */
-  struct cs_capture *c = atomic_load(&q->capture);
+  struct cs_capture *c = cs_queue_capture(q);
   if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
   int saved;
@@ -123,7 +123,7 @@ static cusafe_status check_not_captured(const struct cs_event *ev,
 static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
   struct cs_queue *q = &s->queue;
   uint64_t id = atomic_load(&ev->capture_id);
-  struct cs_capture *mine = atomic_load(&q->capture);
+  struct cs_capture *mine = cs_queue_capture(q);
   struct cs_capture *theirs = id ? cs_capture_find(id) : NULL;
   if (id && !theirs)
     return check_not_captured(ev, "waiting for");

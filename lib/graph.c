@@ -27,6 +27,36 @@
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cs_capture *open_captures;
 static uint64_t last_id;
+_Atomic int cs_open_captures;
+
+struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
+                                        cudaEvent_t *entry) {
+  pthread_mutex_lock(&open_lock);
+  struct cs_capture *found = NULL;
+  for (struct cs_capture *c = open_captures; c && !found; c = c->next) {
+    if (c->origin->stream == stream) {
+      found = c;
+      if (entry)
+        *entry = c->origin->entry;
+    }
+    for (size_t i = 0; i < c->nmembers && !found; i++)
+      if (c->members[i]->stream == stream) {
+        found = c;
+        if (entry)
+          *entry = c->members[i]->entry;
+      }
+  }
+  pthread_mutex_unlock(&open_lock);
+  return found;
+}
+
+cudaEvent_t cs_queue_entry(struct cs_queue *q) {
+  if (atomic_load(&q->capture))
+    return q->entry;
+  cudaEvent_t entry = NULL;
+  cs_capture_of_stream(q->stream, &entry);
+  return entry;
+}
 
 cusafe_status cs_capturing(const char *what, const struct cs_queue *q) {
   return cs_fail(CUSAFE_ERROR_CAPTURING,
@@ -132,6 +162,25 @@ cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
 
 /* ---- beginning and ending ------------------------------------------------ */
 
+/* The caller's last handle of the stream a capture began on goes: the
+ * capture ends, discarding its work (it could not be ended any more, and
+ * what it holds would keep the stream alive for ever). */
+static void last_user_release(struct cs_object *obj) {
+  if (obj->type != CS_STREAM)
+    return;
+  struct cs_queue *q = &((struct cs_stream *)obj)->queue;
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (!c || c->origin != q)
+    return;
+  int saved;
+  if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
+    cs_capture_discard(q);
+    cs_device_leave(saved);
+  } else {
+    cs_capture_discard(q);
+  }
+}
+
 /* Records q's entry event (making it at the first capture), so that work
  * outside the capture can wait for what q did before it (q's device
  * current). */
@@ -158,7 +207,7 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
     st = hold_locked(c, q->owner);
   if (st == CUSAFE_SUCCESS) {
     cs_spin_lock(&q->capture_lock);
-    if (atomic_load(&q->capture)) {
+    if (cs_queue_capture(q)) {
       st = cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx joined another capture meanwhile",
                    (unsigned long long)q->owner->handle);
@@ -188,6 +237,13 @@ static void capture_free(struct cs_capture *c) {
   free(c);
 }
 
+/* Destroys a graph that no cs_graph owns (a discarded capture's); one that
+ * cannot be destroyed now is retried before ctx goes. */
+static void discard_graph(struct cs_context *ctx, cudaGraph_t g) {
+  if (g && cs_cu->graph_destroy(g) != cudaSuccess)
+    cs_context_orphan_graph(ctx, g, NULL);
+}
+
 /* A stream that CUDA says captures although cusafe began nothing on it:
  * one of its own whose capture could not be ended (a failed
  * cudaStreamEndCapture) is ended now, discarding; a wrapped one is being
@@ -204,9 +260,8 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
                    "stream 0x%016llx is being captured by other code",
                    (unsigned long long)s->hdr.handle);
   cudaGraph_t g = NULL;
-  err = cs_cu->stream_end_capture(s->queue.stream, &g);
-  if (g)
-    cs_cu->graph_destroy(g);
+  cs_cu->stream_end_capture(s->queue.stream, &g);
+  discard_graph(s->queue.ctx, g);
   return CUSAFE_SUCCESS;
 }
 
@@ -214,7 +269,7 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
   struct cs_queue *q = &s->queue;
-  if (atomic_load(&q->capture))
+  if (cs_queue_capture(q))
     return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
                    (unsigned long long)stream);
   if (s->borrowed && (q->stream == NULL || q->stream == cudaStreamLegacy ||
@@ -229,13 +284,11 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   pthread_mutex_init(&c->lock, NULL);
   c->origin = q;
   c->ctx = q->ctx;
-  cusafe_status st = hold_locked(c, &s->hdr);
+  /* The origin is not held: its last release ends the capture
+   * (cs_capture_discard). */
   int saved;
-  if (st == CUSAFE_SUCCESS)
-    st = cs_device_enter(q->ctx->device, &saved);
+  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS) {
-    if (c->nheld)
-      cs_unref(c->held[0]);
     capture_free(c);
     return st;
   }
@@ -254,15 +307,15 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     c->id = ++last_id;
     c->next = open_captures;
     open_captures = c;
+    if (atomic_fetch_add(&cs_open_captures, 1) == 0)
+      atomic_store(&cs_last_user_hook, last_user_release);
     pthread_mutex_unlock(&open_lock);
     atomic_store(&q->capture, c);
   }
   cs_spin_unlock(&q->capture_lock);
   cs_device_leave(saved);
-  if (st != CUSAFE_SUCCESS) {
-    cs_unref(c->held[0]);
+  if (st != CUSAFE_SUCCESS)
     capture_free(c);
-  }
   return st;
 }
 
@@ -272,8 +325,11 @@ static void capture_close(struct cs_capture *c) {
   struct cs_capture **p = &open_captures;
   while (*p && *p != c)
     p = &(*p)->next;
-  if (*p)
+  if (*p) {
     *p = c->next;
+    if (atomic_fetch_sub(&cs_open_captures, 1) == 1)
+      atomic_store(&cs_last_user_hook, NULL);
+  }
   pthread_mutex_unlock(&open_lock);
   struct cs_queue *qs[1] = {c->origin};
   for (size_t i = 0; i < 1 + c->nmembers; i++) {
@@ -325,7 +381,7 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
   if (st != CUSAFE_SUCCESS) {
     free(gr);
     free(roots);
-    cs_cu->graph_destroy(g);
+    discard_graph(c->ctx, g);
     drop_held(c->held, c->nheld);
   } else {
     c->held = NULL; /* the graph's now */
@@ -364,16 +420,16 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     if (cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
         cs != cudaStreamCaptureStatusNone)
       cs_cu->stream_end_capture(q->stream, &again);
-    if (again)
-      cs_cu->graph_destroy(again);
+    discard_graph(q->ctx, again);
   }
   cs_device_leave(saved);
   capture_close(c);
   if (err != cudaSuccess)
     st = cs_fail_cuda(err, "cudaStreamEndCapture");
+  if (st == CUSAFE_SUCCESS) /* the graph holds the stream it began on too */
+    st = hold_locked(c, &s->hdr);
   if (st != CUSAFE_SUCCESS) {
-    if (g)
-      cs_cu->graph_destroy(g);
+    discard_graph(q->ctx, g);
     drop_held(c->held, c->nheld);
     capture_free(c);
     return st;
@@ -385,8 +441,20 @@ CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,
                                                     cusafe_stream stream) {
   CS_ENTER_OUT(out, 0);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  *out = atomic_load(&s->queue.capture) != NULL;
+  *out = cs_queue_capture(&s->queue) != NULL;
   return CUSAFE_SUCCESS;
+}
+
+void cs_capture_discard(struct cs_queue *q) {
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (!c || c->origin != q)
+    return;
+  cudaGraph_t g = NULL;
+  cs_cu->stream_end_capture(q->stream, &g);
+  discard_graph(q->ctx, g);
+  capture_close(c);
+  drop_held(c->held, c->nheld);
+  capture_free(c);
 }
 
 void cs_captures_abort_all(void) {
@@ -400,8 +468,7 @@ void cs_captures_abort_all(void) {
     cudaGraph_t g = NULL;
     if (cs_device_enter_teardown(c->ctx->device, &saved) == CUSAFE_SUCCESS) {
       cs_cu->stream_end_capture(c->origin->stream, &g);
-      if (g)
-        cs_cu->graph_destroy(g);
+      discard_graph(c->ctx, g);
       cs_device_leave(saved);
     }
     capture_close(c);
@@ -507,7 +574,7 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
     if (q->ctx != g->ctx)
       return cs_mismatch("stream", q->ctx, "graph", g->ctx);
   }
-  if (atomic_load_explicit(&q->capture, memory_order_acquire))
+  if (cs_queue_capture(q))
     return cs_capturing("a graph replay", q);
   int saved;
   st = cs_device_enter(g->ctx->device, &saved);

@@ -67,6 +67,10 @@ bool cs_capture_open_in(const struct cs_context *ctx);
 bool cs_capture_open(uint64_t id);
 /* The open capture of that id, or NULL. */
 struct cs_capture *cs_capture_find(uint64_t id);
+/* Ends the capture that began on q, if one did, discarding its work and
+ * releasing what it held: the last release of that stream (q's device
+ * current). */
+void cs_capture_discard(struct cs_queue *q);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);

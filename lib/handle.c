@@ -515,11 +515,34 @@ release_last(cusafe_handle h, enum cs_type type, const char *name) {
   return destroy_last(obj, old);
 }
 
+_Atomic(cs_last_user_fn) cs_last_user_hook;
+
+/* Shows the hook an object whose caller's last reference a release may
+ * drop (marked as a call: the hook may destroy). */
+__attribute__((noinline)) static cusafe_status last_user(cusafe_handle h,
+                                                         enum cs_type type,
+                                                         const char *name,
+                                                         cs_last_user_fn hook) {
+  CS_ENTER_RELEASE();
+  struct cs_object *held;
+  if (cs_acquire(h, type, name, &held) == CUSAFE_SUCCESS) {
+    if (cs_user_refs(held) == 1)
+      hook(held);
+    cs_unref(held);
+  }
+  return CUSAFE_SUCCESS;
+}
+
 __attribute__((noinline)) static cusafe_status
 release_slow(cusafe_handle h, enum cs_type type, const char *name) {
   if (atomic_load_explicit(&cs_hot.state, memory_order_relaxed) ||
       h == CUSAFE_NULL_HANDLE)
     return CUSAFE_SUCCESS; /* a no-op after the shutdown */
+  /* The caller's last reference may go: the hook sees the object first
+   * (graph.c: the end of a capture begun on a stream). */
+  cs_last_user_fn hook = atomic_load(&cs_last_user_hook);
+  if (hook)
+    last_user(h, type, name, hook);
   struct cs_object *obj;
   uint64_t old;
   cusafe_status st =
@@ -567,7 +590,10 @@ count_fast(cusafe_handle h, enum cs_type type, int delta) {
     if (CS_UNLIKELY(!handle_live(h, word) ||
                     (delta > 0
                          ? USERS_OF(word) == USER_MAX || ALL_OF(word) == ALL_MAX
-                         : ALL_OF(word) == 1)))
+                         : ALL_OF(word) == 1 ||
+                               (USERS_OF(word) == 1 &&
+                                atomic_load_explicit(&cs_last_user_hook,
+                                                     memory_order_relaxed)))))
       break;
     if (CS_UNLIKELY(!typed && !handle_typed(h, slot)))
       break;

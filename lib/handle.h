@@ -177,6 +177,11 @@ cusafe_status cs_user_ref(struct cs_object *obj);
 cusafe_status cs_unref(struct cs_object *obj);
 /* The references the caller holds on obj. */
 uint32_t cs_user_refs(const struct cs_object *obj);
+/* Called, when set, with an object whose caller's last reference is about
+ * to be released (the object held meanwhile): set while captures are open
+ * (graph.c), which end when the last handle of their stream goes. */
+typedef void (*cs_last_user_fn)(struct cs_object *obj);
+extern _Atomic(cs_last_user_fn) cs_last_user_hook;
 
 /* ---- the shutdown -------------------------------------------------------- */
 

@@ -172,8 +172,7 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
-  struct cs_capture *cap =
-      atomic_load_explicit(&q->capture, memory_order_acquire);
+  struct cs_capture *cap = cs_queue_capture(q);
   if (CS_UNLIKELY(cap)) {
     /* A captured launch: the capture holds the kernel and the buffers. */
     st = cs_capture_hold(cap, &k->hdr);

@@ -59,11 +59,9 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
     return st;
   cudaEvent_t ev = NULL;
   cs_spin_lock(&from->capture_lock);
-  struct cs_capture *c =
-      atomic_load_explicit(&from->capture, memory_order_acquire);
-  if (CS_UNLIKELY(c) &&
-      atomic_load_explicit(&to->capture, memory_order_acquire) != c) {
-    ev = from->entry; /* a record now would be captured */
+  struct cs_capture *c = cs_queue_capture(from);
+  if (CS_UNLIKELY(c) && cs_queue_capture(to) != c) {
+    ev = cs_queue_entry(from); /* a record now would be captured */
   } else {
     st = handoff_event(from, &ev);
     if (st == CUSAFE_SUCCESS) {
@@ -187,6 +185,7 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
  * runs: CUDA defers the destruction until it is done. */
 static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
+  cs_capture_discard(&s->queue); /* a capture that began on it ends */
   return cs_queue_fini(&s->queue, !s->borrowed);
 }
 
@@ -209,7 +208,7 @@ void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  if (atomic_load(&s->queue.capture))
+  if (cs_queue_capture(&s->queue))
     return cs_capturing("synchronizing", &s->queue);
   return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, false);
 }
@@ -217,7 +216,7 @@ CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  if (atomic_load(&s->queue.capture))
+  if (cs_queue_capture(&s->queue))
     return cs_capturing("querying", &s->queue);
   return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, true);
 }

@@ -37,6 +37,27 @@ struct cs_stream {
   bool borrowed;
 };
 
+/* The number of open captures (graph.c). */
+extern _Atomic int cs_open_captures;
+/* The open capture whose queues include the CUDA stream `stream` (another
+ * cusafe stream may wrap the same one), or NULL; *entry, if not NULL, gets
+ * that queue's entry event. */
+struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
+                                        cudaEvent_t *entry);
+/* The capture q takes part in: its own, or that of another cusafe stream
+ * over the same CUDA stream. */
+static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
+  struct cs_capture *c =
+      atomic_load_explicit(&q->capture, memory_order_acquire);
+  if (CS_LIKELY(!c) && CS_UNLIKELY(atomic_load_explicit(&cs_open_captures,
+                                                        memory_order_relaxed)))
+    c = cs_capture_of_stream(q->stream, NULL);
+  return c;
+}
+/* What work outside q's capture waits for instead of q's captured work:
+ * the entry event of q, or of the queue of the capture over q's stream. */
+cudaEvent_t cs_queue_entry(struct cs_queue *q);
+
 /* Resolves a stream argument: CUSAFE_STREAM_DEFAULT gives the default queue
  * of `dflt` (no reference taken), else the stream is acquired into *held
  * (drop with cs_unref when not NULL).  A stream of another context than

@@ -405,6 +405,31 @@ START_TEST(test_shutdown_with_capture_and_replays) {
 }
 END_TEST
 
+/* The last release of the stream a capture began on ends the capture,
+ * discarding it: what it held goes, buffers last used on the stream
+ * included (which hold the stream in turn). */
+START_TEST(test_release_of_capturing_stream_ends_capture) {
+  struct world w;
+  world_make(&w);
+  TU_OK(cusafe_buffer_fill(w.x, 0, 64, 1, w.s)); /* x holds s */
+  size_t before = fake_live_allocations(-1);
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.fill, w.s, w.x, 2.0f, N, 0)); /* the capture holds x */
+  TU_OK(cusafe_release(w.x));
+  TU_ASSERT(fake_live_captures(-1) == 1, "no capture open");
+  TU_OK(cusafe_release(w.s));
+  TU_ASSERT(fake_live_captures(-1) == 0, "the capture outlived its stream");
+  TU_OK(cusafe_context_synchronize(w.ctx));
+  TU_ASSERT(fake_live_allocations(-1) == before - 1,
+            "%zu allocations alive, expected %zu", fake_live_allocations(-1),
+            before - 1);
+  w.x = w.s = CUSAFE_NULL_HANDLE;
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* What the capture held is dropped when its end fails. */
 START_TEST(test_failed_end_drops_what_it_held) {
   struct world w;
@@ -447,6 +472,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_release_with_replays_queued);
   tcase_add_test(tc, test_shutdown_with_capture_and_replays);
   tcase_add_test(tc, test_failed_end_drops_what_it_held);
+  tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
 #endif
   suite_add_tcase(s, tc);
   return s;

@@ -91,7 +91,16 @@ static uint64_t u64(struct rd *r) {
 /* The pool of handles                                                        */
 /* ------------------------------------------------------------------------ */
 
-enum { T_CTX = 1, T_STREAM, T_EVENT, T_BUF, T_MOD, T_KER, T_LAST = T_KER };
+enum {
+  T_CTX = 1,
+  T_STREAM,
+  T_EVENT,
+  T_BUF,
+  T_MOD,
+  T_KER,
+  T_GRAPH,
+  T_LAST = T_GRAPH
+};
 
 #define MAXP 48 /* parameters of a kernel the harness knows */
 #define MAXK 6  /* kernels of a module the harness knows */
@@ -263,10 +272,13 @@ struct fchange {
 static struct fchange changes[MAX_CHANGES];
 static int nchanges, changes_lost;
 
-/* No failure injected or possible from the fake: calls that need CUDA
- * succeed when their arguments are right. */
+/* No failure injected or possible from the fake, and no capture open
+ * (which refuses some calls, and, on a blocking stream, any use of the
+ * legacy stream): calls that need CUDA succeed when their arguments are
+ * right. */
 static int quiet(void) {
-  return !faults_armed && !sticky[0] && !sticky[1] && !maybe_sticky;
+  return !faults_armed && !sticky[0] && !sticky[1] && !maybe_sticky &&
+         !fake_live_captures(-1);
 }
 
 /* Runs all queued work of both devices (the streams may be paused).
@@ -334,7 +346,7 @@ static void check(cusafe_status st, const char *what) {
   if (trace)
     fprintf(stderr, "fuzz_api: %s -> %s%s%s\n", what, cusafe_status_string(st),
             st ? ": " : "", st ? cusafe_last_error_message() : "");
-  if ((unsigned)st > (unsigned)CUSAFE_ERROR_NOT_FOUND)
+  if ((unsigned)st > (unsigned)CUSAFE_ERROR_CAPTURING)
     die("%s returned %d, which is no cusafe_status", what, (int)st);
   if (!strcmp(cusafe_status_string(st), "unknown status"))
     die("%s: status %d has no string", what, (int)st);
@@ -1051,6 +1063,11 @@ static void op_stream(struct th *t) {
 struct foreign {
   void *ptr;
   int kind;
+  /* The other library's hold on the device's primary context while its
+   * memory lives (as the runtime's own retain would be): a context of the
+   * harness's, so that no thread's release of the last other reference
+   * can take the primary context from under the memory. */
+  cusafe_context ctx;
 };
 
 /* The release function: the other library frees its memory, which cusafe
@@ -1061,6 +1078,8 @@ static void free_foreign(void *user) {
     cs_cu->free_host(f->ptr);
   else
     cs_cu->free(f->ptr);
+  if (f->ctx)
+    cusafe_context_release(f->ctx); /* a no-op after the shutdown */
   free(f);
 }
 
@@ -1077,6 +1096,7 @@ static void op_wrap(struct th *t) {
     die("out of memory");
   f->kind = u8(&t->r) % 3;
   f->ptr = NULL;
+  f->ctx = CUSAFE_NULL_HANDLE;
   int dev = 0;
   if (ce.dev >= 0)
     cs_cu->set_device(ce.dev);
@@ -1091,6 +1111,10 @@ static void op_wrap(struct th *t) {
    * current one's could go first. */
   if (ce.dev < 0)
     size = 0;
+  if (size && cusafe_context_create(&f->ctx, ce.dev) != CUSAFE_SUCCESS) {
+    free(f); /* the device is broken, or the library shut down */
+    return;
+  }
   cudaError_t err = cudaSuccess;
   if (size) {
     if (f->kind == CUSAFE_MEMORY_DEVICE)
@@ -1101,6 +1125,8 @@ static void op_wrap(struct th *t) {
       err = cs_cu->malloc_managed(&f->ptr, size, cudaMemAttachGlobal);
   }
   if (err != cudaSuccess) {
+    if (f->ctx)
+      cusafe_context_release(f->ctx);
     free(f);
     return;
   }
@@ -1892,13 +1918,13 @@ static void op_kernel_query(struct th *t) {
 /* ------------------------------------------------------------------------ */
 
 static cusafe_status (*const typed_retain[])(cusafe_handle) = {
-    cusafe_retain,       cusafe_context_retain, cusafe_stream_retain,
-    cusafe_event_retain, cusafe_buffer_retain,  cusafe_module_retain,
-    cusafe_kernel_retain};
+    cusafe_retain,        cusafe_context_retain, cusafe_stream_retain,
+    cusafe_event_retain,  cusafe_buffer_retain,  cusafe_module_retain,
+    cusafe_kernel_retain, cusafe_graph_retain};
 static cusafe_status (*const typed_release[])(cusafe_handle) = {
-    cusafe_release,       cusafe_context_release, cusafe_stream_release,
-    cusafe_event_release, cusafe_buffer_release,  cusafe_module_release,
-    cusafe_kernel_release};
+    cusafe_release,        cusafe_context_release, cusafe_stream_release,
+    cusafe_event_release,  cusafe_buffer_release,  cusafe_module_release,
+    cusafe_kernel_release, cusafe_graph_release};
 
 /* Releases one of the harness's references to a held handle. */
 static void release_held(struct th *t, int generic) {
@@ -2401,7 +2427,23 @@ static int destroying_call_failed(void) {
 
 /* Releases every reference the harness still holds; a release must not
  * call any of them stale. */
+/* Ends the captures left open on the harness's streams (a capture holds
+ * its streams), releasing their graphs. */
+static void end_captures(void) {
+  for (int i = 0; i < MAXE; i++) {
+    if (pool[i].type != T_STREAM || pool[i].refs + pool[i].pin == 0)
+      continue;
+    cusafe_graph g = CUSAFE_NULL_HANDLE;
+    cusafe_status st = cusafe_stream_end_capture(&g, pool[i].h);
+    check(st, "cusafe_stream_end_capture (cleanup)");
+    if (g)
+      check(cusafe_graph_release(g), "cusafe_graph_release (cleanup)");
+  }
+}
+
 static void release_all(int reverse) {
+  if (!in_teardown)
+    end_captures();
   for (int i = 0; i < ndeferred; i++) {
     cusafe_status st = cusafe_release(deferred[i]);
     check(st, "release (cleanup, deferred)");
@@ -2441,6 +2483,12 @@ static void check_nothing_alive(void) {
          e = fake_live_events(-1), l = fake_live_libraries(-1),
          p = fake_live_programs();
   int r0 = fake_primary_ctx_refcount(0), r1 = fake_primary_ctx_refcount(1);
+  size_t gr =
+      fake_live_graphs(-1) + fake_live_graph_execs(-1) + fake_live_captures(-1);
+  if (gr)
+    die("leak after releasing everything: %zu graph(s), executable graph(s) "
+        "and capture(s)",
+        gr);
   if (a || s || e || l || p || r0 || r1)
     die("leak after releasing everything: %zu allocation(s), %zu stream(s), "
         "%zu event(s), %zu librar(ies), %zu NVRTC program(s), primary "
