@@ -590,10 +590,7 @@ count_fast(cusafe_handle h, enum cs_type type, int delta) {
     if (CS_UNLIKELY(!handle_live(h, word) ||
                     (delta > 0
                          ? USERS_OF(word) == USER_MAX || ALL_OF(word) == ALL_MAX
-                         : ALL_OF(word) == 1 ||
-                               (USERS_OF(word) == 1 &&
-                                atomic_load_explicit(&cs_last_user_hook,
-                                                     memory_order_relaxed)))))
+                         : ALL_OF(word) == 1)))
       break;
     if (CS_UNLIKELY(!typed && !handle_typed(h, slot)))
       break;
@@ -619,7 +616,11 @@ retain_handle(cusafe_handle h, enum cs_type type, const char *name) {
 
 static inline __attribute__((always_inline)) cusafe_status
 release_handle(cusafe_handle h, enum cs_type type, const char *name) {
-  if (CS_LIKELY(count_fast(h, type, -1)))
+  /* While captures are open, every release takes the full path, which
+   * shows the hook a caller's last reference (graph.c). */
+  if (CS_LIKELY(
+          !atomic_load_explicit(&cs_last_user_hook, memory_order_relaxed)) &&
+      CS_LIKELY(count_fast(h, type, -1)))
     return CUSAFE_SUCCESS;
   return release_slow(h, type, name);
 }
