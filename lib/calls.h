@@ -24,6 +24,10 @@ struct cs_hot {
   _Atomic int single_device;
   /* The handle table's slots ever handed out (handle.c). */
   _Atomic uint32_t handles;
+  /* Stream captures open (graph.c): while there are any, releases take
+   * the full path, and a queue's capture is looked for through the CUDA
+   * stream too. */
+  _Atomic int captures;
 };
 extern struct cs_hot cs_hot;
 

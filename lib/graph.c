@@ -27,7 +27,6 @@
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cs_capture *open_captures;
 static uint64_t last_id;
-_Atomic int cs_open_captures;
 
 struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry) {
@@ -307,7 +306,7 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     c->id = ++last_id;
     c->next = open_captures;
     open_captures = c;
-    if (atomic_fetch_add(&cs_open_captures, 1) == 0)
+    if (atomic_fetch_add(&cs_hot.captures, 1) == 0)
       atomic_store(&cs_last_user_hook, last_user_release);
     pthread_mutex_unlock(&open_lock);
     atomic_store(&q->capture, c);
@@ -327,7 +326,7 @@ static void capture_close(struct cs_capture *c) {
     p = &(*p)->next;
   if (*p) {
     *p = c->next;
-    if (atomic_fetch_sub(&cs_open_captures, 1) == 1)
+    if (atomic_fetch_sub(&cs_hot.captures, 1) == 1)
       atomic_store(&cs_last_user_hook, NULL);
   }
   pthread_mutex_unlock(&open_lock);

@@ -619,7 +619,7 @@ release_handle(cusafe_handle h, enum cs_type type, const char *name) {
   /* While captures are open, every release takes the full path, which
    * shows the hook a caller's last reference (graph.c). */
   if (CS_LIKELY(
-          !atomic_load_explicit(&cs_last_user_hook, memory_order_relaxed)) &&
+          !atomic_load_explicit(&cs_hot.captures, memory_order_relaxed)) &&
       CS_LIKELY(count_fast(h, type, -1)))
     return CUSAFE_SUCCESS;
   return release_slow(h, type, name);

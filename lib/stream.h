@@ -37,8 +37,6 @@ struct cs_stream {
   bool borrowed;
 };
 
-/* The number of open captures (graph.c). */
-extern _Atomic int cs_open_captures;
 /* The open capture whose queues include the CUDA stream `stream` (another
  * cusafe stream may wrap the same one), or NULL; *entry, if not NULL, gets
  * that queue's entry event. */
@@ -49,8 +47,8 @@ struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
 static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
   struct cs_capture *c =
       atomic_load_explicit(&q->capture, memory_order_acquire);
-  if (CS_LIKELY(!c) && CS_UNLIKELY(atomic_load_explicit(&cs_open_captures,
-                                                        memory_order_relaxed)))
+  if (CS_LIKELY(!c) &&
+      CS_UNLIKELY(atomic_load_explicit(&cs_hot.captures, memory_order_relaxed)))
     c = cs_capture_of_stream(q->stream, NULL);
   return c;
 }
