@@ -258,10 +258,19 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx is being captured by other code",
                    (unsigned long long)s->hdr.handle);
-  cudaGraph_t g = NULL;
-  cs_cu->stream_end_capture(s->queue.stream, &g);
-  discard_graph(s->queue.ctx, g);
+  cs_capture_leftover(s->queue.stream, s->queue.ctx);
   return CUSAFE_SUCCESS;
+}
+
+void cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
+  /* (Only after an end that failed: a destroy costs no query otherwise.) */
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cs_cu->stream_is_capturing(stream, &cs) == cudaSuccess &&
+      cs == cudaStreamCaptureStatusNone)
+    return;
+  cudaGraph_t g = NULL;
+  cs_cu->stream_end_capture(stream, &g);
+  discard_graph(ctx, g);
 }
 
 CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
@@ -292,7 +301,13 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     return st;
   }
   cs_spin_lock(&q->capture_lock);
-  st = leftover_capture(s);
+  /* Again under the lock: another thread may have begun one meanwhile,
+   * which leftover_capture() would otherwise take for a leftover. */
+  if (cs_queue_capture(q))
+    st = cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
+                 (unsigned long long)stream);
+  if (st == CUSAFE_SUCCESS)
+    st = leftover_capture(s);
   if (st == CUSAFE_SUCCESS)
     st = record_entry(q);
   if (st == CUSAFE_SUCCESS) {
@@ -416,9 +431,10 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
      * once more, discarding. */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaGraph_t again = NULL;
-    if (cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
-        cs != cudaStreamCaptureStatusNone)
-      cs_cu->stream_end_capture(q->stream, &again);
+    if ((cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
+         cs != cudaStreamCaptureStatusNone) &&
+        cs_cu->stream_end_capture(q->stream, &again) != cudaSuccess)
+      q->capture_leftover = true; /* ended at the next begin or destroy */
     discard_graph(q->ctx, again);
   }
   cs_device_leave(saved);
@@ -449,7 +465,8 @@ void cs_capture_discard(struct cs_queue *q) {
   if (!c || c->origin != q)
     return;
   cudaGraph_t g = NULL;
-  cs_cu->stream_end_capture(q->stream, &g);
+  if (cs_cu->stream_end_capture(q->stream, &g) != cudaSuccess)
+    q->capture_leftover = true;
   discard_graph(q->ctx, g);
   capture_close(c);
   drop_held(c->held, c->nheld);

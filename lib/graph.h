@@ -71,6 +71,9 @@ struct cs_capture *cs_capture_find(uint64_t id);
  * releasing what it held: the last release of that stream (q's device
  * current). */
 void cs_capture_discard(struct cs_queue *q);
+/* Ends a CUDA capture still running on `stream`, one of the library's own
+ * whose end failed before, discarding it (ctx: the stream's). */
+void cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);

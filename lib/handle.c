@@ -524,8 +524,13 @@ __attribute__((noinline)) static cusafe_status last_user(cusafe_handle h,
                                                          const char *name,
                                                          cs_last_user_fn hook) {
   CS_ENTER_RELEASE();
+  /* Streams only (the hook's one concern), told by the handle's tag: a
+   * look-up of a stale context's handle could revive it. */
+  if ((unsigned)(h >> 56) != (TAG_BASE | (unsigned)CS_STREAM) ||
+      (type != 0 && type != CS_STREAM))
+    return CUSAFE_SUCCESS;
   struct cs_object *held;
-  if (cs_acquire(h, type, name, &held) == CUSAFE_SUCCESS) {
+  if (cs_acquire(h, CS_STREAM, name, &held) == CUSAFE_SUCCESS) {
     if (cs_user_refs(held) == 1)
       hook(held);
     cs_unref(held);

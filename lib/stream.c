@@ -186,6 +186,8 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
 static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
+  if (!s->borrowed && s->queue.capture_leftover)
+    cs_capture_leftover(s->queue.stream, s->queue.ctx);
   return cs_queue_fini(&s->queue, !s->borrowed);
 }
 

@@ -26,6 +26,8 @@ struct cs_queue {
    * capture's beginning. */
   _Atomic(struct cs_capture *) capture;
   cudaEvent_t entry; /* created at the queue's first capture */
+  /* An end of its capture failed: CUDA may still capture it. */
+  bool capture_leftover;
   cs_spinlock capture_lock;
 };
 
