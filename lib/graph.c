@@ -345,9 +345,8 @@ static void capture_close(struct cs_capture *c) {
       atomic_store(&cs_last_user_hook, NULL);
   }
   pthread_mutex_unlock(&open_lock);
-  struct cs_queue *qs[1] = {c->origin};
-  for (size_t i = 0; i < 1 + c->nmembers; i++) {
-    struct cs_queue *q = i == 0 ? qs[0] : c->members[i - 1];
+  for (size_t i = 0; i <= c->nmembers; i++) {
+    struct cs_queue *q = i == 0 ? c->origin : c->members[i - 1];
     cs_spin_lock(&q->capture_lock);
     atomic_store(&q->capture, NULL);
     cs_spin_unlock(&q->capture_lock);
