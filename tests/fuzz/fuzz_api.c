@@ -43,6 +43,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,19 @@ struct ent {
 
 static struct ent pool[MAXE];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The references that wrapped foreign memory holds on its device's
+ * context (struct foreign), per device: the pool does not count them, so
+ * a context the pool holds no more is not stale while one is left. */
+static _Atomic cusafe_handle foreign_ctx[2];
+static _Atomic int foreign_refs[2];
+
+static int foreign_held(cusafe_handle h) {
+  for (int d = 0; d < 2; d++)
+    if (atomic_load(&foreign_refs[d]) > 0 && atomic_load(&foreign_ctx[d]) == h)
+      return 1;
+  return 0;
+}
 
 /* References that could not enter a full pool while failures were
  * injected (see pin()): released at the end of the input. */
@@ -469,13 +483,13 @@ static cusafe_handle pick_stale(struct th *t) {
     int n = 0;
     for (int i = 0; i < MAXE; i++)
       if (pool[i].type && pool[i].refs == 0 && pool[i].pin == 0 &&
-          pool[i].inflight == 0)
+          pool[i].inflight == 0 && !foreign_held(pool[i].h))
         n++;
     if (n) {
       int want = k % n;
       for (int i = 0; i < MAXE; i++)
         if (pool[i].type && pool[i].refs == 0 && pool[i].pin == 0 &&
-            pool[i].inflight == 0 && want-- == 0) {
+            pool[i].inflight == 0 && !foreign_held(pool[i].h) && want-- == 0) {
           h = pool[i].h;
           break;
         }
@@ -1068,19 +1082,26 @@ struct foreign {
    * harness's, so that no thread's release of the last other reference
    * can take the primary context from under the memory. */
   cusafe_context ctx;
+  int dev; /* ctx's device */
 };
 
 /* The release function: the other library frees its memory, which cusafe
  * hands back from inside one of its calls or from its shutdown. */
+static void drop_foreign(struct foreign *f) {
+  if (f->ctx) {
+    atomic_fetch_sub(&foreign_refs[f->dev], 1);
+    cusafe_context_release(f->ctx); /* a no-op after the shutdown */
+  }
+  free(f);
+}
+
 static void free_foreign(void *user) {
   struct foreign *f = user;
   if (f->kind == CUSAFE_MEMORY_HOST_PINNED)
     cs_cu->free_host(f->ptr);
   else
     cs_cu->free(f->ptr);
-  if (f->ctx)
-    cusafe_context_release(f->ctx); /* a no-op after the shutdown */
-  free(f);
+  drop_foreign(f);
 }
 
 /* Memory of another library wrapped (sometimes said to be of another
@@ -1115,6 +1136,11 @@ static void op_wrap(struct th *t) {
     free(f); /* the device is broken, or the library shut down */
     return;
   }
+  if (f->ctx) {
+    f->dev = ce.dev;
+    atomic_store(&foreign_ctx[ce.dev], f->ctx);
+    atomic_fetch_add(&foreign_refs[ce.dev], 1);
+  }
   cudaError_t err = cudaSuccess;
   if (size) {
     if (f->kind == CUSAFE_MEMORY_DEVICE)
@@ -1125,9 +1151,7 @@ static void op_wrap(struct th *t) {
       err = cs_cu->malloc_managed(&f->ptr, size, cudaMemAttachGlobal);
   }
   if (err != cudaSuccess) {
-    if (f->ctx)
-      cusafe_context_release(f->ctx);
-    free(f);
+    drop_foreign(f);
     return;
   }
   int said = u8(&t->r) % 8 == 7 ? (f->kind + 1) % 3 : f->kind;
