@@ -1254,7 +1254,10 @@ CUSAFE_API void cusafe_python_release(void *object);
  *   joined it.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; work queued on the stream by any thread is
- *   captured. */
+ *   captured from the moment the call returns.  An operation on the stream
+ *   that other threads have in progress when the call begins is finished
+ *   first, outside the capture; one that starts meanwhile waits and is
+ *   captured.  No operation is ever half captured. */
 CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream);
 /* Ends the capture that began on a stream and gives its graph.
  * Parameters: out [out] the new graph; stream [in] the stream the capture
@@ -1274,7 +1277,12 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream);
  * Ownership: the caller owns the one reference of *out, to release; the
  *   graph holds what the captured work used (see Graphs) and its context.
  * Handles: as every call (see the top of this file).
- * Threads: thread-safe; any thread may end a capture. */
+ * Threads: thread-safe; any thread may end a capture.  An operation on
+ *   the capture's streams that other threads have in progress when the
+ *   call begins is finished first and is part of the graph; one that
+ *   starts meanwhile waits and runs outside the capture.  Of two threads
+ *   that end the same capture, one gets the graph and the other
+ *   CUSAFE_ERROR_CAPTURING. */
 CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
                                                    cusafe_stream stream);
 /* Tells whether a stream captures (it began a capture, or joined one).
@@ -1286,8 +1294,9 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
  *   in a forked child.  *out is 0 on every failure.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
- * Threads: thread-safe; the answer may be out of date at once if another
- *   thread begins or ends the capture. */
+ * Threads: thread-safe; a capture that another thread is beginning or
+ *   ending is waited for, but the answer may be out of date at once if
+ *   another thread begins or ends one after. */
 CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,
                                                     cusafe_stream stream);
 /* Makes the graph's executable form now, instead of at its first replay.

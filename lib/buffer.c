@@ -50,7 +50,7 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
    * the buffer, and the chain waits for the replay (graph.c). */
   struct cs_capture *c = cs_queue_capture(q);
   if (CS_UNLIKELY(c))
-    return cs_capture_use(c, root, q);
+    return c == CS_CAPTURE_BUSY ? CS_RETRY : cs_capture_use(c, root, q);
   struct cs_queue *last =
       atomic_load_explicit(root->last, memory_order_relaxed);
   if (CS_LIKELY(last == q))
@@ -262,18 +262,28 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
                                                    size_t size) {
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  /* Under the queue's capture lock, so that a capture beginning on another
-   * thread cannot turn the allocation into one of its graph's. */
-  cs_spin_lock(&s->queue.capture_lock);
-  if (cs_queue_capture(&s->queue)) {
-    cs_spin_unlock(&s->queue.capture_lock);
-    return cs_capturing("an allocation (cusafe_buffer_alloc_async)", &s->queue);
-  }
+  /* Gated, so that a capture beginning on another thread cannot turn the
+   * allocation into one of its graph's. */
   struct cs_context *ctx = s->queue.ctx;
-  cs_ref(&ctx->hdr);
-  cusafe_status st =
-      buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
-  cs_spin_unlock(&s->queue.capture_lock);
+  cusafe_status st;
+  for (;;) {
+    cs_gate(cs_call_);
+    struct cs_capture *c = cs_queue_capture(&s->queue);
+    if (c == CS_CAPTURE_BUSY) {
+      cs_ungate(cs_call_);
+      cs_capture_yield();
+      continue;
+    }
+    if (c) {
+      cs_ungate(cs_call_);
+      return cs_capturing("an allocation (cusafe_buffer_alloc_async)",
+                          &s->queue);
+    }
+    cs_ref(&ctx->hdr);
+    st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
+    cs_ungate(cs_call_);
+    break;
+  }
   if (st == CUSAFE_SUCCESS)
     s = NULL; /* the buffer's, on the stream of its latest operation */
   else
@@ -415,11 +425,58 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
 /* ---- release ------------------------------------------------------------- */
 
 /* Waits for the work queued on q -- for a queue that captures, the work
- * queued before the capture: its captured work runs only in replays. */
+ * queued before the capture: its captured work runs only in replays (the
+ * thread gated; CS_RETRY while a capture begins or ends on q). */
+static cusafe_status queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
+  struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  *err = c ? cs_cu->event_synchronize(cs_queue_entry(q))
+           : cs_cu->stream_synchronize(q->stream);
+  return CUSAFE_SUCCESS;
+}
+
 static cudaError_t queue_wait(struct cs_queue *q) {
-  if (cs_queue_capture(q))
-    return cs_cu->event_synchronize(cs_queue_entry(q));
-  return cs_cu->stream_synchronize(q->stream);
+  struct cs_thread *self = cs_thread_self();
+  cudaError_t err = cudaSuccess;
+  for (;;) {
+    cs_gate(self);
+    cusafe_status st = queue_wait_gated(q, &err);
+    cs_ungate(self);
+    if (st != CS_RETRY)
+      return err;
+    cs_capture_yield();
+  }
+}
+
+/* Queues the free of b's device memory after the work on fq, the latest
+ * queue it was used on (the thread gated). */
+static cusafe_status free_device_gated(struct cs_buffer *b, struct cs_queue *fq,
+                                       cudaError_t *err) {
+  struct cs_context *ctx = b->ctx;
+  /* Last used by a peer copy on another device, or on a stream that now
+   * captures (where a free cannot be queued): freed on the context's own
+   * stream after that work. */
+  struct cs_capture *c = fq->ctx != ctx ? NULL : cs_queue_capture(fq);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (fq->ctx != ctx || c) {
+    st = cs_queue_handoff(fq, &ctx->queue);
+    if (st == CS_RETRY)
+      return st;
+    if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
+      cs_cu->stream_synchronize(fq->stream);
+    fq = &ctx->queue;
+  }
+  *err = cs_cu->free_async(b->ptr, fq->stream);
+  if (*err != cudaSuccess && *err != cudaErrorCudartUnloading) {
+    /* A free that cannot be queued is done synchronously instead. */
+    cs_cu->device_synchronize();
+    if (cs_cu->free(b->ptr) == cudaSuccess)
+      *err = cudaSuccess;
+  }
+  return st;
 }
 
 /* Frees root memory after the work queued on it: device memory on the
@@ -432,24 +489,15 @@ static cusafe_status free_memory(struct cs_buffer *b) {
   const char *fn = NULL;
   cusafe_status st = CUSAFE_SUCCESS;
   if (b->kind == CUSAFE_MEMORY_DEVICE) {
-    struct cs_queue *fq = q ? q : &ctx->queue;
-    /* Last used by a peer copy on another device, or on a stream that now
-     * captures (where a free cannot be queued): freed on the context's
-     * own stream after that work. */
-    if (fq->ctx != ctx || cs_queue_capture(fq)) {
-      st = cs_queue_handoff(fq, &ctx->queue);
-      if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
-        cs_cu->stream_synchronize(fq->stream);
-      fq = &ctx->queue;
-    }
-    err = cs_cu->free_async(b->ptr, fq->stream);
+    struct cs_thread *self = cs_thread_self();
+    do {
+      cs_gate(self);
+      st = free_device_gated(b, q ? q : &ctx->queue, &err);
+      cs_ungate(self);
+      if (st == CS_RETRY)
+        cs_capture_yield();
+    } while (st == CS_RETRY);
     fn = "cudaFreeAsync";
-    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
-      /* A free that cannot be queued is done synchronously instead. */
-      cs_cu->device_synchronize();
-      if (cs_cu->free(b->ptr) == cudaSuccess)
-        err = cudaSuccess;
-    }
   } else {
     if (q) {
       err = queue_wait(q);
@@ -572,23 +620,38 @@ static cusafe_status op_queue(const struct cs_buffer *b, size_t offset,
 }
 
 /* Chains op after the work on b's memory and queues it on q (b's device
- * current); with op.sync, waits for it. */
+ * current, the thread gated); with op.sync, waits for it.  *drop: what
+ * the chain let go of, for the caller to drop ungated. */
 static cusafe_status op_run(struct cs_buffer *b, size_t offset, size_t size,
-                            struct op op, struct cs_queue *q) {
+                            struct op op, struct cs_queue *q,
+                            struct cs_object **drop) {
+  /* A replay would read or write that host memory again, after the call,
+   * when the caller may have freed it: copy from or to a pinned buffer
+   * instead (cusafe_buffer_copy), which the graph holds. */
+  struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  if (c && op.kind != OP_FILL)
+    return cs_capturing(op.kind == OP_READ
+                            ? "a read into host memory at an address"
+                            : "a write from host memory at an address",
+                        q);
+  int saved;
+  cusafe_status st = cs_device_enter(b->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   struct cs_buffer *root = b->root;
-  struct cs_object *drop;
   cs_spin_lock(&root->lock);
-  cusafe_status st = cs_buffer_chain(root, q, &drop);
+  st = cs_buffer_chain(root, q, drop);
   if (st == CUSAFE_SUCCESS)
     st = op_queue(b, offset, size, op, q);
   cs_spin_unlock(&root->lock);
-  if (drop)
-    cs_unref(drop);
   if (st == CUSAFE_SUCCESS && op.sync) {
     cudaError_t err = cs_cu->stream_synchronize(q->stream);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
   }
+  cs_device_leave(saved);
   return st;
 }
 
@@ -611,21 +674,17 @@ static cusafe_status buffer_op(cusafe_buffer buffer, size_t offset, size_t size,
   st = cs_queue_get(stream, ctx, "buffer", &q, &held);
   if (st != CUSAFE_SUCCESS || size == 0)
     return st;
-  /* A replay would read or write that host memory again, after the call,
-   * when the caller may have freed it: copy from or to a pinned buffer
-   * instead (cusafe_buffer_copy), which the graph holds. */
-  if (op.kind != OP_FILL && cs_queue_capture(q))
-    return cs_capturing(op.kind == OP_READ
-                            ? "a read into host memory at an address"
-                            : "a write from host memory at an address",
-                        q);
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
-    st = op_run(b, offset, size, op, q);
-    cs_device_leave(saved);
+  for (;;) {
+    struct cs_object *drop = NULL;
+    cs_gate(cs_call_);
+    st = op_run(b, offset, size, op, q, &drop);
+    cs_ungate(cs_call_);
+    if (drop)
+      cs_unref(drop);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on q */
   }
-  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_buffer_write(cusafe_buffer buffer,
@@ -688,16 +747,17 @@ static void unlock_pair(struct cs_buffer *a, struct cs_buffer *b) {
 }
 
 /* Chains a copy of `size` bytes from s in src to d in dst after the work
- * on both, and queues it on `run` (run's device current). */
+ * on both, and queues it on `run` (run's device current, the thread
+ * gated).  drops[0..1]: what the chains let go of, to drop ungated. */
 static cusafe_status copy_run(struct cs_buffer *dst, char *d,
                               struct cs_buffer *src, const char *s, size_t size,
-                              struct cs_queue *run, bool peer) {
+                              struct cs_queue *run, bool peer,
+                              struct cs_object **drops) {
   struct cs_buffer *dr = dst->root, *sr = src->root;
-  struct cs_object *drop_s = NULL, *drop_d = NULL;
   lock_pair(dr, sr);
-  cusafe_status st = cs_buffer_chain(sr, run, &drop_s);
+  cusafe_status st = cs_buffer_chain(sr, run, &drops[0]);
   if (st == CUSAFE_SUCCESS)
-    st = cs_buffer_chain(dr, run, &drop_d);
+    st = cs_buffer_chain(dr, run, &drops[1]);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err =
         peer ? cs_cu->memcpy_peer_async(d, dst->ctx->device, s,
@@ -707,10 +767,33 @@ static cusafe_status copy_run(struct cs_buffer *dst, char *d,
       st = cs_fail_cuda(err, peer ? "cudaMemcpyPeerAsync" : "cudaMemcpyAsync");
   }
   unlock_pair(dr, sr);
-  if (drop_s)
-    cs_unref(drop_s);
-  if (drop_d)
-    cs_unref(drop_d);
+  return st;
+}
+
+/* The copy of cusafe_buffer_copy() on q, run on `run` (q, or the default
+ * stream of the device that owns the device memory), the thread gated. */
+static cusafe_status copy_gated(struct cs_buffer *dst, char *d,
+                                struct cs_buffer *src, const char *s,
+                                size_t size, struct cs_queue *q,
+                                struct cs_queue *run, bool peer,
+                                struct cs_object **drops) {
+  struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  if (run != q && c)
+    return cs_capturing("a copy that runs on another device's stream", q);
+  int saved;
+  cusafe_status st = cs_device_enter(run->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  if (run != q)
+    st = cs_queue_handoff(q, run);
+  if (st == CUSAFE_SUCCESS)
+    st = copy_run(dst, d, src, s, size, run, peer, drops);
+  /* Later work on the caller's stream comes after the copy. */
+  if (st == CUSAFE_SUCCESS && run != q)
+    st = cs_queue_handoff(run, q);
+  cs_device_leave(saved);
   return st;
 }
 
@@ -751,21 +834,19 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                              : src->kind == CUSAFE_MEMORY_DEVICE ? src->ctx
                                                                  : q->ctx;
   struct cs_queue *run = peer || owner == q->ctx ? q : &owner->queue;
-  if (run != q && cs_queue_capture(q))
-    return cs_capturing("a copy that runs on another device's stream", q);
-  int saved;
-  st = cs_device_enter(run->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  if (run != q)
-    st = cs_queue_handoff(q, run);
-  if (st == CUSAFE_SUCCESS)
-    st = copy_run(dst, (char *)d, src, (const char *)s, size, run, peer);
-  /* Later work on the caller's stream comes after the copy. */
-  if (st == CUSAFE_SUCCESS && run != q)
-    st = cs_queue_handoff(run, q);
-  cs_device_leave(saved);
-  return st;
+  for (;;) {
+    struct cs_object *drops[2] = {NULL, NULL};
+    cs_gate(cs_call_);
+    st = copy_gated(dst, (char *)d, src, (const char *)s, size, q, run, peer,
+                    drops);
+    cs_ungate(cs_call_);
+    for (int i = 0; i < 2; i++)
+      if (drops[i])
+        cs_unref(drops[i]);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on q */
+  }
 }
 
 /* ---- work of other libraries ----------------------------------------------
@@ -796,11 +877,21 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     }
     roots[i] = bufs[i]->root;
   }
-  size_t nroots = n, ndrops = 0;
-  st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
-  cs_roots_unlock(roots, nroots);
-  for (size_t i = 0; i < ndrops; i++)
-    cs_unref(drops[i]);
+  struct cs_thread *self = cs_thread_self();
+  do {
+    size_t nroots = n, ndrops = 0;
+    cs_gate(self);
+    st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
+    cs_roots_unlock(roots, nroots);
+    cs_ungate(self);
+    for (size_t i = 0; i < ndrops; i++)
+      cs_unref(drops[i]);
+    if (st == CS_RETRY) {
+      cs_capture_yield();            /* a capture begins or ends on q */
+      for (size_t i = 0; i < n; i++) /* the sort made them unique */
+        roots[i] = bufs[i]->root;
+    }
+  } while (st == CS_RETRY);
 out:
   if (roots != roots_stack) {
     free(roots);

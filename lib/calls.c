@@ -106,14 +106,18 @@ struct cs_thread *cs_thread_register(void) {
 
 /* ---- the waits ----------------------------------------------------------- */
 
-void cs_pins_wait(void) {
+/* Waits until the counts of `begun` and `ended` (members of the thread
+ * records, at these offsets) of every other thread have caught up with
+ * what was begun by the call. */
+static void counts_wait(size_t begun_at, size_t ended_at) {
+#define COUNT(t, at) ((_Atomic unsigned long *)((char *)(t) + (at)))
   struct cs_thread *self = cs_tls_thread;
   for (struct cs_thread *t = atomic_load(&threads); t; t = t->next) {
     if (t == self && !t->shared)
       continue; /* the caller is not pinned */
-    unsigned long begun = atomic_load(&t->pins_begun);
+    unsigned long begun = atomic_load(COUNT(t, begun_at));
     for (unsigned spins = 0;
-         (long)(atomic_load_explicit(&t->pins_ended, memory_order_acquire) -
+         (long)(atomic_load_explicit(COUNT(t, ended_at), memory_order_acquire) -
                 begun) < 0;
          spins++)
       if (spins >= 64)
@@ -125,11 +129,23 @@ void cs_pins_wait(void) {
   struct cs_thread *o = &overflow_thread;
   for (;;) {
     unsigned long ended =
-        atomic_load_explicit(&o->pins_ended, memory_order_acquire);
-    if (atomic_load(&o->pins_begun) == ended)
+        atomic_load_explicit(COUNT(o, ended_at), memory_order_acquire);
+    if (atomic_load(COUNT(o, begun_at)) == ended)
       break;
     sched_yield();
   }
+#undef COUNT
+}
+
+void cs_pins_wait(void) {
+  counts_wait(offsetof(struct cs_thread, pins_begun),
+              offsetof(struct cs_thread, pins_ended));
+}
+
+void cs_gates_wait(void) {
+  cs_pins_wait();
+  counts_wait(offsetof(struct cs_thread, gates_begun),
+              offsetof(struct cs_thread, gates_ended));
 }
 
 bool cs_calls_stop(void) {

@@ -61,6 +61,11 @@ struct cs_thread {
    * the count of pins begun and ended. */
   _Atomic unsigned long pins_begun;
   _Atomic unsigned long pins_ended;
+  /* Operations in progress that decided, from their queues' capture
+   * state, whether their work is captured (cs_gate): the count of gates
+   * begun and ended. */
+  _Atomic unsigned long gates_begun;
+  _Atomic unsigned long gates_ended;
 };
 _Static_assert(sizeof(struct cs_thread) == 64, "a thread's record is a line");
 /* initial-exec: one pointer, read on every call without __tls_get_addr. */
@@ -140,6 +145,39 @@ static inline void cs_unpin(struct cs_thread *t) {
 }
 /* Waits until every other thread's pins begun before the call have ended. */
 void cs_pins_wait(void);
+
+/* ---- gates --------------------------------------------------------------- */
+
+/* An operation that queues work on a stream gates its thread from before
+ * it reads the stream's capture state until its work is queued, so that a
+ * capture cannot begin or end in between (graph.c waits for the gates
+ * begun before it marks the stream, cs_gates_wait).  A launch's pin serves
+ * as its gate.  lib/README.md, "Gates: captures beginning and ending". */
+static inline void cs_gate(struct cs_thread *t) {
+  if (CS_UNLIKELY(t->shared))
+    atomic_fetch_add(&t->gates_begun, 1);
+  else
+    atomic_store(&t->gates_begun,
+                 atomic_load_explicit(&t->gates_begun, memory_order_relaxed) +
+                     1);
+}
+static inline void cs_ungate(struct cs_thread *t) {
+  if (CS_UNLIKELY(t->shared))
+    atomic_fetch_add_explicit(&t->gates_ended, 1, memory_order_release);
+  else
+    atomic_store_explicit(
+        &t->gates_ended,
+        atomic_load_explicit(&t->gates_ended, memory_order_relaxed) + 1,
+        memory_order_release);
+}
+/* Waits until every other thread's pins and gates begun before the call
+ * have ended. */
+void cs_gates_wait(void);
+/* The calling thread's record (made if it has none). */
+static inline struct cs_thread *cs_thread_self(void) {
+  struct cs_thread *t = cs_tls_thread;
+  return CS_LIKELY(t) ? t : cs_thread_register();
+}
 
 /* ---- spinlocks ----------------------------------------------------------- */
 

@@ -283,10 +283,13 @@ cusafe_status cs_context_hand_out(struct cs_context *ctx, cusafe_context *out) {
 CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
          *out = o->device)
 
-CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
-  CS_ENTER();
-  CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
-  if (cs_capture_open_in(ctx))
+/* Waits for the device's work unless one of ctx's streams captures (the
+ * thread gated). */
+static cusafe_status context_wait_gated(struct cs_context *ctx) {
+  struct cs_capture *c = cs_capture_open_in(ctx);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  if (c)
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "synchronizing the context of device %d cannot be done "
                    "while one of its streams captures",
@@ -300,6 +303,19 @@ CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
     cs_device_leave(saved);
   }
   return st;
+}
+
+CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
+  for (;;) {
+    cs_gate(cs_call_);
+    cusafe_status st = context_wait_gated(ctx);
+    cs_ungate(cs_call_);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends in ctx */
+  }
 }
 
 CUSAFE_API cusafe_status cusafe_context_stream_priority_range(

@@ -41,6 +41,12 @@ cusafe_status cs_status_pending(cudaError_t err, const char *function);
 /* The status a CUDA error maps to. */
 cusafe_status cs_status_of(cudaError_t err);
 
+/* Not a status that a caller ever sees: an operation met a stream whose
+ * capture another thread is beginning or ending (graph.c), and is undone,
+ * to be tried again once its thread's gate or pin is open.  No message is
+ * recorded for it. */
+#define CS_RETRY ((cusafe_status)0x7fff)
+
 /* The first failure of several steps that all run (teardowns). */
 static inline cusafe_status cs_first(cusafe_status a, cusafe_status b) {
   return a != CUSAFE_SUCCESS ? a : b;

@@ -70,17 +70,12 @@ void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
 
 /* ---- records and waits --------------------------------------------------- */
 
-CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
-                                             cusafe_stream stream) {
-  CS_ENTER();
-  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
-  struct cs_queue *q;
-  struct cs_object *held CS_HELD = NULL;
-  cusafe_status st = cs_queue_get(stream, ev->ctx, "event", &q, &held);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  /* A record in a capture: the graph holds the event. */
+/* Records ev on q (the thread gated): in a capture, the graph holds it. */
+static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
   struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  cusafe_status st;
   if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
   int saved;
@@ -93,6 +88,25 @@ CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
     cs_device_leave(saved);
   }
   return st;
+}
+
+CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
+                                             cusafe_stream stream) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
+  struct cs_queue *q;
+  struct cs_object *held CS_HELD = NULL;
+  cusafe_status st = cs_queue_get(stream, ev->ctx, "event", &q, &held);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  for (;;) {
+    cs_gate(cs_call_);
+    st = record_gated(ev, q);
+    cs_ungate(cs_call_);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on q */
+  }
 }
 
 /* Refuses to wait for, query or time an event whose latest record was in
@@ -121,10 +135,13 @@ static cusafe_status check_not_captured(const struct cs_event *ev,
  * that waits at each replay (cudaEventWaitExternal), and the graph holds
  * the event. */
 static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
+  /* (The thread gated: CS_RETRY while a capture begins or ends.) */
   struct cs_queue *q = &s->queue;
   uint64_t id = atomic_load(&ev->capture_id);
   struct cs_capture *mine = cs_queue_capture(q);
   struct cs_capture *theirs = id ? cs_capture_find(id) : NULL;
+  if (mine == CS_CAPTURE_BUSY || theirs == CS_CAPTURE_BUSY)
+    return CS_RETRY; /* a capture begins or ends meanwhile */
   if (id && !theirs)
     return check_not_captured(ev, "waiting for");
   if (theirs && mine && theirs != mine)
@@ -162,7 +179,14 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
   if (ev->ctx != s->queue.ctx)
     return cs_mismatch("event", ev->ctx, "stream", s->queue.ctx);
-  return cs_stream_wait(s, ev);
+  for (;;) {
+    cs_gate(cs_call_);
+    cusafe_status st = cs_stream_wait(s, ev);
+    cs_ungate(cs_call_);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends meanwhile */
+  }
 }
 
 /* ---- queries ------------------------------------------------------------- */

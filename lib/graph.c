@@ -13,6 +13,7 @@
  * that no mode allows (synchronizing or querying a capturing stream or
  * its device, waiting for an event recorded in a capture) are refused
  * before they reach CUDA (CUSAFE_ERROR_CAPTURING). */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,22 +29,37 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cs_capture *open_captures;
 static uint64_t last_id;
 
+static bool marked(const struct cs_capture *raw) {
+  return (uintptr_t)raw & CS_CAPTURE_MARKS;
+}
+
+static struct cs_capture *mark(struct cs_capture *c, uintptr_t how) {
+  return (struct cs_capture *)((uintptr_t)c | how);
+}
+
+void cs_capture_yield(void) { sched_yield(); }
+
+/* The queue of capture c over `stream`, or NULL (open_lock held). */
+static struct cs_queue *queue_over(struct cs_capture *c, cudaStream_t stream) {
+  if (c->origin->stream == stream)
+    return c->origin;
+  for (size_t i = 0; i < c->nmembers; i++)
+    if (c->members[i]->stream == stream)
+      return c->members[i];
+  return NULL;
+}
+
 struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry) {
   pthread_mutex_lock(&open_lock);
   struct cs_capture *found = NULL;
   for (struct cs_capture *c = open_captures; c && !found; c = c->next) {
-    if (c->origin->stream == stream) {
-      found = c;
-      if (entry)
-        *entry = c->origin->entry;
-    }
-    for (size_t i = 0; i < c->nmembers && !found; i++)
-      if (c->members[i]->stream == stream) {
-        found = c;
-        if (entry)
-          *entry = c->members[i]->entry;
-      }
+    struct cs_queue *q = queue_over(c, stream);
+    if (!q)
+      continue;
+    found = marked(atomic_load(&q->capture)) ? CS_CAPTURE_BUSY : c;
+    if (entry)
+      *entry = q->entry;
   }
   pthread_mutex_unlock(&open_lock);
   return found;
@@ -63,11 +79,17 @@ cusafe_status cs_capturing(const char *what, const struct cs_queue *q) {
                  (unsigned long long)q->owner->handle);
 }
 
-bool cs_capture_open_in(const struct cs_context *ctx) {
+struct cs_capture *cs_capture_open_in(const struct cs_context *ctx) {
   pthread_mutex_lock(&open_lock);
-  bool found = false;
-  for (struct cs_capture *c = open_captures; c && !found; c = c->next)
-    found = !ctx || c->ctx == ctx;
+  struct cs_capture *found = NULL;
+  for (struct cs_capture *c = open_captures; c; c = c->next)
+    if (!ctx || c->ctx == ctx) {
+      if (marked(atomic_load(&c->origin->capture))) {
+        found = CS_CAPTURE_BUSY;
+        break;
+      }
+      found = c;
+    }
   pthread_mutex_unlock(&open_lock);
   return found;
 }
@@ -77,6 +99,8 @@ struct cs_capture *cs_capture_find(uint64_t id) {
   struct cs_capture *c = open_captures;
   while (c && c->id != id)
     c = c->next;
+  if (c && atomic_load(&c->ending))
+    c = CS_CAPTURE_BUSY;
   pthread_mutex_unlock(&open_lock);
   return c;
 }
@@ -168,8 +192,7 @@ static void last_user_release(struct cs_object *obj) {
   if (obj->type != CS_STREAM)
     return;
   struct cs_queue *q = &((struct cs_stream *)obj)->queue;
-  struct cs_capture *c = atomic_load(&q->capture);
-  if (!c || c->origin != q)
+  if (!atomic_load(&q->capture))
     return;
   int saved;
   if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
@@ -199,14 +222,23 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
                               cudaEvent_t ev) {
   pthread_mutex_lock(&c->lock);
   cusafe_status st = CUSAFE_SUCCESS;
-  if (!grow((void **)&c->members, c->nmembers, &c->cap_members,
-            sizeof *c->members))
-    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
-  else
+  if (atomic_load(&c->ending)) {
+    st = CS_RETRY; /* ends on another thread */
+  } else {
+    pthread_mutex_lock(&open_lock); /* look-ups read the members */
+    if (!grow((void **)&c->members, c->nmembers, &c->cap_members,
+              sizeof *c->members))
+      st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    pthread_mutex_unlock(&open_lock);
+  }
+  if (st == CUSAFE_SUCCESS)
     st = hold_locked(c, q->owner);
   if (st == CUSAFE_SUCCESS) {
     cs_spin_lock(&q->capture_lock);
-    if (cs_queue_capture(q)) {
+    struct cs_capture *now = atomic_load(&q->capture);
+    if (marked(now)) {
+      st = CS_RETRY;
+    } else if (now) {
       st = cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx joined another capture meanwhile",
                    (unsigned long long)q->owner->handle);
@@ -215,8 +247,10 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
       if (err != cudaSuccess) {
         st = cs_fail_cuda(err, "cudaStreamWaitEvent");
       } else {
+        pthread_mutex_lock(&open_lock);
         c->members[c->nmembers++] = q;
         atomic_store(&q->capture, c);
+        pthread_mutex_unlock(&open_lock);
       }
     }
     cs_spin_unlock(&q->capture_lock);
@@ -273,13 +307,20 @@ void cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
   discard_graph(ctx, g);
 }
 
+static void capture_close(struct cs_capture *c);
+
+/* A capture changes in three steps, so that every operation's work is
+ * captured exactly when the operation saw its stream capture
+ * (lib/README.md, "Gates: captures beginning and ending"): the stream's
+ * capture pointer is marked, beginning or ending; the gates and pins of
+ * the operations that looked at it before are waited for; then CUDA's
+ * capture begins or ends and the pointer takes its new value.  An
+ * operation that meets a marked pointer is undone and tried again
+ * (CS_RETRY). */
 CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
   struct cs_queue *q = &s->queue;
-  if (cs_queue_capture(q))
-    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
-                   (unsigned long long)stream);
   if (s->borrowed && (q->stream == NULL || q->stream == cudaStreamLegacy ||
                       q->stream == cudaStreamPerThread))
     return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
@@ -294,18 +335,30 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   c->ctx = q->ctx;
   /* The origin is not held: its last release ends the capture
    * (cs_capture_discard). */
+  cs_spin_lock(&q->capture_lock);
+  pthread_mutex_lock(&open_lock);
+  bool taken = atomic_load(&q->capture) != NULL;
+  for (struct cs_capture *o = open_captures; o && !taken; o = o->next)
+    taken = queue_over(o, q->stream) != NULL; /* through another stream */
+  if (!taken) {
+    c->id = ++last_id;
+    c->next = open_captures;
+    open_captures = c;
+    if (atomic_fetch_add(&cs_hot.captures, 1) == 0)
+      atomic_store(&cs_last_user_hook, last_user_release);
+    atomic_store(&q->capture, mark(c, CS_CAPTURE_BEGINNING));
+  }
+  pthread_mutex_unlock(&open_lock);
+  cs_spin_unlock(&q->capture_lock);
+  if (taken) {
+    capture_free(c);
+    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
+                   (unsigned long long)stream);
+  }
+  cs_gates_wait(); /* work queued before stays out of the capture */
   int saved;
   cusafe_status st = cs_device_enter(q->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS) {
-    capture_free(c);
-    return st;
-  }
-  cs_spin_lock(&q->capture_lock);
-  /* Again under the lock: another thread may have begun one meanwhile,
-   * which leftover_capture() would otherwise take for a leftover. */
-  if (cs_queue_capture(q))
-    st = cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx captures already",
-                 (unsigned long long)stream);
+  cs_spin_lock(&q->capture_lock); /* hand-offs from q wait */
   if (st == CUSAFE_SUCCESS)
     st = leftover_capture(s);
   if (st == CUSAFE_SUCCESS)
@@ -316,20 +369,15 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaStreamBeginCapture");
   }
-  if (st == CUSAFE_SUCCESS) {
-    pthread_mutex_lock(&open_lock);
-    c->id = ++last_id;
-    c->next = open_captures;
-    open_captures = c;
-    if (atomic_fetch_add(&cs_hot.captures, 1) == 0)
-      atomic_store(&cs_last_user_hook, last_user_release);
-    pthread_mutex_unlock(&open_lock);
+  if (st == CUSAFE_SUCCESS)
     atomic_store(&q->capture, c);
-  }
   cs_spin_unlock(&q->capture_lock);
   cs_device_leave(saved);
-  if (st != CUSAFE_SUCCESS)
-    capture_free(c);
+  if (st == CUSAFE_SUCCESS)
+    return CUSAFE_SUCCESS;
+  capture_close(c);
+  cs_gates_wait(); /* look-ups that found it are done with it */
+  capture_free(c);
   return st;
 }
 
@@ -351,6 +399,46 @@ static void capture_close(struct cs_capture *c) {
     atomic_store(&q->capture, NULL);
     cs_spin_unlock(&q->capture_lock);
   }
+}
+
+/* Claims the end of the capture that began on q (the thread neither gated
+ * nor pinned): marks its queues ending, then waits until the operations
+ * that saw them capture have queued their work.  *out: the capture, or NULL
+ * if q's capture did not begin on q (*origin: the stream it began on) or
+ * q captures nothing that another thread is not beginning or ending. */
+static void claim_end(struct cs_queue *q, struct cs_capture **out,
+                      cusafe_handle *origin) {
+  *out = NULL;
+  *origin = CUSAFE_NULL_HANDLE;
+  cs_spin_lock(&q->capture_lock);
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (c && !marked(c) && c->origin != q)
+    *origin = c->origin->owner->handle;
+  else if (c && !marked(c))
+    atomic_store(&q->capture, mark(c, CS_CAPTURE_ENDING));
+  else
+    c = NULL;
+  cs_spin_unlock(&q->capture_lock);
+  if (!c || *origin)
+    return;
+  pthread_mutex_lock(&c->lock); /* no queue joins from now on */
+  atomic_store(&c->ending, true);
+  for (size_t i = 0; i < c->nmembers; i++) {
+    struct cs_queue *m = c->members[i];
+    cs_spin_lock(&m->capture_lock);
+    atomic_store(&m->capture, mark(c, CS_CAPTURE_ENDING));
+    cs_spin_unlock(&m->capture_lock);
+  }
+  pthread_mutex_unlock(&c->lock);
+  cs_gates_wait();
+  *out = c;
+}
+
+/* After CUDA's capture has ended: c's queues leave it, and once the
+ * threads that found it are done with it, it can be freed. */
+static void capture_ended(struct cs_capture *c) {
+  capture_close(c);
+  cs_gates_wait();
 }
 
 /* Drops what a capture (or a graph) holds. */
@@ -410,16 +498,17 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
   struct cs_queue *q = &s->queue;
-  struct cs_capture *c = atomic_load(&q->capture);
-  if (!c)
-    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx does not capture",
-                   (unsigned long long)stream);
-  if (c->origin != q)
+  struct cs_capture *c;
+  cusafe_handle origin;
+  claim_end(q, &c, &origin);
+  if (origin)
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx joined a capture that began on stream "
                    "0x%016llx: end it there",
-                   (unsigned long long)stream,
-                   (unsigned long long)c->origin->owner->handle);
+                   (unsigned long long)stream, (unsigned long long)origin);
+  if (!c)
+    return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx does not capture",
+                   (unsigned long long)stream);
   /* The capture ends whatever fails: a failure discards its work. */
   int saved;
   cusafe_status st = cs_device_enter_teardown(q->ctx->device, &saved);
@@ -437,7 +526,7 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     discard_graph(q->ctx, again);
   }
   cs_device_leave(saved);
-  capture_close(c);
+  capture_ended(c);
   if (err != cudaSuccess)
     st = cs_fail_cuda(err, "cudaStreamEndCapture");
   if (st == CUSAFE_SUCCESS) /* the graph holds the stream it began on too */
@@ -455,19 +544,27 @@ CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,
                                                     cusafe_stream stream) {
   CS_ENTER_OUT(out, 0);
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  *out = cs_queue_capture(&s->queue) != NULL;
+  struct cs_capture *c;
+  while ((c = cs_queue_capture(&s->queue)) == CS_CAPTURE_BUSY)
+    cs_capture_yield(); /* the answer once the change is done */
+  *out = c != NULL;
   return CUSAFE_SUCCESS;
 }
 
 void cs_capture_discard(struct cs_queue *q) {
-  struct cs_capture *c = atomic_load(&q->capture);
-  if (!c || c->origin != q)
+  /* A capture that another thread begins on q is waited for. */
+  while ((uintptr_t)atomic_load(&q->capture) & CS_CAPTURE_BEGINNING)
+    cs_capture_yield();
+  struct cs_capture *c;
+  cusafe_handle origin;
+  claim_end(q, &c, &origin);
+  if (!c)
     return;
   cudaGraph_t g = NULL;
   if (cs_cu->stream_end_capture(q->stream, &g) != cudaSuccess)
     q->capture_leftover = true;
   discard_graph(q->ctx, g);
-  capture_close(c);
+  capture_ended(c);
   drop_held(c->held, c->nheld);
   capture_free(c);
 }
@@ -589,7 +686,10 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
     if (q->ctx != g->ctx)
       return cs_mismatch("stream", q->ctx, "graph", g->ctx);
   }
-  if (cs_queue_capture(q))
+  struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  if (c)
     return cs_capturing("a graph replay", q);
   int saved;
   st = cs_device_enter(g->ctx->device, &saved);
@@ -603,7 +703,7 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
 CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
                                              cusafe_stream stream) {
   CS_ENTER();
-  for (int tries = 0;; tries++) {
+  for (bool made = false;;) {
     struct replay_space sp;
     sp.roots = sp.roots_stack;
     sp.drops = sp.drops_stack;
@@ -618,7 +718,11 @@ CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
       free(sp.roots);
     if (sp.drops != sp.drops_stack)
       free(sp.drops);
-    if (!cold || tries > 0)
+    if (CS_UNLIKELY(st == CS_RETRY)) { /* a capture begins or ends */
+      cs_capture_yield();
+      continue;
+    }
+    if (!cold || made)
       return st;
     /* The first replay makes the executable graph, holding the graph. */
     CS_HOLD_OR_RETURN(cs_graph, g, graph, CS_GRAPH, "graph");

@@ -14,6 +14,9 @@
  * while it lasts. */
 struct cs_capture {
   uint64_t id; /* unique, never 0: what an event recorded in it keeps */
+  /* Set (under `lock`) once a thread has claimed its end: no queue joins
+   * it any more. */
+  _Atomic bool ending;
   struct cs_queue *origin;
   struct cs_context *ctx;
   pthread_mutex_t lock; /* guards everything below */
@@ -30,7 +33,8 @@ struct cs_capture {
    * when it ends. */
   cudaEvent_t *events;
   size_t nevents, cap_events;
-  /* The queues that joined (not the origin). */
+  /* The queues that joined (not the origin); grown under the list's lock
+   * too, which look-ups by CUDA stream hold. */
   struct cs_queue **members;
   size_t nmembers, cap_members;
   struct cs_capture *next; /* in the list of open captures */
@@ -61,15 +65,18 @@ cusafe_status cs_capture_hold(struct cs_capture *c, struct cs_object *obj);
  * for work outside to wait for. */
 cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
                               cudaEvent_t ev);
-/* Whether a capture of ctx (NULL: any) is open. */
-bool cs_capture_open_in(const struct cs_context *ctx);
-/* Whether the capture of that id is open. */
+/* An open capture of ctx (NULL: any), CS_CAPTURE_BUSY if one of them
+ * begins or ends meanwhile, or NULL. */
+struct cs_capture *cs_capture_open_in(const struct cs_context *ctx);
+/* Whether the capture of that id is open (or ending). */
 bool cs_capture_open(uint64_t id);
-/* The open capture of that id, or NULL. */
+/* The open capture of that id, CS_CAPTURE_BUSY if it is ending, or NULL.
+ * The capture stays valid until the thread's gate ends. */
 struct cs_capture *cs_capture_find(uint64_t id);
 /* Ends the capture that began on q, if one did, discarding its work and
  * releasing what it held: the last release of that stream (q's device
- * current). */
+ * current; the thread neither gated nor pinned).  A capture beginning on
+ * another thread meanwhile is waited for. */
 void cs_capture_discard(struct cs_queue *q);
 /* Ends a CUDA capture still running on `stream`, one of the library's own
  * whose end failed before, discarding it (ctx: the stream's). */

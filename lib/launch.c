@@ -174,8 +174,9 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
     return st;
   struct cs_capture *cap = cs_queue_capture(q);
   if (CS_UNLIKELY(cap)) {
-    /* A captured launch: the capture holds the kernel and the buffers. */
-    st = cs_capture_hold(cap, &k->hdr);
+    /* A captured launch: the capture holds the kernel and the buffers.
+     * While a capture begins or ends on q, the launch is tried again. */
+    st = cap == CS_CAPTURE_BUSY ? CS_RETRY : cs_capture_hold(cap, &k->hdr);
     if (st == CUSAFE_SUCCESS)
       st = launch_locked(k, q, stream, c, argv, lb);
   } else if (CS_UNLIKELY(!all_on(lb, q))) {
@@ -274,6 +275,30 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   return launch(k, q, stream, config, sp->argv, &sp->lb);
 }
 
+/* A launch that met a capture beginning or ending on its stream, tried
+ * until it does not. */
+__attribute__((noinline, cold)) static cusafe_status
+launch_again(cusafe_kernel kernel, const cusafe_launch_config *config,
+             const cusafe_arg *args, size_t nargs) {
+  struct cs_thread *self = cs_thread_self();
+  cusafe_status st;
+  do {
+    cs_capture_yield();
+    struct launch_space sp;
+    sp.argv = sp.argv_stack;
+    sp.values = sp.values_stack;
+    sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
+                                    sp.drops_stack, 0, 0};
+    cs_pin(self);
+    st = launch_pinned(kernel, config, args, nargs, &sp);
+    cs_unpin(self);
+    for (size_t i = 0; i < sp.lb.ndrops; i++)
+      cs_unref(sp.lb.drops[i]);
+    space_free(&sp);
+  } while (st == CS_RETRY);
+  return st;
+}
+
 CUSAFE_API CS_HOT cusafe_status
 cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
                      const cusafe_arg *args, size_t nargs) {
@@ -290,5 +315,7 @@ cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
   for (size_t i = 0; i < sp.lb.ndrops; i++)
     cs_unref(sp.lb.drops[i]);
   space_free(&sp);
+  if (CS_UNLIKELY(st == CS_RETRY)) /* a capture begins or ends meanwhile */
+    return launch_again(kernel, config, args, nargs);
   return st;
 }

@@ -60,7 +60,10 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   cudaEvent_t ev = NULL;
   cs_spin_lock(&from->capture_lock);
   struct cs_capture *c = cs_queue_capture(from);
-  if (CS_UNLIKELY(c) && cs_queue_capture(to) != c) {
+  struct cs_capture *tc = CS_UNLIKELY(c) ? cs_queue_capture(to) : NULL;
+  if (CS_UNLIKELY(c == CS_CAPTURE_BUSY || tc == CS_CAPTURE_BUSY)) {
+    st = CS_RETRY; /* a capture begins or ends meanwhile */
+  } else if (CS_UNLIKELY(c) && tc != c) {
     ev = cs_queue_entry(from); /* a record now would be captured */
   } else {
     st = handoff_event(from, &ev);
@@ -207,20 +210,35 @@ void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
 
 /* ---- work ---------------------------------------------------------------- */
 
+/* Waits for the work on s, or with `query` asks whether it is done,
+ * unless s captures (`what` names the operation), the thread gated. */
+static cusafe_status stream_wait(struct cs_stream *s, bool query,
+                                 const char *what) {
+  struct cs_thread *self = cs_thread_self();
+  for (;;) {
+    cs_gate(self);
+    struct cs_capture *c = cs_queue_capture(&s->queue);
+    cusafe_status st = c == CS_CAPTURE_BUSY ? CS_RETRY
+                       : c                  ? cs_capturing(what, &s->queue)
+                           : cs_device_wait(s->queue.ctx->device,
+                                            s->queue.stream, NULL, query);
+    cs_ungate(self);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on s */
+  }
+}
+
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  if (cs_queue_capture(&s->queue))
-    return cs_capturing("synchronizing", &s->queue);
-  return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, false);
+  return stream_wait(s, false, "synchronizing");
 }
 
 CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
-  if (cs_queue_capture(&s->queue))
-    return cs_capturing("querying", &s->queue);
-  return cs_device_wait(s->queue.ctx->device, s->queue.stream, NULL, true);
+  return stream_wait(s, true, "querying");
 }
 
 /* ---- queries ------------------------------------------------------------- */

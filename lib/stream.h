@@ -23,7 +23,9 @@ struct cs_queue {
    * waits for `entry`, recorded just before the queue entered the capture,
    * instead of a record of its own (which would be captured).  The lock
    * orders a hand-off's look at `capture` and its record against the
-   * capture's beginning. */
+   * capture's beginning.  While another thread begins or ends the capture,
+   * the pointer carries CS_CAPTURE_BEGINNING or CS_CAPTURE_ENDING in its
+   * low bits: operations that meet it are tried again (CS_RETRY). */
   _Atomic(struct cs_capture *) capture;
   cudaEvent_t entry; /* created at the queue's first capture */
   /* An end of its capture failed: CUDA may still capture it. */
@@ -40,20 +42,33 @@ struct cs_stream {
 };
 
 /* The open capture whose queues include the CUDA stream `stream` (another
- * cusafe stream may wrap the same one), or NULL; *entry, if not NULL, gets
- * that queue's entry event. */
+ * cusafe stream may wrap the same one), or NULL, or CS_CAPTURE_BUSY while
+ * it begins or ends; *entry, if not NULL, gets that queue's entry event. */
 struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry);
+/* The marks of a queue's capture pointer while it changes (cs_queue). */
+#define CS_CAPTURE_BEGINNING ((uintptr_t)1)
+#define CS_CAPTURE_ENDING ((uintptr_t)2)
+#define CS_CAPTURE_MARKS (CS_CAPTURE_BEGINNING | CS_CAPTURE_ENDING)
+/* What cs_queue_capture() gives for a queue whose capture another thread
+ * is beginning or ending: the caller returns CS_RETRY. */
+#define CS_CAPTURE_BUSY ((struct cs_capture *)CS_CAPTURE_BEGINNING)
 /* The capture q takes part in: its own, or that of another cusafe stream
- * over the same CUDA stream. */
+ * over the same CUDA stream; CS_CAPTURE_BUSY while one begins or ends.
+ * The answer holds until the thread's gate or pin ends, which began before
+ * (calls.h): a later look gives the same or CS_CAPTURE_BUSY. */
 static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
-  struct cs_capture *c =
-      atomic_load_explicit(&q->capture, memory_order_acquire);
-  if (CS_LIKELY(!c) &&
-      CS_UNLIKELY(atomic_load_explicit(&cs_hot.captures, memory_order_relaxed)))
-    c = cs_capture_of_stream(q->stream, NULL);
-  return c;
+  struct cs_capture *c = atomic_load(&q->capture);
+  if (CS_LIKELY(!c)) {
+    if (CS_UNLIKELY(atomic_load(&cs_hot.captures)))
+      c = cs_capture_of_stream(q->stream, NULL);
+    return c;
+  }
+  return CS_UNLIKELY((uintptr_t)c & CS_CAPTURE_MARKS) ? CS_CAPTURE_BUSY : c;
 }
+/* Yields to a capture that begins or ends on another thread, before an
+ * operation that met it is tried again (its gate or pin ended). */
+void cs_capture_yield(void);
 /* What work outside q's capture waits for instead of q's captured work:
  * the entry event of q, or of the queue of the capture over q's stream. */
 cudaEvent_t cs_queue_entry(struct cs_queue *q);

@@ -4,10 +4,13 @@
  * the fake CUDA (check_graph_fake, with its live counts and VIOLATIONs)
  * and against the real runtime (check_graph_gpu, skipped without a GPU). */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cusafe.h"
 #include "testutil.h"
@@ -455,6 +458,81 @@ START_TEST(test_failed_end_drops_what_it_held) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A capture that another thread begins or ends while a launch on its
+ * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
+ * before the kernel is queued) waits for the launch: the kernel is
+ * captured exactly when the launch saw the stream capture. */
+struct change_arg {
+  cusafe_stream s;
+  int begin; /* 1: begin a capture, 0: end it */
+  pthread_t thread;
+  atomic_int done;
+  cusafe_status st;
+  cusafe_graph g;
+  int done_in_hook; /* the change was done before the launch went on */
+};
+
+static void *change_capture(void *p) {
+  struct change_arg *a = p;
+  a->st = a->begin ? cusafe_stream_begin_capture(a->s)
+                   : cusafe_stream_end_capture(&a->g, a->s);
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void change_during_launch(void *p) {
+  struct change_arg *a = p;
+  TU_ASSERT(pthread_create(&a->thread, NULL, change_capture, a) == 0,
+            "pthread_create failed");
+  nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+  a->done_in_hook = atomic_load(&a->done);
+}
+
+START_TEST(test_capture_begins_during_launch) {
+  struct world w;
+  world_make(&w);
+  struct change_arg a = {.s = w.s, .begin = 1};
+  fake_set_launch_hook(change_during_launch, &a);
+  TU_OK(run1(w.fill, w.s, w.x, 3.0f, N, 0));
+  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
+  TU_OK(a.st);
+  TU_ASSERT(!a.done_in_hook,
+            "the capture began while a launch on its stream was queueing");
+  int on = 0;
+  TU_OK(cusafe_stream_is_capturing(&on, w.s));
+  TU_ASSERT(on == 1, "the stream does not capture");
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  expect_all(w.x, N, 3.0f); /* the kernel ran: it was not captured */
+  TU_OK(cusafe_graph_release(g));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+START_TEST(test_capture_ends_during_launch) {
+  struct world w;
+  world_make(&w);
+  TU_OK(run1(w.fill, w.s, w.x, 1.0f, N, 0));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  struct change_arg a = {.s = w.s, .begin = 0};
+  fake_set_launch_hook(change_during_launch, &a);
+  TU_OK(run1(w.fill, w.s, w.x, 5.0f, N, 0));
+  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
+  TU_OK(a.st);
+  TU_ASSERT(!a.done_in_hook,
+            "the capture ended while a launch on its stream was queueing");
+  expect_all(w.x, N, 1.0f); /* the kernel was captured, not run */
+  TU_OK(cusafe_graph_launch(a.g, w.t));
+  TU_OK(cusafe_stream_synchronize(w.t));
+  expect_all(w.x, N, 5.0f);
+  TU_OK(cusafe_graph_release(a.g));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
 #endif
 
 static Suite *graph_suite(void) {
@@ -473,6 +551,8 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_shutdown_with_capture_and_replays);
   tcase_add_test(tc, test_failed_end_drops_what_it_held);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
+  tcase_add_test(tc, test_capture_begins_during_launch);
+  tcase_add_test(tc, test_capture_ends_during_launch);
 #endif
   suite_add_tcase(s, tc);
   return s;

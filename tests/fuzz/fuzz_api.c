@@ -1038,7 +1038,7 @@ static void op_stream(struct th *t) {
   struct ent se;
   int held;
   cusafe_stream s = choose(t, T_STREAM, -1, &se, &held);
-  switch (u8(&t->r) % 5) {
+  switch (u8(&t->r) % 9) {
   case 0:
     check(cusafe_stream_synchronize(s), "cusafe_stream_synchronize");
     break;
@@ -1057,6 +1057,43 @@ static void op_stream(struct th *t) {
     check(st, "cusafe_stream_interop_handle");
     if (st == CUSAFE_SUCCESS && !p && held && !se.wrapped)
       die("cusafe_stream_interop_handle gave NULL");
+    break;
+  }
+  case 5:
+    check(cusafe_stream_begin_capture(s), "cusafe_stream_begin_capture");
+    break;
+  case 6: {
+    cusafe_graph g = 42;
+    cusafe_status st = u8(&t->r) % 16 == 15
+                           ? cusafe_stream_end_capture(NULL, s)
+                           : check_out(cusafe_stream_end_capture(&g, s), g,
+                                       T_GRAPH, "cusafe_stream_end_capture");
+    check(st, "cusafe_stream_end_capture");
+    if (st == CUSAFE_SUCCESS && g != 42) {
+      struct ent e = {.dev = se.dev};
+      keep(g, T_GRAPH, &e);
+    }
+    break;
+  }
+  case 7: {
+    int h2;
+    cusafe_graph g = choose(t, T_GRAPH, se.dev, NULL, &h2);
+    if (u8(&t->r) % 4 == 3)
+      check(cusafe_graph_instantiate(g), "cusafe_graph_instantiate");
+    else
+      check(cusafe_graph_launch(g,
+                                u8(&t->r) % 4 == 3 ? CUSAFE_STREAM_DEFAULT : s),
+            "cusafe_graph_launch");
+    break;
+  }
+  case 8: {
+    int on = -1;
+    cusafe_status st = u8(&t->r) % 16 == 15
+                           ? cusafe_stream_is_capturing(NULL, s)
+                           : cusafe_stream_is_capturing(&on, s);
+    check(st, "cusafe_stream_is_capturing");
+    if (st == CUSAFE_SUCCESS && on != 0 && on != 1)
+      die("cusafe_stream_is_capturing gave %d", on);
     break;
   }
   default: {
