@@ -452,8 +452,10 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
                                cudaGraph_t g) {
   struct cs_graph *gr = calloc(1, sizeof *gr);
   struct cs_buffer **roots = c->nuses ? malloc(c->nuses * sizeof *roots) : NULL;
+  _Atomic(struct cs_queue *) **lasts =
+      c->nuses ? malloc(c->nuses * sizeof *lasts) : NULL;
   cusafe_status st = CUSAFE_SUCCESS;
-  if (!gr || (c->nuses && !roots)) {
+  if (!gr || (c->nuses && (!roots || !lasts))) {
     st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   } else {
     pthread_mutex_init(&gr->lock, NULL);
@@ -467,7 +469,10 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
         roots[j] = roots[j - 1];
       roots[j] = r;
     }
+    for (size_t i = 0; i < c->nuses; i++)
+      lasts[i] = roots[i]->last;
     gr->roots = roots;
+    gr->lasts = lasts;
     gr->nroots = c->nuses;
     gr->held = c->held;
     gr->nheld = c->nheld;
@@ -482,6 +487,7 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
   if (st != CUSAFE_SUCCESS) {
     free(gr);
     free(roots);
+    free(lasts);
     discard_graph(c->ctx, g);
     drop_held(c->held, c->nheld);
   } else {
@@ -637,11 +643,32 @@ struct replay_space {
 };
 
 /* Replays x, g's executable graph, on q (q's device current, the thread
- * pinned): its buffers' work chained onto q, all locked across the launch,
- * as a kernel launch does (launch.c).  What the chains let go of is left
- * in sp, to be dropped unpinned. */
+ * pinned): its buffers' work chained onto q, all locked across the launch
+ * unless it is there already, as a kernel launch does (launch.c).  What the
+ * chains let go of is left in sp, to be dropped unpinned. */
 static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
                             struct cs_queue *q, struct replay_space *sp) {
+  /* Every buffer's latest operation on q already, as in a loop of replays
+   * on one stream: no lock, as a launch (launch.c). */
+  size_t on = 0;
+  while (on < g->nroots &&
+         atomic_load_explicit(g->lasts[on], memory_order_acquire) == q)
+    on++;
+  if (CS_LIKELY(on == g->nroots)) {
+    cudaError_t err = cs_cu->graph_launch(x, q->stream);
+    if (err != cudaSuccess)
+      return cs_fail_cuda(err, "cudaGraphLaunch");
+    if (g->nroots) {
+      /* A buffer moved to another stream meanwhile is settled:
+       * lib/README.md, "Buffers' chains of work". */
+      atomic_thread_fence(memory_order_seq_cst);
+      for (size_t i = 0; i < g->nroots; i++)
+        if (CS_UNLIKELY(
+                atomic_load_explicit(g->lasts[i], memory_order_relaxed) != q))
+          cs_buffer_settle(g->roots[i], q);
+    }
+    return CUSAFE_SUCCESS;
+  }
   if (g->nroots > 16) {
     sp->roots = malloc(g->nroots * sizeof *sp->roots);
     sp->drops = malloc(g->nroots * sizeof *sp->drops);
@@ -775,6 +802,7 @@ void cs_graph_free(struct cs_object *obj) {
   drop_held(g->held, g->nheld);
   free(g->held);
   free(g->roots);
+  free(g->lasts);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

@@ -48,7 +48,8 @@ struct cs_graph {
   _Atomic(cudaGraphExec_t) exec;
   struct cs_object **held; /* referenced */
   size_t nheld;
-  struct cs_buffer **roots; /* the buffers among them, for replays */
+  struct cs_buffer **roots;           /* the buffers among them, for replays */
+  _Atomic(struct cs_queue *) **lasts; /* their `last`, in their slots */
   size_t nroots;
 };
 
