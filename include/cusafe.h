@@ -1234,7 +1234,27 @@ CUSAFE_API void cusafe_python_release(void *object);
  * stream than the capturing one; a graph replay onto it; waiting for,
  * querying or timing an event recorded in a capture still open.  Work of
  * other streams and threads goes on as usual meanwhile: cusafe captures in
- * CUDA's relaxed mode and keeps its own bookkeeping out of captures. */
+ * CUDA's relaxed mode and keeps its own bookkeeping out of captures.
+ *
+ * Captures of other code.  A capture that other code begins (on a stream
+ * of cusafe_stream_interop_handle(), or on its own) is not cusafe's:
+ * cusafe work queued on its stream meanwhile is captured with nothing to
+ * hold what it uses, so keep those buffers, kernels and events alive until
+ * that graph is gone, and release no buffer last used on that stream while
+ * it captures (its stream-ordered free would be queued there).  Use
+ * cusafe_stream_begin_capture() instead wherever you can.  The frees and
+ * waits of a release or of the shutdown run in CUDA's relaxed mode, so
+ * they do not break a capture of other code on another stream, also one
+ * begun in CUDA's global mode (the default of cudaStreamBeginCapture and
+ * of torch.cuda.graph) on another thread.  The calls
+ * the program makes that CUDA counts as potentially unsafe (allocations,
+ * synchronizations, queries, synchronous reads and writes) follow CUDA's
+ * rule: made on another thread whose mode is global while a global-mode
+ * capture is open, they fail with CUSAFE_ERROR_CUDA
+ * (cudaErrorStreamCaptureUnsupported) and invalidate that capture, as the
+ * raw calls would.  Such a thread calls
+ * cudaThreadExchangeStreamCaptureMode() for cudaStreamCaptureModeRelaxed
+ * first, or the other code captures in relaxed or thread-local mode. */
 
 /* Makes a stream capture the cusafe work queued on it, until
  * cusafe_stream_end_capture().

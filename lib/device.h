@@ -39,4 +39,17 @@ cusafe_status cs_device_wait(int device, cudaStream_t stream, cudaEvent_t event,
  * start of a teardown that frees what queued work may still use. */
 cusafe_status cs_device_idle(int device, int *saved);
 
+/* Makes the calling thread's capture mode CUDA's relaxed one, so that
+ * cusafe's own calls of a teardown (frees, waits) do not break a capture
+ * that other code began in global mode on another thread; true if it did,
+ * and then cs_unrelax() restores *saved. */
+static inline bool cs_relax(enum cudaStreamCaptureMode *saved) {
+  *saved = cudaStreamCaptureModeRelaxed;
+  return cs_cu->thread_exchange_stream_capture_mode(saved) == cudaSuccess;
+}
+static inline void cs_unrelax(bool relaxed, enum cudaStreamCaptureMode saved) {
+  if (relaxed)
+    cs_cu->thread_exchange_stream_capture_mode(&saved);
+}
+
 #endif /* CUSAFE_DEVICE_H */

@@ -762,21 +762,19 @@ CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
     }
     if (st != CUSAFE_SUCCESS)
       return st;
+    made = true;
   }
 }
 
 /* Destroys the executable graph (legal with replays queued: CUDA frees it
- * after them) and the graph, in relaxed capture mode, so that a capture of
- * other code in progress is not broken -- also when the device cannot be
- * made current.  One that cannot be destroyed now is retried before the
- * context goes, ahead of the libraries whose kernels it launches. */
+ * after them) and the graph (in relaxed capture mode, as every teardown:
+ * handle.c, shutdown.c) -- also when the device cannot be made current.  One
+ * that cannot be destroyed now is retried before the context goes, ahead of the
+ * libraries whose kernels it launches. */
 cusafe_status cs_graph_fini(struct cs_object *obj) {
   struct cs_graph *g = (struct cs_graph *)obj;
   int saved;
   cusafe_status st = cs_device_enter_teardown(g->ctx->device, &saved);
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  bool relaxed =
-      cs_cu->thread_exchange_stream_capture_mode(&mode) == cudaSuccess;
   cudaGraphExec_t x = atomic_load(&g->exec);
   cudaError_t err;
   if (x && (err = cs_cu->graph_exec_destroy(x)) != cudaSuccess) {
@@ -789,8 +787,6 @@ cusafe_status cs_graph_fini(struct cs_object *obj) {
     if (st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaGraphDestroy");
   }
-  if (relaxed)
-    cs_cu->thread_exchange_stream_capture_mode(&mode);
   cs_device_leave(saved);
   return st;
 }

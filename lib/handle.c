@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "handle.h"
 
 #define CHUNK_BITS 12
@@ -436,7 +437,12 @@ static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
   if (types[obj->type].peeked)
     cs_pins_wait(); /* launches may use it without a reference */
   free(atomic_exchange(&obj->label, NULL));
+  /* In relaxed capture mode: the teardown's frees and waits must not break
+   * a capture that other code began in global mode on another thread. */
+  enum cudaStreamCaptureMode mode;
+  bool relaxed = cs_relax(&mode);
   cusafe_status st = types[obj->type].fini(obj);
+  cs_unrelax(relaxed, mode);
   types[obj->type].free(obj);
   retire(slot, word);
   return parent ? cs_first(st, cs_unref(parent)) : st;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "device.h"
 #include "graph.h"
 #include "handle.h"
 #include "init.h"
@@ -56,6 +57,9 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
   if (report && !strcmp(report, "1"))
     for (int t = 1; t <= CS_TYPES; t++)
       cs_handle_foreach((enum cs_type)t, report_leak);
+  /* In relaxed capture mode, as every teardown (handle.c). */
+  enum cudaStreamCaptureMode mode;
+  bool relaxed = cs_relax(&mode);
   /* Open captures end first: no device can be synchronised during one. */
   cs_captures_abort_all();
   cs_handle_foreach(CS_CONTEXT, cs_context_settle);
@@ -63,5 +67,6 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
   cs_handle_foreach(CS_##TYPE, shut_##name);
   CS_TYPE_MAP(CS_TYPE_SHUTDOWN)
 #undef CS_TYPE_SHUTDOWN
+  cs_unrelax(relaxed, mode);
   return CUSAFE_SUCCESS;
 }

@@ -322,20 +322,23 @@ static int is_cleanup_call(const char *name, int retried_too) {
 }
 
 /* Calls that a sticky error leaves working (fakecuda.h): device queries,
- * the current device, and everything that frees or destroys. */
-static const char *const sticky_immune[] = {"cudaGetDevice",
-                                            "cudaSetDevice",
-                                            "cudaGetDeviceCount",
-                                            "cudaGetDeviceProperties",
-                                            "cudaDeviceGetAttribute",
-                                            "cudaGetDriverEntryPointByVersion",
-                                            "cuDevicePrimaryCtxRelease",
-                                            "cudaFree",
-                                            "cudaFreeAsync",
-                                            "cudaFreeHost",
-                                            "cudaStreamDestroy",
-                                            "cudaEventDestroy",
-                                            "cudaLibraryUnload"};
+ * the current device, the thread's capture mode, and everything that frees
+ * or destroys. */
+static const char *const sticky_immune[] = {
+    "cudaGetDevice",
+    "cudaThreadExchangeStreamCaptureMode",
+    "cudaSetDevice",
+    "cudaGetDeviceCount",
+    "cudaGetDeviceProperties",
+    "cudaDeviceGetAttribute",
+    "cudaGetDriverEntryPointByVersion",
+    "cuDevicePrimaryCtxRelease",
+    "cudaFree",
+    "cudaFreeAsync",
+    "cudaFreeHost",
+    "cudaStreamDestroy",
+    "cudaEventDestroy",
+    "cudaLibraryUnload"};
 
 static int is_sticky_immune(const char *name) {
   for (size_t i = 0; i < sizeof sticky_immune / sizeof sticky_immune[0]; i++)

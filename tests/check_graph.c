@@ -15,6 +15,7 @@
 #include "cusafe.h"
 #include "testutil.h"
 #ifdef CUSAFE_TEST_FAKE
+#include "cuda_api.h"
 #include "fakeutil.h"
 #endif
 
@@ -533,6 +534,55 @@ START_TEST(test_capture_ends_during_launch) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A capture that other code began in CUDA's global mode is not broken by
+ * the frees and waits of cusafe's releases on another thread: teardowns
+ * run in relaxed mode. */
+struct release_arg {
+  cusafe_handle h[4];
+  cusafe_status st[4];
+};
+
+static void *release_four(void *p) {
+  struct release_arg *a = p;
+  for (int i = 0; i < 4; i++)
+    a->st[i] = cusafe_release(a->h[i]);
+  return NULL;
+}
+
+START_TEST(test_foreign_global_capture_survives_releases) {
+  struct world w;
+  world_make(&w);
+  cusafe_buffer pinned;
+  TU_OK(cusafe_buffer_alloc(&pinned, w.ctx, CUSAFE_MEMORY_HOST_PINNED, 64));
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, 0));
+  TU_OK(cusafe_buffer_fill(w.x, 0, 64, 1, w.t));
+  TU_OK(cusafe_buffer_copy(pinned, 0, w.x, 0, 64, w.t));
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeGlobal) ==
+                cudaSuccess,
+            "cudaStreamBeginCapture failed");
+  struct release_arg a = {{pinned, w.x, ev, w.t}, {0}};
+  pthread_t th;
+  TU_ASSERT(pthread_create(&th, NULL, release_four, &a) == 0,
+            "pthread_create failed");
+  TU_ASSERT(pthread_join(th, NULL) == 0, "pthread_join failed");
+  for (int i = 0; i < 4; i++)
+    TU_OK(a.st[i]);
+  cudaGraph_t g = NULL;
+  cudaError_t err = cs_cu->stream_end_capture(raw, &g);
+  TU_ASSERT(err == cudaSuccess && g,
+            "the other code's capture was broken: cudaStreamEndCapture "
+            "gave %d",
+            (int)err);
+  TU_ASSERT(cs_cu->graph_destroy(g) == cudaSuccess, "cudaGraphDestroy failed");
+  fake_foreign_stream_destroy(raw);
+  w.x = w.t = CUSAFE_NULL_HANDLE;
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
 #endif
 
 static Suite *graph_suite(void) {
@@ -553,6 +603,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);
+  tcase_add_test(tc, test_foreign_global_capture_survives_releases);
 #endif
   suite_add_tcase(s, tc);
   return s;
