@@ -168,6 +168,9 @@ scenario "cupy sys.exit"     gpu 3 empty "" 1 -- "$inter" cupy-exit sys-exit-3
 # The examples.
 scenario vecadd.py          "$both" 0 empty \
 	"^vecadd: 1000000 floats, max error 0 on " 1 -- "$examples/vecadd.py"
+scenario graph_replay.py    "$both" 0 empty \
+	"^graph_replay: 100 replays of 3 kernels over 1048576 floats, 0 wrong, on " \
+	1 -- "$examples/graph_replay.py"
 scenario leaky_exit.py      "$both" 0 empty \
 	"^leaky_exit: exiting with [0-9]+ live handles" 1 -- "$examples/leaky_exit.py"
 extra_env=CUSAFE_LEAK_REPORT=1
