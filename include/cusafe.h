@@ -1246,7 +1246,13 @@ CUSAFE_API void cusafe_python_release(void *object);
  * waits of a release or of the shutdown run in CUDA's relaxed mode, so
  * they do not break a capture of other code on another stream, also one
  * begun in CUDA's global mode (the default of cudaStreamBeginCapture and
- * of torch.cuda.graph) on another thread.  The calls
+ * of torch.cuda.graph) on another thread -- with two exceptions.  The free
+ * of device memory is a cudaFreeAsync made in the thread's own mode, as
+ * the program's own free would be.  The last release of a module waits
+ * for its device to be idle (its kernels may still run), which CUDA allows
+ * in no mode while a stream of the device captures: during a capture of
+ * cusafe's own, the module's library is unloaded with its context instead;
+ * during one of other code, release modules after it ends.  The calls
  * the program makes that CUDA counts as potentially unsafe (allocations,
  * synchronizations, queries, synchronous reads and writes) follow CUDA's
  * rule: made on another thread whose mode is global while a global-mode
@@ -1513,7 +1519,8 @@ CUSAFE_API cusafe_status cusafe_module_retain(cusafe_module module);
 /* Drops one reference of the caller to a module.  When the caller's last
  * one goes the handle is stale; once its kernels are gone too, the module
  * waits for its device to be idle (launches of its code may be queued) and
- * unloads the code.
+ * unloads the code -- or, while a stream of its context captures (see
+ * Graphs), leaves the code to be unloaded with the context.
  * Parameters: module [in] the module; CUSAFE_NULL_HANDLE: no-op.
  * Returns: CUSAFE_SUCCESS: the reference is dropped.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: module is forged, stale (a double

@@ -547,17 +547,26 @@ static cusafe_status give_back(struct cs_buffer *b) {
  * does a root of 0 bytes. */
 cusafe_status cs_buffer_fini(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
-  if (b->root != b)
+  if (b->root != b || (b->size == 0 && !b->wrapped))
     return CUSAFE_SUCCESS;
-  if (b->wrapped)
-    return give_back(b);
-  if (b->size == 0)
-    return CUSAFE_SUCCESS;
-  int saved;
-  cusafe_status st = cs_device_enter_teardown(b->ctx->device, &saved);
-  cusafe_status st2 = free_memory(b);
-  cs_device_leave(saved);
-  return cs_first(st, st2);
+  /* The waits of a give-back and the frees of pinned and managed memory
+   * in relaxed capture mode, as every teardown (handle.c); device memory's
+   * cudaFreeAsync is the program's free, made in its own mode, as the
+   * call it stands for would be. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  bool relaxed =
+      (b->wrapped || b->kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
+  cusafe_status st;
+  if (b->wrapped) {
+    st = give_back(b);
+  } else {
+    int saved;
+    st = cs_device_enter_teardown(b->ctx->device, &saved);
+    st = cs_first(st, free_memory(b));
+    cs_device_leave(saved);
+  }
+  cs_unrelax(relaxed, mode);
+  return st;
 }
 
 /* A root lets go of the stream of its latest operation. */

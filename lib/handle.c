@@ -438,9 +438,11 @@ static cusafe_status destroy_last(struct cs_object *obj, uint64_t word) {
     cs_pins_wait(); /* launches may use it without a reference */
   free(atomic_exchange(&obj->label, NULL));
   /* In relaxed capture mode: the teardown's frees and waits must not break
-   * a capture that other code began in global mode on another thread. */
-  enum cudaStreamCaptureMode mode;
-  bool relaxed = cs_relax(&mode);
+   * a capture that other code began in global mode on another thread.
+   * Buffers choose for themselves (cs_buffer_fini): a release of device
+   * memory, the hot one, makes no such call. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  bool relaxed = obj->type != CS_BUFFER && cs_relax(&mode);
   cusafe_status st = types[obj->type].fini(obj);
   cs_unrelax(relaxed, mode);
   types[obj->type].free(obj);

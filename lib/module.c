@@ -13,6 +13,7 @@
 #include "builtin.h"
 #include "context.h"
 #include "device.h"
+#include "graph.h"
 #include "init.h"
 #include "module.h"
 
@@ -322,12 +323,39 @@ CUSAFE_API cusafe_status cusafe_module_compile(
  * queued on any stream, and unloading does not wait for them.  Where the
  * device cannot be synchronised, the library waits in its context's list
  * of orphans, unloaded after the context's own synchronisation. */
+/* Waits until m's device is idle, unless one of its context's streams
+ * captures: no mode allows a device's synchronisation then (the thread
+ * gated; *capturing says). */
+static cusafe_status idle_gated(struct cs_module *m, int *saved,
+                                bool *capturing) {
+  struct cs_capture *c = cs_capture_open_in(m->ctx);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  *capturing = c != NULL;
+  if (c)
+    return cs_device_enter_teardown(m->ctx->device, saved);
+  return cs_device_idle(m->ctx->device, saved);
+}
+
 cusafe_status cs_module_fini(struct cs_object *obj) {
   struct cs_module *m = (struct cs_module *)obj;
   int saved;
-  cusafe_status st = cs_device_idle(m->ctx->device, &saved);
-  /* Graphs that could not be destroyed may still launch its kernels. */
-  if (st == CUSAFE_SUCCESS && !cs_context_graphs_orphaned(m->ctx)) {
+  bool capturing = false;
+  struct cs_thread *self = cs_thread_self();
+  cusafe_status st;
+  for (;;) {
+    cs_gate(self);
+    st = idle_gated(m, &saved, &capturing);
+    cs_ungate(self);
+    if (st != CS_RETRY)
+      break;
+    cs_capture_yield(); /* a capture begins or ends in its context */
+  }
+  /* Graphs that could not be destroyed may still launch its kernels; work
+   * queued before a capture may still run them: the library goes with
+   * the context then. */
+  if (st == CUSAFE_SUCCESS && !capturing &&
+      !cs_context_graphs_orphaned(m->ctx)) {
     cudaError_t err = library_unload(m->ctx, m->library);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaLibraryUnload");

@@ -58,7 +58,7 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
     for (int t = 1; t <= CS_TYPES; t++)
       cs_handle_foreach((enum cs_type)t, report_leak);
   /* In relaxed capture mode, as every teardown (handle.c). */
-  enum cudaStreamCaptureMode mode;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   bool relaxed = cs_relax(&mode);
   /* Open captures end first: no device can be synchronised during one. */
   cs_captures_abort_all();
