@@ -1297,6 +1297,10 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream);
  *   (cudaStreamEndCapture; cudaErrorStreamCaptureUnjoined when a stream
  *   that joined has work its origin never waited for): its mapped status,
  *   and the capture is over, its work discarded and what it held released.
+ *   (Should CUDA fail to end it a second time too, a broken device, say,
+ *   the stream may still capture: a record on it (an event's, or one that
+ *   orders other streams after it) and an allocation on it end it first,
+ *   or fail with CUSAFE_ERROR_CAPTURING.)
  *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory (the capture is over).
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
@@ -1346,10 +1350,13 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
  *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
  *   captures.  A CUDA failure (cudaGraphInstantiate at the first replay,
  *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
- *   status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown /
- *   in a forked child.
+ *   status.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
  * Ownership: the replay keeps the graph's memory alive until it completes,
- *   also if the graph is released first.
+ *   also if the graph is released first.  A graph whose work records or
+ *   waits for events holds each stream it was replayed on until it goes
+ *   (see cusafe_graph_release()).
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; replays of one graph run one after another, in the
  *   order they were queued, whatever their streams (CUDA serialises
@@ -1368,17 +1375,19 @@ CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_graph_retain(cusafe_graph graph);
 /* Drops one reference of the caller to a graph; the last destroys it and
- * releases what it held, stream-ordered after its queued replays.
+ * releases what it held, stream-ordered after its queued replays.  A
+ * graph whose work records or waits for events first waits on the host
+ * for the replays it queued (an event's destruction is not
+ * stream-ordered).
  * Parameters: graph [in] the graph; CUSAFE_NULL_HANDLE: no-op.
  * Returns: CUSAFE_SUCCESS: the reference is dropped.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph is forged, stale (a double
  *   release) or not a graph.  A CUDA failure of the teardown
- *   (cudaGraphExecDestroy, cudaGraphDestroy): its mapped status; the graph
- *   is gone all the same.  After shutdown and in a forked child:
- *   CUSAFE_SUCCESS, nothing done.
- * Ownership: the caller owns one reference less.
- * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
- * Threads: thread-safe. */
+ *   (cudaGraphExecDestroy, cudaGraphDestroy, cudaStreamSynchronize): its
+ *   mapped status; the graph is gone all the same.  After shutdown and in a
+ * forked child: CUSAFE_SUCCESS, nothing done. Ownership: the caller owns one
+ * reference less. Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every
+ * call. Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_graph_release(cusafe_graph graph);
 
 /* ------------------------------------------------------------------------ */

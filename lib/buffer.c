@@ -279,6 +279,11 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
       return cs_capturing("an allocation (cusafe_buffer_alloc_async)",
                           &s->queue);
     }
+    if (CS_UNLIKELY(atomic_load(&s->queue.capture_leftover)) &&
+        (st = cs_queue_leftover(&s->queue)) != CUSAFE_SUCCESS) {
+      cs_ungate(cs_call_);
+      return st;
+    }
     cs_ref(&ctx->hdr);
     st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);
     cs_ungate(cs_call_);
@@ -436,7 +441,7 @@ static cusafe_status queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
   return CUSAFE_SUCCESS;
 }
 
-static cudaError_t queue_wait(struct cs_queue *q) {
+cudaError_t cs_queue_wait(struct cs_queue *q) {
   struct cs_thread *self = cs_thread_self();
   cudaError_t err = cudaSuccess;
   for (;;) {
@@ -500,7 +505,7 @@ static cusafe_status free_memory(struct cs_buffer *b) {
     fn = "cudaFreeAsync";
   } else {
     if (q) {
-      err = queue_wait(q);
+      err = cs_queue_wait(q);
       fn = "cudaStreamSynchronize";
     }
     cudaError_t ferr = b->kind == CUSAFE_MEMORY_HOST_PINNED
@@ -528,7 +533,7 @@ static cusafe_status give_back(struct cs_buffer *b) {
   if (q) {
     int saved;
     st = cs_device_enter_teardown(q->ctx->device, &saved);
-    cudaError_t err = queue_wait(q);
+    cudaError_t err = cs_queue_wait(q);
     if (err != cudaSuccess && cs_cu->device_synchronize() == cudaSuccess)
       err = cudaSuccess;
     if (err != cudaSuccess && st == CUSAFE_SUCCESS)

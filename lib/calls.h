@@ -123,25 +123,25 @@ static inline void cs_call_leave(struct cs_thread **t) {
 
 /* ---- pins ---------------------------------------------------------------- */
 
+/* Adds 1 to a count of t's record that only t changes -- atomically where
+ * t is the shared record (`order`: of the store). */
+static inline void cs_count_up(const struct cs_thread *t,
+                               _Atomic unsigned long *n, memory_order order) {
+  if (CS_UNLIKELY(t->shared))
+    atomic_fetch_add_explicit(n, 1, order);
+  else
+    atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
+                          order);
+}
+
 /* A launch pins its thread before it uses objects without references;
  * their destruction waits for it (cs_pins_wait).  lib/README.md, "Pins:
  * launches without references". */
 static inline void cs_pin(struct cs_thread *t) {
-  if (CS_UNLIKELY(t->shared))
-    atomic_fetch_add(&t->pins_begun, 1);
-  else
-    atomic_store(&t->pins_begun,
-                 atomic_load_explicit(&t->pins_begun, memory_order_relaxed) +
-                     1);
+  cs_count_up(t, &t->pins_begun, memory_order_seq_cst);
 }
 static inline void cs_unpin(struct cs_thread *t) {
-  if (CS_UNLIKELY(t->shared))
-    atomic_fetch_add_explicit(&t->pins_ended, 1, memory_order_release);
-  else
-    atomic_store_explicit(
-        &t->pins_ended,
-        atomic_load_explicit(&t->pins_ended, memory_order_relaxed) + 1,
-        memory_order_release);
+  cs_count_up(t, &t->pins_ended, memory_order_release);
 }
 /* Waits until every other thread's pins begun before the call have ended. */
 void cs_pins_wait(void);
@@ -154,21 +154,10 @@ void cs_pins_wait(void);
  * begun before it marks the stream, cs_gates_wait).  A launch's pin serves
  * as its gate.  lib/README.md, "Gates: captures beginning and ending". */
 static inline void cs_gate(struct cs_thread *t) {
-  if (CS_UNLIKELY(t->shared))
-    atomic_fetch_add(&t->gates_begun, 1);
-  else
-    atomic_store(&t->gates_begun,
-                 atomic_load_explicit(&t->gates_begun, memory_order_relaxed) +
-                     1);
+  cs_count_up(t, &t->gates_begun, memory_order_seq_cst);
 }
 static inline void cs_ungate(struct cs_thread *t) {
-  if (CS_UNLIKELY(t->shared))
-    atomic_fetch_add_explicit(&t->gates_ended, 1, memory_order_release);
-  else
-    atomic_store_explicit(
-        &t->gates_ended,
-        atomic_load_explicit(&t->gates_ended, memory_order_relaxed) + 1,
-        memory_order_release);
+  cs_count_up(t, &t->gates_ended, memory_order_release);
 }
 /* Waits until every other thread's pins and gates begun before the call
  * have ended. */

@@ -78,6 +78,10 @@ static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
   cusafe_status st;
   if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
+  /* A record captured into nothing would pull its waiters in. */
+  if (!c && CS_UNLIKELY(atomic_load(&q->capture_leftover)) &&
+      (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS)
+    return st;
   int saved;
   st = cs_device_enter(ev->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {

@@ -292,19 +292,32 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx is being captured by other code",
                    (unsigned long long)s->hdr.handle);
-  cs_capture_leftover(s->queue.stream, s->queue.ctx);
+  if (cs_capture_leftover(s->queue.stream, s->queue.ctx))
+    atomic_store(&s->queue.capture_leftover, false);
   return CUSAFE_SUCCESS;
 }
 
-void cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
+bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
   /* (Only after an end that failed: a destroy costs no query otherwise.) */
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cs_cu->stream_is_capturing(stream, &cs) == cudaSuccess &&
       cs == cudaStreamCaptureStatusNone)
-    return;
+    return true;
   cudaGraph_t g = NULL;
-  cs_cu->stream_end_capture(stream, &g);
+  cudaError_t err = cs_cu->stream_end_capture(stream, &g);
   discard_graph(ctx, g);
+  return err == cudaSuccess;
+}
+
+cusafe_status cs_queue_leftover(struct cs_queue *q) {
+  if (cs_capture_leftover(q->stream, q->ctx)) {
+    atomic_store(&q->capture_leftover, false);
+    return CUSAFE_SUCCESS;
+  }
+  return cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "stream 0x%016llx may still capture: ending its capture "
+                 "failed, and so does ending it again",
+                 (unsigned long long)q->owner->handle);
 }
 
 static void capture_close(struct cs_capture *c);
@@ -476,6 +489,8 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
     gr->nroots = c->nuses;
     gr->held = c->held;
     gr->nheld = c->nheld;
+    for (size_t i = 0; i < c->nheld; i++)
+      gr->has_events |= c->held[i]->type == CS_EVENT;
     cs_ref(&c->ctx->hdr);
     gr->hdr.parent = &c->ctx->hdr;
     st = cs_handle_new(&gr->hdr, CS_GRAPH);
@@ -528,7 +543,7 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     if ((cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
          cs != cudaStreamCaptureStatusNone) &&
         cs_cu->stream_end_capture(q->stream, &again) != cudaSuccess)
-      q->capture_leftover = true; /* ended at the next begin or destroy */
+      atomic_store(&q->capture_leftover, true); /* see cs_queue_leftover */
     discard_graph(q->ctx, again);
   }
   cs_device_leave(saved);
@@ -568,7 +583,7 @@ void cs_capture_discard(struct cs_queue *q) {
     return;
   cudaGraph_t g = NULL;
   if (cs_cu->stream_end_capture(q->stream, &g) != cudaSuccess)
-    q->capture_leftover = true;
+    atomic_store(&q->capture_leftover, true);
   discard_graph(q->ctx, g);
   capture_ended(c);
   drop_held(c->held, c->nheld);
@@ -632,6 +647,30 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph) {
   return st;
 }
 
+/* Remembers q among the queues g was replayed on, for a graph that holds
+ * events (the thread pinned: q's owner may be as good as released, and
+ * then the replay is refused). */
+static cusafe_status remember_queue(struct cs_graph *g, struct cs_queue *q) {
+  cusafe_status st = CUSAFE_SUCCESS;
+  pthread_mutex_lock(&g->lock);
+  size_t i = 0;
+  while (i < g->nreplayed && g->replayed[i] != q)
+    i++;
+  if (i == g->nreplayed) {
+    if (!grow((void **)&g->replayed, g->nreplayed, &g->cap_replayed,
+              sizeof *g->replayed))
+      st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+    else if (!cs_try_ref(q->owner))
+      st = cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                   "stream 0x%016llx is stale: its object was released",
+                   (unsigned long long)q->owner->handle);
+    else
+      g->replayed[g->nreplayed++] = q;
+  }
+  pthread_mutex_unlock(&g->lock);
+  return st;
+}
+
 /* Room for a replay's buffers: on the stack for a graph of up to 16 (most),
  * else on the heap. */
 struct replay_space {
@@ -648,6 +687,11 @@ struct replay_space {
  * chains let go of is left in sp, to be dropped unpinned. */
 static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
                             struct cs_queue *q, struct replay_space *sp) {
+  if (CS_UNLIKELY(g->has_events)) {
+    cusafe_status st = remember_queue(g, q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
   /* Every buffer's latest operation on q already, as in a loop of replays
    * on one stream: no lock, as a launch (launch.c). */
   size_t on = 0;
@@ -787,6 +831,12 @@ cusafe_status cs_graph_fini(struct cs_object *obj) {
     if (st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaGraphDestroy");
   }
+  /* Its events go next: its replays, which wait for or record them, must
+   * be done. */
+  for (size_t i = 0; i < g->nreplayed; i++)
+    if ((err = cs_queue_wait(g->replayed[i])) != cudaSuccess &&
+        st == CUSAFE_SUCCESS)
+      st = cs_fail_cuda(err, "cudaStreamSynchronize");
   cs_device_leave(saved);
   return st;
 }
@@ -796,6 +846,9 @@ cusafe_status cs_graph_fini(struct cs_object *obj) {
 void cs_graph_free(struct cs_object *obj) {
   struct cs_graph *g = (struct cs_graph *)obj;
   drop_held(g->held, g->nheld);
+  for (size_t i = 0; i < g->nreplayed; i++)
+    cs_unref(g->replayed[i]->owner);
+  free(g->replayed);
   free(g->held);
   free(g->roots);
   free(g->lasts);

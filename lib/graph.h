@@ -51,6 +51,12 @@ struct cs_graph {
   struct cs_buffer **roots;           /* the buffers among them, for replays */
   _Atomic(struct cs_queue *) **lasts; /* their `last`, in their slots */
   size_t nroots;
+  /* Events among `held`: their destruction does not wait for replays, so
+   * the queues the graph was replayed on are remembered (their owners
+   * referenced, under `lock`) and waited for before the events go. */
+  bool has_events;
+  struct cs_queue **replayed;
+  size_t nreplayed, cap_replayed;
 };
 
 /* Chains root's next captured operation on q, a queue of capture c
@@ -80,8 +86,14 @@ struct cs_capture *cs_capture_find(uint64_t id);
  * another thread meanwhile is waited for. */
 void cs_capture_discard(struct cs_queue *q);
 /* Ends a CUDA capture still running on `stream`, one of the library's own
- * whose end failed before, discarding it (ctx: the stream's). */
-void cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx);
+ * whose end failed before, discarding it (ctx: the stream's); true if the
+ * stream captures no more. */
+bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx);
+/* For q, whose capture's end failed (capture_leftover): ends what CUDA
+ * may still capture on it, or fails with CUSAFE_ERROR_CAPTURING -- work
+ * recorded on it then would be captured into nothing, and a stream that
+ * waited for it would join that capture. */
+cusafe_status cs_queue_leftover(struct cs_queue *q);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);

@@ -275,47 +275,25 @@ static cusafe_status launch_pinned(cusafe_kernel kernel,
   return launch(k, q, stream, config, sp->argv, &sp->lb);
 }
 
-/* A launch that met a capture beginning or ending on its stream, tried
- * until it does not. */
-__attribute__((noinline, cold)) static cusafe_status
-launch_again(cusafe_kernel kernel, const cusafe_launch_config *config,
-             const cusafe_arg *args, size_t nargs) {
-  struct cs_thread *self = cs_thread_self();
-  cusafe_status st;
-  do {
-    cs_capture_yield();
-    struct launch_space sp;
-    sp.argv = sp.argv_stack;
-    sp.values = sp.values_stack;
-    sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
-                                    sp.drops_stack, 0, 0};
-    cs_pin(self);
-    st = launch_pinned(kernel, config, args, nargs, &sp);
-    cs_unpin(self);
-    for (size_t i = 0; i < sp.lb.ndrops; i++)
-      cs_unref(sp.lb.drops[i]);
-    space_free(&sp);
-  } while (st == CS_RETRY);
-  return st;
-}
-
 CUSAFE_API CS_HOT cusafe_status
 cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
                      const cusafe_arg *args, size_t nargs) {
   CS_ENTER();
   struct launch_space sp;
-  sp.argv = sp.argv_stack;
-  sp.values = sp.values_stack;
-  sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
-                                  sp.drops_stack, 0, 0};
-  cs_pin(cs_call_);
-  cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
-  cs_unpin(cs_call_);
-  /* What the buffers' chains let go of, dropped unpinned. */
-  for (size_t i = 0; i < sp.lb.ndrops; i++)
-    cs_unref(sp.lb.drops[i]);
-  space_free(&sp);
-  if (CS_UNLIKELY(st == CS_RETRY)) /* a capture begins or ends meanwhile */
-    return launch_again(kernel, config, args, nargs);
-  return st;
+  for (;;) {
+    sp.argv = sp.argv_stack;
+    sp.values = sp.values_stack;
+    sp.lb = (struct launch_buffers){sp.roots_stack, sp.lasts_stack,
+                                    sp.drops_stack, 0, 0};
+    cs_pin(cs_call_);
+    cusafe_status st = launch_pinned(kernel, config, args, nargs, &sp);
+    cs_unpin(cs_call_);
+    /* What the buffers' chains let go of, dropped unpinned. */
+    for (size_t i = 0; i < sp.lb.ndrops; i++)
+      cs_unref(sp.lb.drops[i]);
+    space_free(&sp);
+    if (CS_LIKELY(st != CS_RETRY))
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on the stream */
+  }
 }

@@ -61,7 +61,11 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   cs_spin_lock(&from->capture_lock);
   struct cs_capture *c = cs_queue_capture(from);
   struct cs_capture *tc = CS_UNLIKELY(c) ? cs_queue_capture(to) : NULL;
-  if (CS_UNLIKELY(c == CS_CAPTURE_BUSY || tc == CS_CAPTURE_BUSY)) {
+  if (CS_UNLIKELY(atomic_load_explicit(&from->capture_leftover,
+                                       memory_order_relaxed)) &&
+      !c && (st = cs_queue_leftover(from)) != CUSAFE_SUCCESS) {
+    /* a record would be captured into nothing */
+  } else if (CS_UNLIKELY(c == CS_CAPTURE_BUSY || tc == CS_CAPTURE_BUSY)) {
     st = CS_RETRY; /* a capture begins or ends meanwhile */
   } else if (CS_UNLIKELY(c) && tc != c) {
     ev = cs_queue_entry(from); /* a record now would be captured */
@@ -189,7 +193,7 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
 static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
-  if (!s->borrowed && s->queue.capture_leftover)
+  if (!s->borrowed && atomic_load(&s->queue.capture_leftover))
     cs_capture_leftover(s->queue.stream, s->queue.ctx);
   return cs_queue_fini(&s->queue, !s->borrowed);
 }

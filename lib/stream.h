@@ -28,8 +28,9 @@ struct cs_queue {
    * low bits: operations that meet it are tried again (CS_RETRY). */
   _Atomic(struct cs_capture *) capture;
   cudaEvent_t entry; /* created at the queue's first capture */
-  /* An end of its capture failed: CUDA may still capture it. */
-  bool capture_leftover;
+  /* An end of its capture failed: CUDA may still capture it
+   * (cs_queue_leftover). */
+  _Atomic bool capture_leftover;
   cs_spinlock capture_lock;
 };
 
@@ -86,6 +87,9 @@ cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
  * `from` captures and `to` is not in its capture: for the work queued
  * before the capture). */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
+/* Waits for the work queued on q -- for a queue that captures, the work
+ * queued before the capture (buffer.c). */
+cudaError_t cs_queue_wait(struct cs_queue *q);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);

@@ -627,6 +627,37 @@ START_TEST(test_module_released_during_capture) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A graph that waits for an event recorded outside holds the event, which
+ * its queued replays use: releasing both with replays queued is legal, and
+ * the event goes after them. */
+START_TEST(test_release_graph_and_event_with_replays_queued) {
+  struct world w;
+  world_make(&w);
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_record(ev, w.t));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_stream_wait_event(w.s, ev)); /* a node that waits at replay */
+  TU_OK(run1(w.fill, w.s, w.x, 6.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  fake_set_paused(1);
+  TU_OK(cusafe_graph_launch(g, w.t));
+  TU_OK(cusafe_graph_launch(g, w.s));
+  size_t events = fake_live_events(0);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_event_release(ev));
+  TU_ASSERT(fake_live_events(0) == events - 1,
+            "%zu events alive after the release, expected %zu",
+            fake_live_events(0), events - 1);
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(w.ctx));
+  expect_all(w.x, N, 6.0f);
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
 #endif
 
 static Suite *graph_suite(void) {
@@ -649,6 +680,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_capture_ends_during_launch);
   tcase_add_test(tc, test_foreign_global_capture_survives_releases);
   tcase_add_test(tc, test_module_released_during_capture);
+  tcase_add_test(tc, test_release_graph_and_event_with_replays_queued);
 #endif
   suite_add_tcase(s, tc);
   return s;
