@@ -463,7 +463,9 @@ static void drop_held(struct cs_object **held, size_t n) {
 /* A graph of the captured work, taking over what c holds; c is freed. */
 static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
                                cudaGraph_t g) {
-  struct cs_graph *gr = calloc(1, sizeof *gr);
+  struct cs_graph *gr = aligned_alloc(64, (sizeof *gr + 63) / 64 * 64);
+  if (gr)
+    memset(gr, 0, sizeof *gr);
   struct cs_buffer **roots = c->nuses ? malloc(c->nuses * sizeof *roots) : NULL;
   _Atomic(struct cs_queue *) **lasts =
       c->nuses ? malloc(c->nuses * sizeof *lasts) : NULL;
@@ -486,7 +488,7 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
       lasts[i] = roots[i]->last;
     gr->roots = roots;
     gr->lasts = lasts;
-    gr->nroots = c->nuses;
+    gr->nroots = (uint32_t)c->nuses;
     gr->held = c->held;
     gr->nheld = c->nheld;
     for (size_t i = 0; i < c->nheld; i++)

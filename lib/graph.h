@@ -40,24 +40,32 @@ struct cs_capture {
   struct cs_capture *next; /* in the list of open captures */
 };
 
+/* What a replay reads comes first, in the object's first cache line (the
+ * object is aligned to one): between two replays the driver's own work
+ * evicts much of what the last one read. */
 struct cs_graph {
   struct cs_object hdr; /* parent: the context */
-  struct cs_context *ctx;
-  cudaGraph_t graph;
-  pthread_mutex_t lock; /* guards the instantiation */
   _Atomic(cudaGraphExec_t) exec;
-  struct cs_object **held; /* referenced */
-  size_t nheld;
-  struct cs_buffer **roots;           /* the buffers among them, for replays */
-  _Atomic(struct cs_queue *) **lasts; /* their `last`, in their slots */
-  size_t nroots;
+  struct cs_context *ctx;
+  /* The buffers among `held`, for replays: their roots' `last`, in their
+   * handle slots. */
+  _Atomic(struct cs_queue *) **lasts;
+  uint32_t nroots;
   /* Events among `held`: their destruction does not wait for replays, so
    * the queues the graph was replayed on are remembered (their owners
    * referenced, under `lock`) and waited for before the events go. */
   bool has_events;
+  /* ---- the first line ends here ---- */
+  struct cs_buffer **roots; /* in lock order */
+  cudaGraph_t graph;
+  pthread_mutex_t lock;    /* guards the instantiation and `replayed` */
+  struct cs_object **held; /* referenced */
+  size_t nheld;
   struct cs_queue **replayed;
   size_t nreplayed, cap_replayed;
 };
+_Static_assert(offsetof(struct cs_graph, has_events) < 64,
+               "what a replay reads of a graph is in one line");
 
 /* Chains root's next captured operation on q, a queue of capture c
  * (root's lock held; the thread may be pinned): c holds root from now on,

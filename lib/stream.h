@@ -13,11 +13,9 @@ struct cs_capture;
  * stream.  `owner` is the object that keeps it alive (the stream object or
  * the context). */
 struct cs_queue {
+  /* What every launch and replay reads first, together. */
   cudaStream_t stream;
   struct cs_context *ctx;
-  struct cs_object *owner;
-  /* Recorded to hand work over to another stream; created on first need. */
-  _Atomic(cudaEvent_t) handoff;
   /* The capture the queue takes part in (graph.h), NULL if none.  While
    * it does, work outside the capture that must follow the queue's work
    * waits for `entry`, recorded just before the queue entered the capture,
@@ -27,6 +25,9 @@ struct cs_queue {
    * the pointer carries CS_CAPTURE_BEGINNING or CS_CAPTURE_ENDING in its
    * low bits: operations that meet it are tried again (CS_RETRY). */
   _Atomic(struct cs_capture *) capture;
+  struct cs_object *owner;
+  /* Recorded to hand work over to another stream; created on first need. */
+  _Atomic(cudaEvent_t) handoff;
   cudaEvent_t entry; /* created at the queue's first capture */
   /* An end of its capture failed: CUDA may still capture it
    * (cs_queue_leftover). */
