@@ -588,14 +588,25 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream);
  * Parameters: stream [in] the stream that waits (not
  *   CUSAFE_STREAM_DEFAULT); event [in] the event waited for.
  * Returns: CUSAFE_SUCCESS: the wait is queued.
+ *   Across captures (see Graphs): a stream outside a capture that waits
+ *   for an event recorded in it joins the capture; a capturing stream's
+ *   wait for an event recorded outside waits again at each replay.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream or event is NULL, forged,
  *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: they belong
- *   to different contexts.  A CUDA failure (cudaStreamWaitEvent): its
+ *   to different contexts.  CUSAFE_ERROR_CAPTURING: the event was recorded
+ *   in another stream's capture than the one this stream takes part in.
+ *   CUSAFE_ERROR_INVALID_VALUE: the event's latest record was in a capture
+ *   that has ended.  CUSAFE_ERROR_NOT_SUPPORTED: a wrapped device default
+ *   stream would join a capture (CUDA cannot capture it).
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure
+ *   (cudaStreamWaitEvent, cudaEventCreateWithFlags, cudaEventRecord): its
  *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
  *   shutdown / in a forked child.
- * Ownership: nothing; no reference is taken on the event.
+ * Ownership: nothing outside captures; a capture holds the event, and a
+ *   stream that joins it.
  * Handles: as every call (see the top of this file).
- * Threads: thread-safe. */
+ * Threads: thread-safe; a stream that joins a capture first lets the
+ *   operations other threads have in progress on it finish, outside. */
 CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
                                                   cusafe_event event);
 /* Hands out the stream's context with a new reference, so that the context

@@ -188,6 +188,20 @@ static cusafe_status memory_alloc(void **ptr, cusafe_memory kind, size_t size,
                             : cs_fail_cuda(err, kind_alloc_fn[kind]);
 }
 
+/* Frees memory that no work has used yet (its device current): device
+ * memory on q, which does not capture. */
+static void memory_free_now(void *ptr, cusafe_memory kind, struct cs_queue *q) {
+  if (!ptr)
+    return;
+  if (kind == CUSAFE_MEMORY_HOST_PINNED) {
+    cs_cu->free_host(ptr);
+  } else if (kind != CUSAFE_MEMORY_DEVICE ||
+             cs_cu->free_async(ptr, q->stream) != cudaSuccess) {
+    cs_cu->device_synchronize(); /* a free that cannot be queued */
+    cs_cu->free(ptr);
+  }
+}
+
 /* Allocates a root buffer in ctx; `q` orders device memory.  On success the
  * caller's reference on ctx passes to the buffer, and so does its reference
  * on q's owner if `owner_given` (a stream acquired for the call). */
@@ -232,16 +246,19 @@ static cusafe_status buffer_alloc(cusafe_buffer *out, struct cs_context *ctx,
       cs_ref(q->owner);
   }
   st = buffer_enter(b);
-  cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
-    /* Destroy drops the buffer's reference on q's owner, which stays the
-     * caller's; the one on ctx goes back to the caller. */
-    if (owner_given && kind == CUSAFE_MEMORY_DEVICE && holds_owner(b, q))
-      cs_ref(q->owner);
-    cs_buffer_fini(&b->hdr);
-    cs_buffer_free(&b->hdr);
+    /* Never published: its memory goes back at once -- on q, whose capture
+     * state is the one the caller saw (it is gated: no teardown's wait for
+     * a capture's change here), and the buffer's reference on q's owner
+     * with it; the caller keeps the references it gave. */
+    memory_free_now(ptr, kind, q);
+    if (kind == CUSAFE_MEMORY_DEVICE && holds_owner(b, q) && !owner_given)
+      cs_unref(q->owner); /* not the last: the caller holds q */
+    buffer_free(b);
+    cs_device_leave(saved);
     return st;
   }
+  cs_device_leave(saved);
   *out = b->hdr.handle;
   return CUSAFE_SUCCESS;
 }

@@ -46,6 +46,10 @@ cusafe_status cs_status_of(cudaError_t err);
  * to be tried again once its thread's gate or pin is open.  No message is
  * recorded for it. */
 #define CS_RETRY ((cusafe_status)0x7fff)
+/* Not a status that a caller ever sees either: a stream is to join a
+ * capture, once the operations that saw it outside have queued their work
+ * (event.c). */
+#define CS_JOIN ((cusafe_status)0x7ffe)
 
 /* The first failure of several steps that all run (teardowns). */
 static inline cusafe_status cs_first(cusafe_status a, cusafe_status b) {

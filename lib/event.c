@@ -154,6 +154,18 @@ static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
                    "was recorded in another stream's capture",
                    (unsigned long long)s->hdr.handle,
                    (unsigned long long)ev->hdr.handle);
+  /* q joins the capture (join_finish), once the operations that saw it
+   * outside have queued their work. */
+  if (theirs && !mine) {
+    if (cs_stream_wraps_default(s))
+      return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                     "stream 0x%016llx wraps a device's default stream, which "
+                     "CUDA cannot capture: it cannot wait for event 0x%016llx, "
+                     "recorded in a capture",
+                     (unsigned long long)s->hdr.handle,
+                     (unsigned long long)ev->hdr.handle);
+    return cs_queue_mark_joining(q) ? CS_JOIN : CS_RETRY;
+  }
   unsigned int flags = 0;
   if (mine && !theirs) {
     cusafe_status st = cs_capture_hold(mine, &ev->hdr);
@@ -165,14 +177,30 @@ static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
   cusafe_status st = cs_device_enter(q->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
-  if (theirs && !mine) { /* q joins the capture */
-    st = cs_capture_join(theirs, q, ev->event);
-  } else {
-    cudaError_t err = cs_cu->stream_wait_event(q->stream, ev->event, flags);
-    if (err != cudaSuccess)
-      st = cs_fail_cuda(err, "cudaStreamWaitEvent");
-  }
+  cudaError_t err = cs_cu->stream_wait_event(q->stream, ev->event, flags);
+  if (err != cudaSuccess)
+    st = cs_fail_cuda(err, "cudaStreamWaitEvent");
   cs_device_leave(saved);
+  return st;
+}
+
+/* s, marked joining, joins the capture ev was recorded in (the thread
+ * gated again, after the gates of the operations that saw s outside it):
+ * CS_RETRY, the mark taken back, if that capture ended meanwhile. */
+static cusafe_status join_finish(struct cs_stream *s, struct cs_event *ev) {
+  struct cs_queue *q = &s->queue;
+  uint64_t id = atomic_load(&ev->capture_id);
+  struct cs_capture *c = id ? cs_capture_find(id) : NULL;
+  cusafe_status st = CS_RETRY;
+  if (c && c != CS_CAPTURE_BUSY) {
+    int saved;
+    st = cs_device_enter(q->ctx->device, &saved);
+    if (st == CUSAFE_SUCCESS) {
+      st = cs_capture_join(c, q, ev->event);
+      cs_device_leave(saved);
+    }
+  }
+  cs_queue_unmark_joining(q); /* unless it joined */
   return st;
 }
 
@@ -187,6 +215,12 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
     cs_gate(cs_call_);
     cusafe_status st = cs_stream_wait(s, ev);
     cs_ungate(cs_call_);
+    if (st == CS_JOIN) {
+      cs_gates_wait(); /* as a capture's beginning does (graph.c) */
+      cs_gate(cs_call_);
+      st = join_finish(s, ev);
+      cs_ungate(cs_call_);
+    }
     if (CS_LIKELY(st != CS_RETRY))
       return st;
     cs_capture_yield(); /* a capture begins or ends meanwhile */

@@ -235,13 +235,8 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
     st = hold_locked(c, q->owner);
   if (st == CUSAFE_SUCCESS) {
     cs_spin_lock(&q->capture_lock);
-    struct cs_capture *now = atomic_load(&q->capture);
-    if (marked(now)) {
-      st = CS_RETRY;
-    } else if (now) {
-      st = cs_fail(CUSAFE_ERROR_CAPTURING,
-                   "stream 0x%016llx joined another capture meanwhile",
-                   (unsigned long long)q->owner->handle);
+    if (atomic_load(&q->capture) != CS_CAPTURE_JOINING) {
+      st = CS_RETRY; /* not marked by this thread's join: not possible */
     } else if ((st = record_entry(q)) == CUSAFE_SUCCESS) {
       cudaError_t err = cs_cu->stream_wait_event(q->stream, ev, 0);
       if (err != cudaSuccess) {
@@ -257,6 +252,22 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
   }
   pthread_mutex_unlock(&c->lock);
   return st;
+}
+
+bool cs_queue_mark_joining(struct cs_queue *q) {
+  cs_spin_lock(&q->capture_lock);
+  bool free_to_join = atomic_load(&q->capture) == NULL;
+  if (free_to_join)
+    atomic_store(&q->capture, CS_CAPTURE_JOINING);
+  cs_spin_unlock(&q->capture_lock);
+  return free_to_join;
+}
+
+void cs_queue_unmark_joining(struct cs_queue *q) {
+  cs_spin_lock(&q->capture_lock);
+  if (atomic_load(&q->capture) == CS_CAPTURE_JOINING)
+    atomic_store(&q->capture, NULL);
+  cs_spin_unlock(&q->capture_lock);
 }
 
 static void capture_free(struct cs_capture *c) {
@@ -334,8 +345,7 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
   struct cs_queue *q = &s->queue;
-  if (s->borrowed && (q->stream == NULL || q->stream == cudaStreamLegacy ||
-                      q->stream == cudaStreamPerThread))
+  if (cs_stream_wraps_default(s))
     return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
                    "stream 0x%016llx wraps a device's default stream, which "
                    "CUDA cannot capture",

@@ -75,11 +75,20 @@ cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
 /* Makes capture c hold obj (a live object: the caller holds or peeked at
  * it), once. */
 cusafe_status cs_capture_hold(struct cs_capture *c, struct cs_object *obj);
-/* q, which captures nothing, joins capture c by waiting for ev, recorded
- * in it (q's device current): its work so far is recorded first (entry),
- * for work outside to wait for. */
+/* q, marked joining (cs_queue_mark_joining) and waited for by the gates,
+ * joins capture c by waiting for ev, recorded in it (q's device current):
+ * its work so far is recorded first (entry), for work outside to wait
+ * for.  CS_RETRY if c ends meanwhile. */
 cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
                               cudaEvent_t ev);
+/* A queue's capture pointer while the queue is about to join a capture:
+ * marked, with no capture (cs_queue_capture() gives CS_CAPTURE_BUSY). */
+#define CS_CAPTURE_JOINING ((struct cs_capture *)CS_CAPTURE_BEGINNING)
+/* Marks q, which captures nothing, as about to join a capture (the thread
+ * gated): false if another thread changes q's capture meanwhile. */
+bool cs_queue_mark_joining(struct cs_queue *q);
+/* Takes the mark back unless the join happened. */
+void cs_queue_unmark_joining(struct cs_queue *q);
 /* An open capture of ctx (NULL: any), CS_CAPTURE_BUSY if one of them
  * begins or ends meanwhile, or NULL. */
 struct cs_capture *cs_capture_open_in(const struct cs_context *ctx);

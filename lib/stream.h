@@ -48,6 +48,13 @@ struct cs_stream {
  * it begins or ends; *entry, if not NULL, gets that queue's entry event. */
 struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry);
+/* Whether s wraps a device's default stream, which CUDA cannot capture. */
+static inline bool cs_stream_wraps_default(const struct cs_stream *s) {
+  cudaStream_t st = s->queue.stream;
+  return s->borrowed &&
+         (st == NULL || st == cudaStreamLegacy || st == cudaStreamPerThread);
+}
+
 /* The marks of a queue's capture pointer while it changes (cs_queue). */
 #define CS_CAPTURE_BEGINNING ((uintptr_t)1)
 #define CS_CAPTURE_ENDING ((uintptr_t)2)

@@ -658,6 +658,92 @@ START_TEST(test_release_graph_and_event_with_replays_queued) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A stream that joins a capture (it waits for an event recorded in it)
+ * while a launch on it is in progress on another thread waits for that
+ * launch, which runs outside the capture. */
+struct join_arg {
+  cusafe_stream t;
+  cusafe_event ev;
+  pthread_t thread;
+  atomic_int done;
+  cusafe_status st;
+  int done_in_hook;
+};
+
+static void *join_capture(void *p) {
+  struct join_arg *a = p;
+  a->st = cusafe_stream_wait_event(a->t, a->ev);
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void join_during_launch(void *p) {
+  struct join_arg *a = p;
+  TU_ASSERT(pthread_create(&a->thread, NULL, join_capture, a) == 0,
+            "pthread_create failed");
+  nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+  a->done_in_hook = atomic_load(&a->done);
+}
+
+START_TEST(test_join_during_launch) {
+  struct world w;
+  world_make(&w);
+  cusafe_event fork_ev, join_ev;
+  TU_OK(cusafe_event_create(&fork_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_create(&join_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(fork_ev, w.s));
+  struct join_arg a = {.t = w.t, .ev = fork_ev};
+  fake_set_launch_hook(join_during_launch, &a);
+  TU_OK(run1(w.fill, w.t, w.x, 7.0f, N, 0));
+  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
+  TU_OK(a.st);
+  TU_ASSERT(!a.done_in_hook,
+            "the stream joined a capture while a launch on it was queueing");
+  int on = 0;
+  TU_OK(cusafe_stream_is_capturing(&on, w.t));
+  TU_ASSERT(on == 1, "the stream did not join the capture");
+  TU_OK(cusafe_event_record(join_ev, w.t));
+  TU_OK(cusafe_stream_wait_event(w.s, join_ev));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  expect_all(w.x, N, 7.0f); /* the kernel ran: it was not captured */
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_release(fork_ev));
+  TU_OK(cusafe_release(join_ev));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+/* A wrapped device default stream cannot join a capture: refused before
+ * CUDA sees it, and the capture goes on. */
+START_TEST(test_default_stream_cannot_join) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream dflt;
+  TU_OK(cusafe_stream_wrap(&dflt, w.ctx, NULL));
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(ev, w.s));
+  TU_STATUS(cusafe_stream_wait_event(dflt, ev), CUSAFE_ERROR_NOT_SUPPORTED);
+  int on = 1;
+  TU_OK(cusafe_stream_is_capturing(&on, dflt));
+  TU_ASSERT(on == 0, "the default stream joined the capture");
+  TU_OK(run1(w.fill, w.s, w.x, 8.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_graph_launch(g, w.s));
+  expect_all(w.x, N, 8.0f);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_release(ev));
+  TU_OK(cusafe_release(dflt));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
 #endif
 
 static Suite *graph_suite(void) {
@@ -681,6 +767,8 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_foreign_global_capture_survives_releases);
   tcase_add_test(tc, test_module_released_during_capture);
   tcase_add_test(tc, test_release_graph_and_event_with_replays_queued);
+  tcase_add_test(tc, test_join_during_launch);
+  tcase_add_test(tc, test_default_stream_cannot_join);
 #endif
   suite_add_tcase(s, tc);
   return s;

@@ -3467,6 +3467,9 @@ static struct fgraph *capture_finish(struct fcapture *c, int keep) {
   for (size_t i = 0; i < g.nstreams; i++)
     if (g.streams[i]->capture == c)
       g.streams[i]->capture = NULL;
+  for (int d = 0; d < MAX_DEVICES; d++) /* a legacy stream that joined */
+    if (g.dev[d].legacy.capture == c)
+      g.dev[d].legacy.capture = NULL;
   c->ended = 1;
   struct fgraph *gr = NULL;
   if (keep) {

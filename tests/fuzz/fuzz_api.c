@@ -832,6 +832,9 @@ static void op_alloc_async(struct th *t) {
            "cusafe_buffer_alloc_async(NULL)");
     return;
   }
+  if (trace)
+    fprintf(stderr, "fuzz_api: alloc_async %zu bytes on stream 0x%016llx\n",
+            size, (unsigned long long)s);
   cusafe_status st = check_out(cusafe_buffer_alloc_async(&b, s, size), b, T_BUF,
                                "cusafe_buffer_alloc_async");
   if (st == CUSAFE_SUCCESS) {
@@ -1046,6 +1049,9 @@ static void op_stream(struct th *t) {
   case 2: {
     int h2;
     cusafe_event ev = choose(t, T_EVENT, se.dev, NULL, &h2);
+    if (trace)
+      fprintf(stderr, "fuzz_api: stream 0x%016llx waits for event 0x%016llx\n",
+              (unsigned long long)s, (unsigned long long)ev);
     check(cusafe_stream_wait_event(s, ev), "cusafe_stream_wait_event");
     break;
   }
