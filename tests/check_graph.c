@@ -463,42 +463,72 @@ END_TEST
  * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
  * before the kernel is queued) waits for the launch: the kernel is
  * captured exactly when the launch saw the stream capture. */
-struct change_arg {
-  cusafe_stream s;
-  int begin; /* 1: begin a capture, 0: end it */
+
+/* What another thread does from inside the next launch: fn(arg), on a new
+ * thread, given 50 ms to finish while the launch waits. */
+struct during_launch {
+  cusafe_status (*fn)(void *arg);
+  void *arg;
   pthread_t thread;
   atomic_int done;
   cusafe_status st;
-  cusafe_graph g;
-  int done_in_hook; /* the change was done before the launch went on */
+  int done_in_hook; /* fn returned before the launch went on */
 };
 
-static void *change_capture(void *p) {
-  struct change_arg *a = p;
-  a->st = a->begin ? cusafe_stream_begin_capture(a->s)
-                   : cusafe_stream_end_capture(&a->g, a->s);
-  atomic_store(&a->done, 1);
+static void *during_thread(void *p) {
+  struct during_launch *d = p;
+  d->st = d->fn(d->arg);
+  atomic_store(&d->done, 1);
   return NULL;
 }
 
-static void change_during_launch(void *p) {
-  struct change_arg *a = p;
-  TU_ASSERT(pthread_create(&a->thread, NULL, change_capture, a) == 0,
+static void during_hook(void *p) {
+  struct during_launch *d = p;
+  TU_ASSERT(pthread_create(&d->thread, NULL, during_thread, d) == 0,
             "pthread_create failed");
   nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
-  a->done_in_hook = atomic_load(&a->done);
+  d->done_in_hook = atomic_load(&d->done);
+}
+
+/* Runs launch(w) with fn(w) started on another thread from inside it: fn
+ * must succeed, and not before the launch has. */
+static void while_launching(cusafe_status (*fn)(void *),
+                            cusafe_status (*launch)(void *), struct world *w,
+                            const char *what) {
+  struct during_launch d = {.fn = fn, .arg = w};
+  fake_set_launch_hook(during_hook, &d);
+  TU_OK(launch(w));
+  TU_ASSERT(pthread_join(d.thread, NULL) == 0, "pthread_join failed");
+  TU_OK(d.st);
+  TU_ASSERT(!d.done_in_hook, "%s while a launch on its stream was queueing",
+            what);
+}
+
+static cusafe_status begin_s(void *w) {
+  return cusafe_stream_begin_capture(((struct world *)w)->s);
+}
+
+static cusafe_graph ended;
+static cusafe_status end_s(void *w) {
+  return cusafe_stream_end_capture(&ended, ((struct world *)w)->s);
+}
+
+static float fill_value;
+static cusafe_status fill_x_on_s(void *p) {
+  struct world *w = p;
+  return run1(w->fill, w->s, w->x, fill_value, N, 0);
+}
+
+static cusafe_status fill_x_on_t(void *p) {
+  struct world *w = p;
+  return run1(w->fill, w->t, w->x, fill_value, N, 0);
 }
 
 START_TEST(test_capture_begins_during_launch) {
   struct world w;
   world_make(&w);
-  struct change_arg a = {.s = w.s, .begin = 1};
-  fake_set_launch_hook(change_during_launch, &a);
-  TU_OK(run1(w.fill, w.s, w.x, 3.0f, N, 0));
-  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
-  TU_OK(a.st);
-  TU_ASSERT(!a.done_in_hook,
-            "the capture began while a launch on its stream was queueing");
+  fill_value = 3.0f;
+  while_launching(begin_s, fill_x_on_s, &w, "the capture began");
   int on = 0;
   TU_OK(cusafe_stream_is_capturing(&on, w.s));
   TU_ASSERT(on == 1, "the stream does not capture");
@@ -517,18 +547,13 @@ START_TEST(test_capture_ends_during_launch) {
   world_make(&w);
   TU_OK(run1(w.fill, w.s, w.x, 1.0f, N, 0));
   TU_OK(cusafe_stream_begin_capture(w.s));
-  struct change_arg a = {.s = w.s, .begin = 0};
-  fake_set_launch_hook(change_during_launch, &a);
-  TU_OK(run1(w.fill, w.s, w.x, 5.0f, N, 0));
-  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
-  TU_OK(a.st);
-  TU_ASSERT(!a.done_in_hook,
-            "the capture ended while a launch on its stream was queueing");
+  fill_value = 5.0f;
+  while_launching(end_s, fill_x_on_s, &w, "the capture ended");
   expect_all(w.x, N, 1.0f); /* the kernel was captured, not run */
-  TU_OK(cusafe_graph_launch(a.g, w.t));
+  TU_OK(cusafe_graph_launch(ended, w.t));
   TU_OK(cusafe_stream_synchronize(w.t));
   expect_all(w.x, N, 5.0f);
-  TU_OK(cusafe_graph_release(a.g));
+  TU_OK(cusafe_graph_release(ended));
   world_release(&w);
   TU_OK(cusafe_shutdown());
   TU_NOTHING_LIVE();
@@ -661,28 +686,9 @@ END_TEST
 /* A stream that joins a capture (it waits for an event recorded in it)
  * while a launch on it is in progress on another thread waits for that
  * launch, which runs outside the capture. */
-struct join_arg {
-  cusafe_stream t;
-  cusafe_event ev;
-  pthread_t thread;
-  atomic_int done;
-  cusafe_status st;
-  int done_in_hook;
-};
-
-static void *join_capture(void *p) {
-  struct join_arg *a = p;
-  a->st = cusafe_stream_wait_event(a->t, a->ev);
-  atomic_store(&a->done, 1);
-  return NULL;
-}
-
-static void join_during_launch(void *p) {
-  struct join_arg *a = p;
-  TU_ASSERT(pthread_create(&a->thread, NULL, join_capture, a) == 0,
-            "pthread_create failed");
-  nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
-  a->done_in_hook = atomic_load(&a->done);
+static cusafe_event join_ev_of;
+static cusafe_status t_joins(void *w) {
+  return cusafe_stream_wait_event(((struct world *)w)->t, join_ev_of);
 }
 
 START_TEST(test_join_during_launch) {
@@ -693,13 +699,9 @@ START_TEST(test_join_during_launch) {
   TU_OK(cusafe_event_create(&join_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
   TU_OK(cusafe_stream_begin_capture(w.s));
   TU_OK(cusafe_event_record(fork_ev, w.s));
-  struct join_arg a = {.t = w.t, .ev = fork_ev};
-  fake_set_launch_hook(join_during_launch, &a);
-  TU_OK(run1(w.fill, w.t, w.x, 7.0f, N, 0));
-  TU_ASSERT(pthread_join(a.thread, NULL) == 0, "pthread_join failed");
-  TU_OK(a.st);
-  TU_ASSERT(!a.done_in_hook,
-            "the stream joined a capture while a launch on it was queueing");
+  join_ev_of = fork_ev;
+  fill_value = 7.0f;
+  while_launching(t_joins, fill_x_on_t, &w, "the stream joined a capture");
   int on = 0;
   TU_OK(cusafe_stream_is_capturing(&on, w.t));
   TU_ASSERT(on == 1, "the stream did not join the capture");
