@@ -1309,9 +1309,9 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream);
  *   that joined has work its origin never waited for): its mapped status,
  *   and the capture is over, its work discarded and what it held released.
  *   (Should CUDA fail to end it a second time too, a broken device, say,
- *   the stream may still capture: a record on it (an event's, or one that
- *   orders other streams after it) and an allocation on it end it first,
- *   or fail with CUSAFE_ERROR_CAPTURING.)
+ *   its streams may still capture: a record on one of them (an event's,
+ *   or one that orders other streams after it) and an allocation on one
+ *   end that capture first, or fail with CUSAFE_ERROR_CAPTURING.)
  *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory (the capture is over).
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.

@@ -320,11 +320,19 @@ bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
   return err == cudaSuccess;
 }
 
+bool cs_queue_end_leftover(struct cs_queue *q) {
+  struct cs_queue *origin = atomic_load(&q->leftover_origin);
+  if (origin) /* only the end of the stream it began on ends a capture */
+    cs_capture_leftover(origin->stream, origin->ctx);
+  if (!cs_capture_leftover(q->stream, q->ctx))
+    return false;
+  atomic_store(&q->capture_leftover, false);
+  return true;
+}
+
 cusafe_status cs_queue_leftover(struct cs_queue *q) {
-  if (cs_capture_leftover(q->stream, q->ctx)) {
-    atomic_store(&q->capture_leftover, false);
+  if (cs_queue_end_leftover(q))
     return CUSAFE_SUCCESS;
-  }
   return cs_fail(CUSAFE_ERROR_CAPTURING,
                  "stream 0x%016llx may still capture: ending its capture "
                  "failed, and so does ending it again",
@@ -457,6 +465,21 @@ static void claim_end(struct cs_queue *q, struct cs_capture **out,
   *out = c;
 }
 
+/* CUDA could not end c (twice): its queues may all still capture, into
+ * nothing (see cs_queue_leftover). */
+static void mark_leftover(struct cs_capture *c) {
+  atomic_store(&c->origin->capture_leftover, true);
+  for (size_t i = 0; i < c->nmembers; i++) {
+    struct cs_queue *m = c->members[i];
+    atomic_store(&m->capture_leftover, true);
+    struct cs_queue *none = NULL;
+    /* (The origin may be going already: then its own teardown ends it.) */
+    if (!atomic_load(&m->leftover_origin) && cs_try_ref(c->origin->owner) &&
+        !atomic_compare_exchange_strong(&m->leftover_origin, &none, c->origin))
+      cs_unref(c->origin->owner); /* not the last: the end holds it */
+  }
+}
+
 /* After CUDA's capture has ended: c's queues leave it, and once the
  * threads that found it are done with it, it can be freed. */
 static void capture_ended(struct cs_capture *c) {
@@ -555,7 +578,7 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     if ((cs_cu->stream_is_capturing(q->stream, &cs) != cudaSuccess ||
          cs != cudaStreamCaptureStatusNone) &&
         cs_cu->stream_end_capture(q->stream, &again) != cudaSuccess)
-      atomic_store(&q->capture_leftover, true); /* see cs_queue_leftover */
+      mark_leftover(c);
     discard_graph(q->ctx, again);
   }
   cs_device_leave(saved);
@@ -595,7 +618,7 @@ void cs_capture_discard(struct cs_queue *q) {
     return;
   cudaGraph_t g = NULL;
   if (cs_cu->stream_end_capture(q->stream, &g) != cudaSuccess)
-    atomic_store(&q->capture_leftover, true);
+    mark_leftover(c);
   discard_graph(q->ctx, g);
   capture_ended(c);
   drop_held(c->held, c->nheld);

@@ -111,6 +111,8 @@ bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx);
  * recorded on it then would be captured into nothing, and a stream that
  * waited for it would join that capture. */
 cusafe_status cs_queue_leftover(struct cs_queue *q);
+/* The same, silent: whether q captures no more. */
+bool cs_queue_end_leftover(struct cs_queue *q);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);

@@ -194,7 +194,7 @@ static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
   if (!s->borrowed && atomic_load(&s->queue.capture_leftover))
-    cs_capture_leftover(s->queue.stream, s->queue.ctx);
+    cs_queue_end_leftover(&s->queue);
   return cs_queue_fini(&s->queue, !s->borrowed);
 }
 
@@ -204,7 +204,13 @@ cusafe_status cs_stream_fini(struct cs_object *obj) {
                             "cudaStreamDestroy");
 }
 
-void cs_stream_free(struct cs_object *obj) { free(obj); }
+void cs_stream_free(struct cs_object *obj) {
+  struct cs_queue *origin =
+      atomic_load(&((struct cs_stream *)obj)->queue.leftover_origin);
+  free(obj);
+  if (origin)
+    cs_unref(origin->owner);
+}
 
 void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {
   const struct cs_stream *s = (const struct cs_stream *)obj;

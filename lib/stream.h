@@ -32,6 +32,10 @@ struct cs_queue {
   /* An end of its capture failed: CUDA may still capture it
    * (cs_queue_leftover). */
   _Atomic bool capture_leftover;
+  /* For a queue that had joined such a capture: the queue it began on,
+   * whose end alone can end it (its owner referenced, until this queue's
+   * owner goes). */
+  _Atomic(struct cs_queue *) leftover_origin;
   cs_spinlock capture_lock;
 };
 
