@@ -309,6 +309,13 @@ static int quiet(void) {
  * single-thread runs with no failure injected. */
 static void check(cusafe_status st, const char *what);
 
+/* Whether drain_all() can run everything queued: a single thread, no
+ * failure injected, and no capture open (whose contexts cannot be
+ * synchronised). */
+static int drainable(const struct th *t) {
+  return t->strict && !faults_armed && !fake_live_captures(-1);
+}
+
 static void drain_all(void) {
   for (int d = 0; d < 2; d++) {
     cusafe_context c = CUSAFE_NULL_HANDLE;
@@ -1914,7 +1921,7 @@ static void op_launch(struct th *t) {
         odd = b->skew % ks->elem != 0;
       }
       pthread_mutex_unlock(&pool_lock);
-      if (odd && (!t->strict || faults_armed)) /* see drain_all() */
+      if (odd && !drainable(t)) /* see drain_all() */
         args[i] = (cusafe_arg){CUSAFE_ARG_U32, 0, {.u = 0}};
       else
         faults |= odd;
@@ -2296,7 +2303,7 @@ static void op_control(struct th *t) {
         cudaErrorMisalignedAddress, cudaSuccess};
     int dev = u8(&t->r) & 1;
     cudaError_t err = PICK(&t->r, stick);
-    if (err != cudaSuccess && (!t->strict || faults_armed))
+    if (err != cudaSuccess && !drainable(t))
       break; /* see drain_all() */
     if (err != cudaSuccess)
       drain_all();
