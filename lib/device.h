@@ -9,15 +9,14 @@
  * to restore with cs_device_leave() (-1: nothing to restore). */
 cusafe_status cs_device_switch(int device, int *saved);
 /* cs_device_switch(), free where the process sees one device: it is then
- * always current. */
-static inline cusafe_status cs_device_enter(int device, int *saved) {
-  if (CS_LIKELY(
-          atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed))) {
-    *saved = -1;
-    return CUSAFE_SUCCESS;
-  }
-  return cs_device_switch(device, saved);
-}
+ * always current.  A macro, so that `device` -- a context's field, a line
+ * that a launch or replay need not read otherwise -- is read only where
+ * the process sees several devices. */
+#define cs_device_enter(device, saved)                                         \
+  (CS_LIKELY(                                                                  \
+       atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed))      \
+       ? (*(saved) = -1, CUSAFE_SUCCESS)                                       \
+       : cs_device_switch((device), (saved)))
 static inline void cs_device_leave(int saved) {
   if (CS_UNLIKELY(saved >= 0))
     cs_cu->set_device(saved);
