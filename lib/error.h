@@ -50,6 +50,8 @@ cusafe_status cs_status_of(cudaError_t err);
  * capture, once the operations that saw it outside have queued their work
  * (event.c). */
 #define CS_JOIN ((cusafe_status)0x7ffe)
+/* Nor this: a fast path does not apply, and has done nothing (graph.c). */
+#define CS_SLOW ((cusafe_status)0x7ffd)
 
 /* The first failure of several steps that all run (teardowns). */
 static inline cusafe_status cs_first(cusafe_status a, cusafe_status b) {

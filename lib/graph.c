@@ -496,12 +496,15 @@ static void drop_held(struct cs_object **held, size_t n) {
 /* A graph of the captured work, taking over what c holds; c is freed. */
 static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
                                cudaGraph_t g) {
-  struct cs_graph *gr = aligned_alloc(64, (sizeof *gr + 63) / 64 * 64);
+  struct cs_graph *gr = aligned_alloc(128, (sizeof *gr + 127) / 128 * 128);
   if (gr)
     memset(gr, 0, sizeof *gr);
   struct cs_buffer **roots = c->nuses ? malloc(c->nuses * sizeof *roots) : NULL;
-  _Atomic(struct cs_queue *) **lasts =
-      c->nuses ? malloc(c->nuses * sizeof *lasts) : NULL;
+  _Atomic(struct cs_queue *) **lasts = NULL;
+  if (gr && c->nuses <= CS_GRAPH_LASTS)
+    lasts = gr->lasts_here;
+  else if (c->nuses)
+    lasts = malloc(c->nuses * sizeof *lasts);
   cusafe_status st = CUSAFE_SUCCESS;
   if (!gr || (c->nuses && (!roots || !lasts))) {
     st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -535,9 +538,10 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
     }
   }
   if (st != CUSAFE_SUCCESS) {
+    if (!gr || lasts != gr->lasts_here)
+      free(lasts);
     free(gr);
     free(roots);
-    free(lasts);
     discard_graph(c->ctx, g);
     drop_held(c->held, c->nheld);
   } else {
@@ -716,6 +720,35 @@ struct replay_space {
   struct cs_object *drops_stack[16];
 };
 
+/* Whether every buffer's latest operation is on q already, as in a loop of
+ * replays on one stream: then a replay takes no lock, as a launch
+ * (launch.c). */
+static inline bool all_on(const struct cs_graph *g, const struct cs_queue *q) {
+  for (uint32_t i = 0; i < g->nroots; i++)
+    if (atomic_load_explicit(g->lasts[i], memory_order_acquire) != q)
+      return false;
+  return true;
+}
+
+/* Replays x, g's executable graph, on q where all_on(g, q) (q's device
+ * current, the thread pinned). */
+static inline cusafe_status
+replay_unlocked(struct cs_graph *g, cudaGraphExec_t x, struct cs_queue *q) {
+  cudaError_t err = cs_cu->graph_launch(x, q->stream);
+  if (CS_UNLIKELY(err != cudaSuccess))
+    return cs_fail_cuda(err, "cudaGraphLaunch");
+  if (g->nroots) {
+    /* A buffer moved to another stream meanwhile is settled:
+     * lib/README.md, "Buffers' chains of work". */
+    atomic_thread_fence(memory_order_seq_cst);
+    for (uint32_t i = 0; i < g->nroots; i++)
+      if (CS_UNLIKELY(atomic_load_explicit(g->lasts[i], memory_order_relaxed) !=
+                      q))
+        cs_buffer_settle(g->roots[i], q);
+  }
+  return CUSAFE_SUCCESS;
+}
+
 /* Replays x, g's executable graph, on q (q's device current, the thread
  * pinned): its buffers' work chained onto q, all locked across the launch
  * unless it is there already, as a kernel launch does (launch.c).  What the
@@ -727,27 +760,8 @@ static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
     if (st != CUSAFE_SUCCESS)
       return st;
   }
-  /* Every buffer's latest operation on q already, as in a loop of replays
-   * on one stream: no lock, as a launch (launch.c). */
-  size_t on = 0;
-  while (on < g->nroots &&
-         atomic_load_explicit(g->lasts[on], memory_order_acquire) == q)
-    on++;
-  if (CS_LIKELY(on == g->nroots)) {
-    cudaError_t err = cs_cu->graph_launch(x, q->stream);
-    if (err != cudaSuccess)
-      return cs_fail_cuda(err, "cudaGraphLaunch");
-    if (g->nroots) {
-      /* A buffer moved to another stream meanwhile is settled:
-       * lib/README.md, "Buffers' chains of work". */
-      atomic_thread_fence(memory_order_seq_cst);
-      for (size_t i = 0; i < g->nroots; i++)
-        if (CS_UNLIKELY(
-                atomic_load_explicit(g->lasts[i], memory_order_relaxed) != q))
-          cs_buffer_settle(g->roots[i], q);
-    }
-    return CUSAFE_SUCCESS;
-  }
+  if (CS_LIKELY(all_on(g, q)))
+    return replay_unlocked(g, x, q);
   if (g->nroots > 16) {
     sp->roots = malloc(g->nroots * sizeof *sp->roots);
     sp->drops = malloc(g->nroots * sizeof *sp->drops);
@@ -806,18 +820,47 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
   return st;
 }
 
-CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
-                                             cusafe_stream stream) {
-  CS_ENTER();
+/* The common replay, in few instructions and cache lines (between two
+ * replays the driver's own work evicts much of what the last one read):
+ * an executable graph of no events, replayed on a stream of one device,
+ * outside captures, whose buffers' latest work is on that stream already.
+ * What launch_pinned() and replay() would do; CS_SLOW, with nothing done,
+ * where anything else is needed. */
+static inline cusafe_status replay_fast(cusafe_graph graph,
+                                        cusafe_stream stream) {
+  struct cs_graph *g;
+  struct cs_object *s;
+  if (cs_peek(graph, CS_GRAPH, "graph", -1, (struct cs_object **)&g) !=
+      CUSAFE_SUCCESS)
+    return CS_SLOW;
+  cudaGraphExec_t x = atomic_load_explicit(&g->exec, memory_order_acquire);
+  if (!x || g->has_events || stream == CUSAFE_STREAM_DEFAULT ||
+      !atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed) ||
+      cs_peek(stream, CS_STREAM, "stream", -1, &s) != CUSAFE_SUCCESS)
+    return CS_SLOW;
+  struct cs_queue *q = &((struct cs_stream *)s)->queue;
+  if (q->ctx != g->ctx || atomic_load(&q->capture) ||
+      atomic_load(&cs_hot.captures))
+    return CS_SLOW;
+  if (!all_on(g, q))
+    return CS_SLOW;
+  return replay_unlocked(g, x, q);
+}
+
+/* Every other replay: the first (which makes the executable graph), one
+ * that meets a capture beginning or ending, and the rest of replay(). */
+__attribute__((noinline, cold)) static cusafe_status
+graph_launch_slow(cusafe_graph graph, cusafe_stream stream,
+                  struct cs_thread *t) {
   for (bool made = false;;) {
     struct replay_space sp;
     sp.roots = sp.roots_stack;
     sp.drops = sp.drops_stack;
     sp.ndrops = 0;
     bool cold = false;
-    cs_pin(cs_call_);
+    cs_pin(t);
     cusafe_status st = launch_pinned(graph, stream, &sp, &cold);
-    cs_unpin(cs_call_);
+    cs_unpin(t);
     for (size_t i = 0; i < sp.ndrops; i++)
       cs_unref(sp.drops[i]);
     if (sp.roots != sp.roots_stack)
@@ -843,6 +886,17 @@ CUSAFE_API cusafe_status cusafe_graph_launch(cusafe_graph graph,
       return st;
     made = true;
   }
+}
+
+CUSAFE_API CS_HOT cusafe_status cusafe_graph_launch(cusafe_graph graph,
+                                                    cusafe_stream stream) {
+  CS_ENTER();
+  cs_pin(cs_call_);
+  cusafe_status st = replay_fast(graph, stream);
+  cs_unpin(cs_call_);
+  if (CS_LIKELY(st != CS_SLOW))
+    return st;
+  return graph_launch_slow(graph, stream, cs_call_);
 }
 
 /* Destroys the executable graph (legal with replays queued: CUDA frees it
@@ -886,7 +940,8 @@ void cs_graph_free(struct cs_object *obj) {
   free(g->replayed);
   free(g->held);
   free(g->roots);
-  free(g->lasts);
+  if (g->lasts != g->lasts_here)
+    free(g->lasts);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

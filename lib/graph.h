@@ -41,8 +41,9 @@ struct cs_capture {
 };
 
 /* What a replay reads comes first, in the object's first cache line (the
- * object is aligned to one): between two replays the driver's own work
+ * object is aligned to two): between two replays the driver's own work
  * evicts much of what the last one read. */
+#define CS_GRAPH_LASTS 8
 struct cs_graph {
   struct cs_object hdr; /* parent: the context */
   _Atomic(cudaGraphExec_t) exec;
@@ -56,6 +57,9 @@ struct cs_graph {
    * referenced, under `lock`) and waited for before the events go. */
   bool has_events;
   /* ---- the first line ends here ---- */
+  /* `lasts` of a graph of up to CS_GRAPH_LASTS buffers (most): the line
+   * next to the first, which the processor fetches with it. */
+  _Alignas(64) _Atomic(struct cs_queue *) *lasts_here[CS_GRAPH_LASTS];
   struct cs_buffer **roots; /* in lock order */
   cudaGraph_t graph;
   pthread_mutex_t lock;    /* guards the instantiation and `replayed` */
