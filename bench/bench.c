@@ -216,7 +216,7 @@ struct row {
   char unit[8];
   char raw_name[64];
   struct stats cs, raw;
-  double ratio; /* cusafe median / raw median; 0 without raw */
+  double ratio; /* paired_ratio(); 0 without raw */
   enum target tk;
   double tv;
   int met; /* -1: no target */
@@ -259,6 +259,20 @@ static void group_header(const char *group, const char *what) {
 /* Adds and prints a row.  cs and raw hold values in the row's unit (raw
  * may be NULL); the ratio is cusafe/raw of the medians, for bandwidths
  * too. */
+/* The median of the ratios cs[i] / raw[i] of samples taken in turn: the
+ * host's speed drifts and switches between states within seconds, and a
+ * sample's ratio to the one taken next to it cancels that, where a ratio
+ * of the two medians can fall on either side of a switch (the A/A rows
+ * show the resolution of each). */
+static double paired_ratio(const double *cs, const double *raw, int n) {
+  double r[MAX_SAMPLES];
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if (raw[i] > 0)
+      r[m++] = cs[i] / raw[i];
+  return m ? stats_of(r, m).med : 0;
+}
+
 static void report(const char *group, const char *name, const char *unit,
                    const double *cs, const double *raw, int n,
                    const char *raw_name, enum target tk, double tv) {
@@ -277,7 +291,7 @@ static void report(const char *group, const char *name, const char *unit,
   r->cs = stats_of(cs, n);
   if (raw) {
     r->raw = stats_of(raw, n);
-    r->ratio = r->raw.med > 0 ? r->cs.med / r->raw.med : 0;
+    r->ratio = paired_ratio(cs, raw, n);
   }
   r->tk = tk;
   r->tv = tv;
@@ -1609,7 +1623,7 @@ static void print_header(void) {
   printf("  host:       %ld CPUs online, %s %s\n",
          sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release);
   printf("  method:     medians of interleaved samples with min-max; "
-         "c/raw = cusafe median / raw median%s\n",
+         "c/raw = median of the ratios of samples taken in turn%s\n",
          opt.quick ? " (--quick: fewer samples)" : "");
 }
 
