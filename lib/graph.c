@@ -720,29 +720,32 @@ struct replay_space {
   struct cs_object *drops_stack[16];
 };
 
-/* Whether every buffer's latest operation is on q already, as in a loop of
- * replays on one stream: then a replay takes no lock, as a launch
- * (launch.c). */
-static inline bool all_on(const struct cs_graph *g, const struct cs_queue *q) {
-  for (uint32_t i = 0; i < g->nroots; i++)
-    if (atomic_load_explicit(g->lasts[i], memory_order_acquire) != q)
+/* Whether every buffer's latest operation is on q already (lasts: n
+ * roots' `last`), as in a loop of replays on one stream: then a replay
+ * takes no lock, as a launch (launch.c). */
+static inline bool all_on(_Atomic(struct cs_queue *) *const *lasts, uint32_t n,
+                          const struct cs_queue *q) {
+  for (uint32_t i = 0; i < n; i++)
+    if (atomic_load_explicit(lasts[i], memory_order_acquire) != q)
       return false;
   return true;
 }
 
-/* Replays x, g's executable graph, on q where all_on(g, q) (q's device
- * current, the thread pinned). */
+/* Replays x, g's executable graph, on q where all_on(lasts, g->nroots, q)
+ * (q's device current, the thread pinned).  `lasts` is g's or a copy in
+ * the caller's frame, which the driver's work leaves in the cache. */
 static inline cusafe_status
-replay_unlocked(struct cs_graph *g, cudaGraphExec_t x, struct cs_queue *q) {
+replay_unlocked(struct cs_graph *g, cudaGraphExec_t x, struct cs_queue *q,
+                _Atomic(struct cs_queue *) *const *lasts, uint32_t n) {
   cudaError_t err = cs_cu->graph_launch(x, q->stream);
   if (CS_UNLIKELY(err != cudaSuccess))
     return cs_fail_cuda(err, "cudaGraphLaunch");
-  if (g->nroots) {
+  if (n) {
     /* A buffer moved to another stream meanwhile is settled:
      * lib/README.md, "Buffers' chains of work". */
     atomic_thread_fence(memory_order_seq_cst);
-    for (uint32_t i = 0; i < g->nroots; i++)
-      if (CS_UNLIKELY(atomic_load_explicit(g->lasts[i], memory_order_relaxed) !=
+    for (uint32_t i = 0; i < n; i++)
+      if (CS_UNLIKELY(atomic_load_explicit(lasts[i], memory_order_relaxed) !=
                       q))
         cs_buffer_settle(g->roots[i], q);
   }
@@ -760,8 +763,8 @@ static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
     if (st != CUSAFE_SUCCESS)
       return st;
   }
-  if (CS_LIKELY(all_on(g, q)))
-    return replay_unlocked(g, x, q);
+  if (CS_LIKELY(all_on(g->lasts, g->nroots, q)))
+    return replay_unlocked(g, x, q, g->lasts, g->nroots);
   if (g->nroots > 16) {
     sp->roots = malloc(g->nroots * sizeof *sp->roots);
     sp->drops = malloc(g->nroots * sizeof *sp->drops);
@@ -822,8 +825,9 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
 
 /* The common replay, in few instructions and cache lines (between two
  * replays the driver's own work evicts much of what the last one read):
- * an executable graph of no events, replayed on a stream of one device,
- * outside captures, whose buffers' latest work is on that stream already.
+ * an executable graph of no events and up to CS_GRAPH_LASTS buffers,
+ * replayed on a stream of one device, outside captures, whose buffers'
+ * latest work is on that stream already.
  * What launch_pinned() and replay() would do; CS_SLOW, with nothing done,
  * where anything else is needed. */
 static inline cusafe_status replay_fast(cusafe_graph graph,
@@ -842,9 +846,15 @@ static inline cusafe_status replay_fast(cusafe_graph graph,
   if (q->ctx != g->ctx || atomic_load(&q->capture) ||
       atomic_load(&cs_hot.captures))
     return CS_SLOW;
-  if (!all_on(g, q))
+  uint32_t n = g->nroots;
+  _Atomic(struct cs_queue *) *lasts[CS_GRAPH_LASTS];
+  if (n > CS_GRAPH_LASTS)
     return CS_SLOW;
-  return replay_unlocked(g, x, q);
+  for (uint32_t i = 0; i < n; i++)
+    lasts[i] = g->lasts[i];
+  if (!all_on(lasts, n, q))
+    return CS_SLOW;
+  return replay_unlocked(g, x, q, lasts, n);
 }
 
 /* Every other replay: the first (which makes the executable graph), one
