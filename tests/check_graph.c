@@ -143,6 +143,43 @@ START_TEST(test_replay_chain_over_views) {
 }
 END_TEST
 
+/* Graphs of few and of many buffers (replays keep up to eight in a
+ * shorter path), replayed over and over on one stream and in turn on two,
+ * with other work on their buffers in between: every replay comes after
+ * that work and before the next. */
+START_TEST(test_replays_of_few_and_many_buffers) {
+  struct world w;
+  world_make(&w);
+  enum { MANY = 12 };
+  TU_OK(run1(w.fill, w.t, w.y, 1.0f, N, 0));
+  for (size_t nbufs = 1; nbufs <= MANY; nbufs += MANY - 1) {
+    cusafe_buffer b[MANY];
+    for (size_t i = 0; i < nbufs; i++) {
+      TU_OK(cusafe_buffer_alloc(&b[i], w.ctx, CUSAFE_MEMORY_DEVICE,
+                                N * sizeof(float)));
+      TU_OK(run1(w.fill, w.t, b[i], 1.0f, N, 0));
+    }
+    TU_OK(cusafe_stream_begin_capture(w.s));
+    for (size_t i = 0; i < nbufs; i++)
+      TU_OK(run1(w.scale, w.s, b[i], 2.0f, N, 0));
+    cusafe_graph g;
+    TU_OK(cusafe_stream_end_capture(&g, w.s));
+    for (int i = 0; i < 5; i++) /* 1 -> 32, on s */
+      TU_OK(cusafe_graph_launch(g, w.s));
+    for (size_t i = 0; i < nbufs; i++) /* 32 + 1 = 33, on t */
+      TU_OK(run1(w.axpy, w.t, b[i], 1.0f, N, w.y));
+    for (int i = 0; i < 4; i++) /* 33 -> 528, on t and s in turn */
+      TU_OK(cusafe_graph_launch(g, i % 2 ? w.s : w.t));
+    TU_OK(cusafe_graph_release(g));
+    for (size_t i = 0; i < nbufs; i++) {
+      expect_all(b[i], N, 528.0f);
+      TU_OK(cusafe_release(b[i]));
+    }
+  }
+  world_release(&w);
+}
+END_TEST
+
 /* A replay is ordered after the work queued before it on the buffers it
  * uses, on any stream, and later work after it. */
 START_TEST(test_replay_is_ordered) {
@@ -754,6 +791,7 @@ static Suite *graph_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_replay_chain_over_views);
   tcase_add_test(tc, test_replay_is_ordered);
+  tcase_add_test(tc, test_replays_of_few_and_many_buffers);
   tcase_add_test(tc, test_copies_fills_events);
   tcase_add_test(tc, test_refused_during_capture);
   tcase_add_test(tc, test_fork_and_join);
