@@ -61,6 +61,8 @@ scenario atexit-before "$both" 0 empty "" 1 -- atexit-before
 scenario graph-replays "$both" 0 empty \
 	"^graph-replays: exiting with 100 replays queued and a capture open$" 1 -- \
 	graph-replays
+scenario devices       "$both" 0 empty \
+	"^devices: exiting with work queued on [0-9]+ devices$" 1 -- devices
 
 # The example examples/c/leaky_exit.c.
 program=leaky_exit

@@ -37,6 +37,11 @@
  *                  call releases every handle: it runs after cusafe's
  *                  shutdown (and the runtime's teardown), so each release
  *                  is a no-op that returns CUSAFE_SUCCESS
+ *   graph-replays  a graph with 100 replays queued, its buffers released,
+ *                  and a capture left open on another stream
+ *   devices        work queued on every device (fills, launches, peer
+ *                  copies between neighbours), all handles alive; exits
+ *                  77 where there are fewer than 2 devices
  *
  * Any unexpected result is reported on stderr and ends the program with
  * status 2 (or 77 when the machine has no CUDA driver or device). */
@@ -412,6 +417,46 @@ static int graph_replays(void) {
   return 0;
 }
 
+/* Exits with work queued on every device: on each, a fill and a launch
+ * of its own, and peer copies from each device's buffer into the next
+ * one's, all handles alive.  Needs 2 devices or more (77 otherwise). */
+static int devices(void) {
+  enum { MAX_DEVICES = 16 };
+  int n = 0;
+  OK(cusafe_device_count(&n));
+  if (n < 2) {
+    printf("devices: %d device, 2 needed\n", n);
+    return 77;
+  }
+  if (n > MAX_DEVICES)
+    n = MAX_DEVICES;
+  struct live d[MAX_DEVICES];
+  for (int i = 0; i < n; i++) {
+    OK(cusafe_context_create(&d[i].ctx, i));
+    OK(cusafe_stream_create(&d[i].stream, d[i].ctx, CUSAFE_STREAM_NON_BLOCKING,
+                            0));
+    OK(cusafe_buffer_alloc(&d[i].a, d[i].ctx, CUSAFE_MEMORY_DEVICE,
+                           sizeof host));
+    OK(cusafe_module_load_builtin(&d[i].module, d[i].ctx));
+    OK(cusafe_module_get_kernel(&d[i].fill, d[i].module, "cusafe_fill_f32"));
+    cusafe_launch_config config = {
+        {(N + 255) / 256, 1, 1}, {256, 1, 1}, 0, d[i].stream};
+    OK(cusafe_buffer_fill(d[i].a, 0, sizeof host, 0, d[i].stream));
+    OK(CUSAFE_LAUNCH(d[i].fill, &config, CUSAFE_ARG_BUF(d[i].a),
+                     CUSAFE_ARG_F32V((float)i), CUSAFE_ARG_U64V(N)));
+  }
+  /* Each device's buffer into the next one's, on the sender's stream and
+   * then on the receiver's. */
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < n; i++) {
+      int j = (i + 1) % n;
+      OK(cusafe_buffer_copy(d[j].a, 0, d[i].a, 0, sizeof host,
+                            round ? d[j].stream : d[i].stream));
+    }
+  printf("devices: exiting with work queued on %d devices\n", n);
+  return 0;
+}
+
 static const struct {
   const char *name;
   int (*run)(void);
@@ -428,6 +473,7 @@ static const struct {
     {"fault", fault},
     {"atexit-before", atexit_before},
     {"graph-replays", graph_replays},
+    {"devices", devices},
 };
 
 int main(int argc, char **argv) {
