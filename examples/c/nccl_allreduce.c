@@ -104,8 +104,9 @@ static void *run_rank(void *arg) {
   cusafe_status st;
   int ok = 0;
 
-  /* Each thread its own context (the device's primary context, which NCCL
-   * uses too), stream and buffer, filled from the host. */
+  /* Each thread its own reference to its device's context (the primary
+   * context, which NCCL uses too), its stream, and its buffer, filled
+   * from the host. */
   if (!host) {
     fprintf(stderr, "nccl_allreduce: rank %d: out of host memory\n", r->rank);
     goto setup_done;
@@ -212,17 +213,28 @@ int main(void) {
   ncclComm_t *comms = calloc((size_t)ndev, sizeof *comms);
   struct rank *ranks = calloc((size_t)ndev, sizeof *ranks);
   pthread_t *threads = calloc((size_t)ndev, sizeof *threads);
-  if (!comms || !ranks || !threads) {
+  cusafe_context *held = calloc((size_t)ndev, sizeof *held);
+  if (!comms || !ranks || !threads || !held) {
     fprintf(stderr, "nccl_allreduce: out of host memory\n");
     return 1;
   }
-  /* The communicators of all ranks at once, here: ncclCommInitAll sets
-   * each device itself (no cudaSetDevice of ours, whose current device
-   * cusafe's calls would not change anyway) and cannot leave one rank
-   * waiting for another that failed before its init, as per-thread
-   * ncclCommInitRank calls could.  Each thread then drives one
-   * communicator: NCCL needs ncclGroupStart/End only where one thread
-   * queues the collectives of several ranks. */
+  /* The communicators live in the devices' primary contexts: a reference
+   * of main's on each device's cusafe context keeps them from before the
+   * communicators until after (the threads' cusafe_context_create calls
+   * return these contexts, with one more reference each). */
+  for (int i = 0; i < ndev; i++)
+    if ((st = cusafe_context_create(&held[i], i)) != CUSAFE_SUCCESS) {
+      fprintf(stderr, "nccl_allreduce: cusafe_context_create(%d): %s: %s\n", i,
+              cusafe_status_string(st), cusafe_last_error_message());
+      return 1;
+    }
+  /* The communicators of all ranks at once, from this thread:
+   * ncclCommInitAll makes each device current itself, where per-thread
+   * ncclCommInitRank calls would each need a cudaSetDevice of ours first,
+   * and it cannot leave one rank waiting forever for another that failed
+   * before its init.  Each thread then drives one communicator, and NCCL
+   * needs ncclGroupStart/End only where one thread queues the collectives
+   * of several ranks (as main does for ncclCommFinalize below). */
   ncclResult_t res = ncclCommInitAll(comms, ndev, NULL);
   if (res != ncclSuccess) {
     fprintf(stderr, "nccl_allreduce: ncclCommInitAll: %s (%s)\n",
@@ -295,7 +307,14 @@ int main(void) {
         fprintf(stderr, "nccl_allreduce: ncclCommAbort (rank %d): %s\n", i,
                 ncclGetErrorString(res));
   }
+  for (int i = 0; i < ndev; i++)
+    if ((st = cusafe_context_release(held[i])) != CUSAFE_SUCCESS) {
+      fprintf(stderr, "nccl_allreduce: cusafe_context_release(%d): %s: %s\n", i,
+              cusafe_status_string(st), cusafe_last_error_message());
+      ok = 0;
+    }
   pthread_barrier_destroy(&barrier);
+  free(held);
   free(threads);
   free(ranks);
   free(comms);
