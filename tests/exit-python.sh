@@ -134,6 +134,8 @@ scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fau
 scenario graph-replays      "$both" 0 empty "" 1 -- "$scen" graph-replays
 scenario "graph-replays, sys.exit" "$both" 3 empty "" 1 -- \
 	"$scen" graph-replays sys-exit-3
+# Skipped on a GPU machine of one device.
+scenario multi-device       "$both" 0 empty "" 1 -- "$scen" multi-device
 scenario cupy-first         gpu     0 empty "" 1 -- "$scen" cupy-first
 scenario cusafe-first       gpu     0 empty "" 1 -- "$scen" cusafe-first
 
