@@ -186,6 +186,11 @@ scenario torch_interop.py    gpu 0 empty \
 scenario cupy_interop.py     gpu 0 empty \
 	"^cupy_interop: 1048576 floats each way, zero-copy, on " 1 -- \
 	"$examples/cupy_interop.py"
+# One process per GPU; it skips itself (77, "SKIP: <why>") with fewer than
+# 2 GPUs, without PyTorch, its NCCL backend or cusafe's DLPack support.
+scenario nccl_allreduce.py   gpu 0 empty \
+	"^nccl_allreduce: [0-9]+ ranks, 1048576 floats, 0 wrong$" 1 -- \
+	"$examples/nccl_allreduce.py"
 
 # Without a driver or device the examples say so in one line.  The fake
 # plays the machine: its driver state is set before the first call.
