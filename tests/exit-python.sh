@@ -134,6 +134,8 @@ scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fau
 scenario graph-replays      "$both" 0 empty "" 1 -- "$scen" graph-replays
 scenario "graph-replays, sys.exit" "$both" 3 empty "" 1 -- \
 	"$scen" graph-replays sys-exit-3
+# Skipped on a GPU machine of one device.
+scenario multi-device       "$both" 0 empty "" 1 -- "$scen" multi-device
 scenario cupy-first         gpu     0 empty "" 1 -- "$scen" cupy-first
 scenario cusafe-first       gpu     0 empty "" 1 -- "$scen" cusafe-first
 
@@ -184,6 +186,11 @@ scenario torch_interop.py    gpu 0 empty \
 scenario cupy_interop.py     gpu 0 empty \
 	"^cupy_interop: 1048576 floats each way, zero-copy, on " 1 -- \
 	"$examples/cupy_interop.py"
+# One process per GPU; it skips itself (77, "SKIP: <why>") with fewer than
+# 2 GPUs, without PyTorch, its NCCL backend or cusafe's DLPack support.
+scenario nccl_allreduce.py   gpu 0 empty \
+	"^nccl_allreduce: [0-9]+ ranks, 1048576 floats, 0 wrong$" 1 -- \
+	"$examples/nccl_allreduce.py"
 
 # Without a driver or device the examples say so in one line.  The fake
 # plays the machine: its driver state is set before the first call.

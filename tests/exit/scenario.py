@@ -627,10 +627,42 @@ def graph_replays(how="exit"):
     other.begin_capture()  # never ended
 
 
+def multi_device():
+    """Work in flight on every device -- a fill, a kernel and a copy on a
+    buffer of each, on a stream of each -- and peer copies between devices
+    0 and 1 both ways, then exit with every handle alive: the ordered
+    shutdown synchronises and destroys each device's objects.  Needs two
+    devices (the fake has two)."""
+    try:
+        n = cusafe.device_count()
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    if n < 2:
+        skip("%d device: the scenario needs 2" % n)
+    live = []
+    for d in range(n):
+        ctx = cusafe.Context(d)
+        s = ctx.stream(non_blocking=True)
+        a = cusafe.Buffer.from_host(ctx, array.array("f", range(N)))
+        b = ctx.alloc(4 * N)
+        fill = cusafe.Module.builtin(ctx).kernel("cusafe_fill_f32")
+        b.fill(0, stream=s)
+        fill.launch((N + 255) // 256, 256, b, cusafe.F32(d + 1.0), N,
+                    stream=s)
+        a.copy_from(b, stream=s)
+        live.append({"ctx": ctx, "stream": s, "a": a, "b": b, "fill": fill})
+    d0, d1 = live[0], live[1]
+    d1["b"].copy_from(d0["a"], stream=d0["stream"])  # 0 -> 1, on device 0
+    d0["b"].copy_from(d1["a"], stream=d1["stream"])  # 1 -> 0, on device 1
+    d0["a"].copy_from(d1["b"])  # on device 0's default stream
+    LIVE.append(live)
+
+
 LIVE = []
 
 SCENARIOS = {
     "graph-replays": graph_replays,
+    "multi-device": multi_device,
     "probe": probe,
     "layout": layout,
     "binding": binding,
