@@ -1051,9 +1051,16 @@ CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
 /* Copies `size` bytes from src at src_offset to dst at dst_offset, ordered on
  * `stream`, after all earlier work on both buffers.  The buffers may belong
  * to different devices (a peer copy between device memory of two devices).
- * Where the copy has to run on the other device (device memory of one
- * device and host-accessible memory of another), cusafe runs it on that
- * device's default stream, ordered after the work already on `stream` and
+ * The first peer copy between two devices lets each reach the other's
+ * memory where the hardware allows it (cudaDeviceEnablePeerAccess, and
+ * cudaMemPoolSetAccess on the device's current memory pool, from which
+ * cusafe allocates), once per pair for the life of their primary
+ * contexts, so that peer copies go device to device; where it does not,
+ * CUDA stages them through the host.  That access is the primary
+ * context's, shared with other libraries that use it.  Where the copy has
+ * to run on the other device (device memory of one device and
+ * host-accessible memory of another), cusafe runs it on that device's
+ * default stream, ordered after the work already on `stream` and
  * before any work queued on `stream` later.
  * Parameters: dst [in] the buffer or view written; dst_offset [in] bytes
  *   into it; src [in] the buffer or view read; src_offset [in] bytes into
@@ -1065,9 +1072,10 @@ CUSAFE_API cusafe_status cusafe_buffer_read_async(cusafe_buffer buffer,
  *   CUSAFE_ERROR_OUT_OF_RANGE: a range is beyond its buffer, or overflows.
  *   CUSAFE_ERROR_INVALID_VALUE: the ranges overlap within one allocation.
  *   CUSAFE_ERROR_CONTEXT_MISMATCH: stream belongs to neither buffer's
- *   context.  A CUDA failure (cudaMemcpyAsync, cudaMemcpyPeerAsync): its
- *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
- *   shutdown / in a forked child.
+ *   context.  A CUDA failure (cudaMemcpyAsync, cudaMemcpyPeerAsync,
+ *   cudaGetDevice): its mapped status; a failure to enable peer access is
+ *   none (the copy is staged).  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
  * Ownership: both buffers' memory stays alive until the copy has run.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; see "Ordering" above. */

@@ -865,6 +865,9 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
                              : src->kind == CUSAFE_MEMORY_DEVICE ? src->ctx
                                                                  : q->ctx;
   struct cs_queue *run = peer || owner == q->ctx ? q : &owner->queue;
+  if (peer && (st = cs_peer_enable(src->ctx->device, dst->ctx->device)) !=
+                  CUSAFE_SUCCESS)
+    return st;
   for (;;) {
     struct cs_object *drops[2] = {NULL, NULL};
     cs_gate(cs_call_);

@@ -241,6 +241,7 @@ cusafe_status cs_context_fini(struct cs_object *obj) {
   CUresult res = cs_primary_ctx_release(ctx->device);
   if (res != CUDA_SUCCESS && st == CUSAFE_SUCCESS)
     st = primary_failed(res, "cuDevicePrimaryCtxRelease");
+  cs_peer_forget(ctx->device);
   cs_device_leave(saved);
   return st;
 }

@@ -30,6 +30,12 @@ struct cs_cuda {
   cudaError_t (*set_device)(int device);
   cudaError_t (*device_synchronize)(void);
   cudaError_t (*device_get_stream_priority_range)(int *least, int *greatest);
+  cudaError_t (*device_can_access_peer)(int *can, int device, int peer);
+  cudaError_t (*device_enable_peer_access)(int peer, unsigned int flags);
+  cudaError_t (*device_get_mem_pool)(cudaMemPool_t *pool, int device);
+  cudaError_t (*mem_pool_set_access)(cudaMemPool_t pool,
+                                     const struct cudaMemAccessDesc *desc,
+                                     size_t count);
   cudaError_t (*get_last_error)(void);
   const char *(*get_error_name)(cudaError_t err);
   const char *(*get_error_string)(cudaError_t err);

@@ -112,3 +112,76 @@ cusafe_device_get_properties(cusafe_device_properties *out, int device) {
   out->pci_domain_id = prop.pciDomainID;
   return CUSAFE_SUCCESS;
 }
+
+/* ---- peers --------------------------------------------------------------- */
+
+/* Devices beyond this many are left to CUDA's staged copies. */
+#define PEER_DEVICES 64
+
+enum { PEER_UNTRIED, PEER_BUSY, PEER_DONE };
+/* Per pair a < b: whether cs_peer_enable() has run. */
+static _Atomic unsigned char peer_state[PEER_DEVICES][PEER_DEVICES];
+
+/* Lets `from` reach the memory of `to` (`from` current); false if a CUDA
+ * call failed, and left its error as the thread's last. */
+static bool peer_reach(int from, int to) {
+  int can = 0;
+  cudaError_t err = cs_cu->device_can_access_peer(&can, from, to);
+  if (err != cudaSuccess || !can)
+    return err == cudaSuccess;
+  /* cudaErrorPeerAccessAlreadyEnabled: by another library sharing the
+   * primary context; the pool's access list is set all the same. */
+  bool clean = cs_cu->device_enable_peer_access(to, 0) == cudaSuccess;
+  /* Memory from a pool (cudaMallocAsync, as cusafe allocates) follows the
+   * pool's access list instead. */
+  cudaMemPool_t pool;
+  if (cs_cu->device_get_mem_pool(&pool, to) != cudaSuccess)
+    return false;
+  struct cudaMemAccessDesc desc = {
+      .location = {.type = cudaMemLocationTypeDevice, .id = from},
+      .flags = cudaMemAccessFlagsProtReadWrite};
+  return cs_cu->mem_pool_set_access(pool, &desc, 1) == cudaSuccess && clean;
+}
+
+cusafe_status cs_peer_enable(int a, int b) {
+  if (a > b) {
+    int t = a;
+    a = b;
+    b = t;
+  }
+  if (a < 0 || b >= PEER_DEVICES || a == b)
+    return CUSAFE_SUCCESS;
+  unsigned char untried = PEER_UNTRIED;
+  if (CS_LIKELY(atomic_load_explicit(&peer_state[a][b], memory_order_relaxed) !=
+                PEER_UNTRIED) ||
+      !atomic_compare_exchange_strong(&peer_state[a][b], &untried, PEER_BUSY))
+    return CUSAFE_SUCCESS; /* done, or being done: the copy goes either way */
+  int current;
+  cudaError_t err = cs_cu->get_device(&current);
+  if (err != cudaSuccess) {
+    atomic_store(&peer_state[a][b], PEER_UNTRIED);
+    return cs_fail_cuda(err, "cudaGetDevice");
+  }
+  /* In relaxed capture mode: these are no stream work, and must not break
+   * a capture that other code began in global mode on another thread.
+   * Both ways, whatever fails: each is worth having. */
+  enum cudaStreamCaptureMode mode;
+  bool relaxed = cs_relax(&mode);
+  bool ok = cs_cu->set_device(a) == cudaSuccess && peer_reach(a, b);
+  ok = cs_cu->set_device(b) == cudaSuccess && peer_reach(b, a) && ok;
+  ok = cs_cu->set_device(current) == cudaSuccess && ok;
+  cs_unrelax(relaxed, mode);
+  if (!ok)
+    cs_cu->get_last_error(); /* the copy's outcome is the copy's own */
+  atomic_store(&peer_state[a][b], PEER_DONE);
+  return CUSAFE_SUCCESS;
+}
+
+void cs_peer_forget(int device) {
+  if (device < 0 || device >= PEER_DEVICES)
+    return;
+  for (int i = 0; i < PEER_DEVICES; i++) {
+    atomic_store(&peer_state[device][i], PEER_UNTRIED);
+    atomic_store(&peer_state[i][device], PEER_UNTRIED);
+  }
+}

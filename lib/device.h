@@ -38,6 +38,18 @@ cusafe_status cs_device_wait(int device, cudaStream_t stream, cudaEvent_t event,
  * start of a teardown that frees what queued work may still use. */
 cusafe_status cs_device_idle(int device, int *saved);
 
+/* Lets devices a and b reach each other's memory, once per pair and
+ * where the hardware allows it: peer access between their contexts and to
+ * each other's memory pool, so that peer copies go directly instead of
+ * through the host.  What fails is left undone (CUDA stages such copies
+ * through the host) and leaves no CUDA error behind; only the look-up of
+ * the caller's current device, to be restored, is an error (nothing done,
+ * tried again next time).  Thread-safe. */
+cusafe_status cs_peer_enable(int a, int b);
+/* Forgets what cs_peer_enable() did for `device`, whose primary context
+ * goes (a new one has no peer access). */
+void cs_peer_forget(int device);
+
 /* Makes the calling thread's capture mode CUDA's relaxed one, so that
  * cusafe's own calls of a teardown (frees, waits) do not break a capture
  * that other code began in global mode on another thread; true if it did,

@@ -19,6 +19,7 @@
 #include "testutil.h"
 
 #ifdef CUSAFE_TEST_FAKE
+#include "cuda_api.h"
 #include "fakecuda.h"
 #endif
 
@@ -531,6 +532,92 @@ START_TEST(test_stream_wrap) {
   ck_assert_uint_eq(w, CUSAFE_NULL_HANDLE);
 }
 END_TEST
+
+/* Copies both ways between two devices' memory, on either device's
+ * stream, arrive whole.  Against the fake: the first enables peer access
+ * both ways (the contexts' and the memory pools'), once, leaving no CUDA
+ * error behind; a new primary context of a device gets it again. */
+START_TEST(test_peer_copies) {
+  if (!have_two_devices("test_peer_copies"))
+    return;
+  enum { SIZE = 4096, HALF = SIZE / 2 };
+  unsigned char want_a[SIZE], want_b[SIZE];
+  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
+  cusafe_stream s0 = CUSAFE_NULL_HANDLE, s1 = CUSAFE_NULL_HANDLE;
+  for (int round = 0; round < 2; round++) {
+    TU_OK(cusafe_context_create(&c0, 0));
+    TU_OK(cusafe_context_create(&c1, 1));
+    TU_OK(cusafe_stream_create(&s0, c0, 0, 0));
+    TU_OK(cusafe_stream_create(&s1, c1, 0, 0));
+    cusafe_buffer a = make_buffer(c0, CUSAFE_MEMORY_DEVICE, SIZE, 7, want_a);
+    cusafe_buffer b = make_buffer(c1, CUSAFE_MEMORY_DEVICE, SIZE, 9, want_b);
+#ifdef CUSAFE_TEST_FAKE
+    ck_assert_int_eq(fake_peer_access(0, 1), 0);
+    ck_assert_int_eq(fake_peer_access(1, 0), 0);
+#endif
+    for (int i = 0; i < 4; i++) {
+      /* a's first half into b, b's second half into a */
+      TU_OK(cusafe_buffer_copy(b, 0, a, 0, HALF, i % 2 ? s1 : s0));
+      TU_OK(cusafe_buffer_copy(a, HALF, b, HALF, HALF, i % 2 ? s0 : s1));
+    }
+    memcpy(want_b, want_a, HALF);
+    memcpy(want_a + HALF, want_b + HALF, HALF);
+    CHECK_CONTENT(a, 0, want_a, SIZE);
+    CHECK_CONTENT(b, 0, want_b, SIZE);
+#ifdef CUSAFE_TEST_FAKE
+    ck_assert_int_eq(fake_peer_access(0, 1), 3);
+    ck_assert_int_eq(fake_peer_access(1, 0), 3);
+    ck_assert_uint_eq(fake_log_count("cudaDeviceEnablePeerAccess"),
+                      2 * (round + 1));
+    ck_assert_uint_eq(fake_log_count("cudaMemPoolSetAccess"), 2 * (round + 1));
+    ck_assert_int_eq(cs_cu->get_last_error(), cudaSuccess);
+#endif
+    TU_OK(cusafe_buffer_release(a));
+    TU_OK(cusafe_buffer_release(b));
+    TU_OK(cusafe_stream_release(s0));
+    TU_OK(cusafe_stream_release(s1));
+    /* The primary contexts go, and their peer access with them. */
+    TU_OK(cusafe_context_release(c1));
+    TU_OK(cusafe_context_release(c0));
+  }
+}
+END_TEST
+
+#ifdef CUSAFE_TEST_FAKE
+/* A copy from device 0 to device 1 where devices cannot reach each other
+ * (staged by CUDA), or after another library sharing the primary contexts
+ * enabled peer access (`other_first`): right all the same, leaving no CUDA
+ * error behind. */
+static void peer_copy_after(int reachable, int other_first) {
+  fake_set_peer_access(reachable);
+  cusafe_context c0, c1;
+  TU_OK(cusafe_context_create(&c0, 0));
+  TU_OK(cusafe_context_create(&c1, 1));
+  if (other_first) {
+    ck_assert_int_eq(cs_cu->set_device(1), cudaSuccess);
+    ck_assert_int_eq(cs_cu->device_enable_peer_access(0, 0), cudaSuccess);
+    ck_assert_int_eq(cs_cu->set_device(0), cudaSuccess);
+  }
+  unsigned char want[256];
+  cusafe_buffer a = make_buffer(c0, CUSAFE_MEMORY_DEVICE, 256, 3, want);
+  cusafe_buffer b = make_buffer(c1, CUSAFE_MEMORY_DEVICE, 256, 4, NULL);
+  TU_OK(cusafe_buffer_copy(b, 0, a, 0, 256, CUSAFE_STREAM_DEFAULT));
+  CHECK_CONTENT(b, 0, want, 256);
+  ck_assert_int_eq(cs_cu->get_last_error(), cudaSuccess);
+  ck_assert_int_eq(fake_peer_access(0, 1), reachable ? 3 : 0);
+  ck_assert_int_eq(fake_peer_access(1, 0), reachable ? 3 : 0);
+  TU_OK(cusafe_buffer_release(a));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_context_release(c1));
+  TU_OK(cusafe_context_release(c0));
+}
+
+START_TEST(test_peer_copy_unreachable) { peer_copy_after(0, 0); }
+END_TEST
+
+START_TEST(test_peer_copy_after_other_library) { peer_copy_after(1, 1); }
+END_TEST
+#endif
 
 /* A stream of device 1 cannot be wrapped on device 0's context. */
 START_TEST(test_stream_wrap_other_device) {
@@ -3146,6 +3233,11 @@ static Suite *api_suite(void) {
   tc = tcase_create("devices2");
   tcase_add_test(tc, test_context_per_device);
   tcase_add_test(tc, test_peer_copy_between_devices);
+  tcase_add_test(tc, test_peer_copies);
+#ifdef CUSAFE_TEST_FAKE
+  tcase_add_test(tc, test_peer_copy_unreachable);
+  tcase_add_test(tc, test_peer_copy_after_other_library);
+#endif
   tcase_add_test(tc, test_objects_of_two_devices_do_not_mix);
   suite_add_tcase(s, tc);
 

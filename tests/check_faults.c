@@ -273,6 +273,10 @@ static int is_failure_of(const char *function, cudaError_t err,
 static const char *const absorbable[] = {
     "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
     "cudaFreeAsync",
+    /* Peer access, set up before the first copy between two devices:
+     * without it CUDA stages the copy through the host. */
+    "cudaDeviceCanAccessPeer", "cudaDeviceEnablePeerAccess",
+    "cudaDeviceGetMemPool", "cudaMemPoolSetAccess",
     /* A graph destroyed in the thread's own capture mode: the destruction
      * is retried before its context goes if that makes it fail. */
     "cudaThreadExchangeStreamCaptureMode"};

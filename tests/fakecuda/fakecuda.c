@@ -187,12 +187,14 @@ struct fexec {
 };
 
 struct fdevice {
-  int managed;        /* managed memory supported */
-  size_t limit;       /* bytes that live allocations may hold */
-  size_t bytes;       /* bytes held by live and free-pending allocations */
-  cudaError_t sticky; /* 0, or the error every call on the device returns */
-  int ctx_refs;       /* primary context retains */
-  uint64_t clock;     /* counts queued operations and records */
+  int managed;         /* managed memory supported */
+  size_t limit;        /* bytes that live allocations may hold */
+  size_t bytes;        /* bytes held by live and free-pending allocations */
+  cudaError_t sticky;  /* 0, or the error every call on the device returns */
+  int ctx_refs;        /* primary context retains */
+  uint64_t clock;      /* counts queued operations and records */
+  unsigned peers;      /* devices whose memory this one's context reaches */
+  unsigned pool_peers; /* devices that this one's memory pool lets in */
   struct fstream legacy;
 };
 
@@ -242,6 +244,7 @@ static int g_initialized;
 static struct {
   enum fake_driver driver;
   int ndev;
+  int peer_ok; /* devices reach each other's memory */
   int paused;
   int strict;
   int torn_down;
@@ -364,6 +367,7 @@ static void *grow(void *arr, size_t n, size_t *cap, size_t size) {
 static void set_defaults(void) {
   g.driver = FAKE_DRIVER_OK;
   g.ndev = DEFAULT_DEVICES;
+  g.peer_ok = 1;
   g.paused = 0;
   g.strict = 1;
   g.calls = 0;
@@ -556,6 +560,7 @@ static void free_everything(void) {
     d->bytes = 0;
     d->ctx_refs = 0;
     d->clock = 0;
+    d->peers = d->pool_peers = 0;
   }
 }
 
@@ -1521,6 +1526,75 @@ static cudaError_t fk_set_device(int device) {
   return leave(cudaSuccess);
 }
 
+/* Peer access: every pair of devices can reach each other, or none
+ * (fake_set_peer_access). */
+static cudaError_t fk_device_can_access_peer(int *can, int device, int peer) {
+  ENTER_OR_RETURN("cudaDeviceCanAccessPeer", 0);
+  if (!can)
+    return leave(cudaErrorInvalidValue);
+  if (!valid_device(device) || !valid_device(peer))
+    return leave(cudaErrorInvalidDevice);
+  *can = device != peer && g.peer_ok;
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_device_enable_peer_access(int peer, unsigned int flags) {
+  int dev;
+  ENTER_ON_DEVICE_OR_RETURN("cudaDeviceEnablePeerAccess", 0, &dev);
+  if (flags)
+    return leave(cudaErrorInvalidValue);
+  if (!valid_device(peer) || peer == dev)
+    return leave(cudaErrorInvalidDevice);
+  if (!g.peer_ok)
+    return leave(cudaErrorPeerAccessUnsupported);
+  if (g.dev[dev].peers & (1u << peer))
+    return leave(cudaErrorPeerAccessAlreadyEnabled);
+  g.dev[dev].peers |= 1u << peer;
+  return leave(cudaSuccess);
+}
+
+/* A device's memory pool is named by its fdevice. */
+static cudaError_t fk_device_get_mem_pool(cudaMemPool_t *pool, int device) {
+  ENTER_OR_RETURN("cudaDeviceGetMemPool", 0);
+  if (!pool)
+    return leave(cudaErrorInvalidValue);
+  if (!valid_device(device))
+    return leave(cudaErrorInvalidDevice);
+  *pool = (cudaMemPool_t)(void *)&g.dev[device];
+  return leave(cudaSuccess);
+}
+
+static cudaError_t fk_mem_pool_set_access(cudaMemPool_t pool,
+                                          const struct cudaMemAccessDesc *desc,
+                                          size_t count) {
+  ENTER_OR_RETURN("cudaMemPoolSetAccess", 0);
+  int dev = -1;
+  for (int i = 0; i < g.ndev; i++)
+    if ((void *)pool == (void *)&g.dev[i])
+      dev = i;
+  if (dev < 0 || (!desc && count))
+    return leave(cudaErrorInvalidValue);
+  for (size_t i = 0; i < count; i++) {
+    const struct cudaMemAccessDesc *d = &desc[i];
+    if (d->location.type != cudaMemLocationTypeDevice ||
+        !valid_device(d->location.id))
+      return leave(cudaErrorInvalidValue);
+    /* The pool's own device keeps read-write access. */
+    if (d->location.id == dev ? d->flags != cudaMemAccessFlagsProtReadWrite
+                              : !g.peer_ok)
+      return leave(cudaErrorInvalidDevice);
+  }
+  for (size_t i = 0; i < count; i++)
+    if (desc[i].location.id != dev) {
+      unsigned bit = 1u << desc[i].location.id;
+      if (desc[i].flags == cudaMemAccessFlagsProtNone)
+        g.dev[dev].pool_peers &= ~bit;
+      else
+        g.dev[dev].pool_peers |= bit;
+    }
+  return leave(cudaSuccess);
+}
+
 static cudaError_t fk_device_synchronize(void) {
   int dev;
   ENTER_ON_DEVICE_OR_RETURN("cudaDeviceSynchronize", 0, &dev);
@@ -1621,6 +1695,12 @@ static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
               "context is not retained",
               dev);
   if (--d->ctx_refs == 0) {
+    /* Peer access goes with the context, both ways. */
+    d->peers = d->pool_peers = 0;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+      g.dev[i].peers &= ~(1u << dev);
+      g.dev[i].pool_peers &= ~(1u << dev);
+    }
     size_t na = count_allocations(dev), ns = count_streams(dev),
            ne = count_events(dev), nl = count_libraries(dev);
     size_t ngr = count_graphs(dev), nx = count_execs(dev),
@@ -3707,6 +3787,10 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .device_get_attribute = fk_device_get_attribute,
     .get_device = fk_get_device,
     .set_device = fk_set_device,
+    .device_can_access_peer = fk_device_can_access_peer,
+    .device_enable_peer_access = fk_device_enable_peer_access,
+    .device_get_mem_pool = fk_device_get_mem_pool,
+    .mem_pool_set_access = fk_mem_pool_set_access,
     .device_synchronize = fk_device_synchronize,
     .device_get_stream_priority_range = fk_device_get_stream_priority_range,
     .get_last_error = fk_get_last_error,
@@ -3838,6 +3922,22 @@ FAKE_EXPORT void fake_set_driver(enum fake_driver state) {
   lock();
   g.driver = state;
   unlock();
+}
+
+FAKE_EXPORT void fake_set_peer_access(int allowed) {
+  lock();
+  g.peer_ok = allowed != 0;
+  unlock();
+}
+
+FAKE_EXPORT int fake_peer_access(int device, int peer) {
+  lock();
+  int r = 0;
+  if (valid_device(device) && valid_device(peer))
+    r = !!(g.dev[device].peers & (1u << peer)) |
+        (g.dev[peer].pool_peers & (1u << device) ? 2 : 0);
+  unlock();
+  return r;
 }
 
 FAKE_EXPORT void fake_set_device_count(int n) {

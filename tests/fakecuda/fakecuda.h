@@ -65,6 +65,18 @@ extern "C" {
 enum fake_driver { FAKE_DRIVER_OK, FAKE_DRIVER_MISSING, FAKE_DRIVER_NO_DEVICE };
 void fake_set_driver(enum fake_driver state);
 void fake_set_device_count(int n); /* 0..8; default 2 */
+/* Whether devices can reach each other's memory (cudaDeviceCanAccessPeer;
+ * default 1, for every pair).  With 0, cudaDeviceEnablePeerAccess answers
+ * cudaErrorPeerAccessUnsupported and cudaMemPoolSetAccess for another
+ * device cudaErrorInvalidDevice; peer copies still work (CUDA stages them
+ * through the host).  cudaDeviceEnablePeerAccess enables access from the
+ * current device's context (cudaErrorPeerAccessAlreadyEnabled the second
+ * time); a primary context's release takes its peer access, both ways,
+ * with it. */
+void fake_set_peer_access(int allowed);
+/* Peer access of `device` to the memory of `peer`: 1 if enabled from
+ * device's context, plus 2 if peer's memory pool lets device in. */
+int fake_peer_access(int device, int peer);
 
 /* Per-device properties the fake reports (defaults: name "Fake GPU <n>",
  * 1 GiB total memory, CC 9.0, 132 SMs, 1024 threads per block, block
