@@ -612,6 +612,53 @@ static void peer_copy_after(int reachable, int other_first) {
   TU_OK(cusafe_context_release(c0));
 }
 
+/* Work that other code queues by address on every device (as NCCL does),
+ * recorded with cusafe_stream_use_buffers: each stream waits for the
+ * work queued before on its buffers, a peer copy on the other device's
+ * stream included, and buffers released right after the foreign work is
+ * queued are freed after it (the fake finds a use after free). */
+START_TEST(test_foreign_work_on_every_device) {
+  enum { SIZE = 4096 };
+  cusafe_context c[2];
+  cusafe_stream s[2];
+  cusafe_buffer src[2], dst[2];
+  unsigned char want[2][SIZE];
+  for (int d = 0; d < 2; d++) {
+    TU_OK(cusafe_context_create(&c[d], d));
+    TU_OK(cusafe_stream_create(&s[d], c[d], CUSAFE_STREAM_NON_BLOCKING, 0));
+    src[d] = make_buffer(c[d], CUSAFE_MEMORY_DEVICE, SIZE, 20 + d, want[d]);
+    TU_OK(cusafe_buffer_alloc(&dst[d], c[d], CUSAFE_MEMORY_DEVICE, SIZE));
+  }
+  fake_set_paused(1);
+  /* Device 1's source comes from device 0, copied on device 0's stream. */
+  TU_OK(cusafe_buffer_copy(src[1], 0, src[0], 0, SIZE / 2, s[0]));
+  memcpy(want[1], want[0], SIZE / 2);
+  for (int d = 0; d < 2; d++) {
+    void *from, *to, *stream;
+    const cusafe_buffer both[] = {src[d], dst[d]};
+    TU_OK(cusafe_buffer_interop_pointer(&from, src[d]));
+    TU_OK(cusafe_buffer_interop_pointer(&to, dst[d]));
+    TU_OK(cusafe_stream_interop_handle(&stream, s[d]));
+    TU_OK(cusafe_stream_use_buffers(s[d], both, 2));
+    ck_assert_int_eq(cs_cu->set_device(d), cudaSuccess);
+    ck_assert_int_eq(cs_cu->memcpy_async(to, from, SIZE,
+                                         cudaMemcpyDeviceToDevice,
+                                         (cudaStream_t)stream),
+                     cudaSuccess);
+    TU_OK(cusafe_buffer_release(src[d])); /* freed after the copy */
+  }
+  ck_assert_int_eq(cs_cu->set_device(0), cudaSuccess);
+  fake_set_paused(0);
+  for (int d = 0; d < 2; d++) {
+    CHECK_CONTENT(dst[d], 0, want[d], SIZE);
+    TU_OK(cusafe_buffer_release(dst[d]));
+    TU_OK(cusafe_stream_release(s[d]));
+    TU_OK(cusafe_context_release(c[d]));
+    ck_assert_uint_eq(fake_live_allocations(d), 0);
+  }
+}
+END_TEST
+
 START_TEST(test_peer_copy_unreachable) { peer_copy_after(0, 0); }
 END_TEST
 
@@ -3235,6 +3282,7 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_peer_copy_between_devices);
   tcase_add_test(tc, test_peer_copies);
 #ifdef CUSAFE_TEST_FAKE
+  tcase_add_test(tc, test_foreign_work_on_every_device);
   tcase_add_test(tc, test_peer_copy_unreachable);
   tcase_add_test(tc, test_peer_copy_after_other_library);
 #endif
