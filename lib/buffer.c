@@ -151,10 +151,11 @@ static void root_init(struct cs_buffer *b, struct cs_context *ctx, void *ptr,
 /* Enters b into the handle table with what launches read of it in its
  * slot; a root's `last` moves there. */
 static cusafe_status buffer_enter(struct cs_buffer *b) {
-  struct cs_buffer_slot *bs;
-  cusafe_status st = cs_handle_claim_buffer(&b->hdr, &bs);
+  union cs_slot_data *data;
+  cusafe_status st = cs_handle_claim(&b->hdr, CS_BUFFER, &data);
   if (st != CUSAFE_SUCCESS)
     return st;
+  struct cs_buffer_slot *bs = &data->buffer;
   bs->ptr = b->ptr;
   bs->ctx = b->ctx;
   bs->root = b->root;

@@ -130,6 +130,19 @@ CUSAFE_API cusafe_status cusafe_context_create(cusafe_context *out,
 
 /* ---- children ------------------------------------------------------------ */
 
+/* Enters the made child obj into the handle table, its slot filled. */
+static cusafe_status enter(struct cs_object *obj, const struct cs_child *how) {
+  if (!how->fill)
+    return cs_handle_new(obj, how->type);
+  union cs_slot_data *data;
+  cusafe_status st = cs_handle_claim(obj, how->type, &data);
+  if (st == CUSAFE_SUCCESS) {
+    how->fill(obj, data);
+    cs_handle_publish(obj);
+  }
+  return st;
+}
+
 /* Makes the child in obj (ctx acquired, arguments checked). */
 static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
                                const struct cs_child *how, const void *args) {
@@ -141,8 +154,7 @@ static cusafe_status child_new(cusafe_handle *out, struct cs_context *ctx,
   if (st == CUSAFE_SUCCESS) {
     st = how->make(obj, ctx, args);
     obj->parent = &ctx->hdr; /* the caller's reference */
-    if (st == CUSAFE_SUCCESS &&
-        (st = cs_handle_new(obj, how->type)) != CUSAFE_SUCCESS)
+    if (st == CUSAFE_SUCCESS && (st = enter(obj, how)) != CUSAFE_SUCCESS)
       if (how->unmake)
         how->unmake(obj);
     cs_device_leave(saved);

@@ -55,6 +55,9 @@ struct cs_child {
   /* Destroys what make() created (the handle could not be entered);
    * NULL: nothing to destroy. */
   void (*unmake)(struct cs_object *obj);
+  /* Sets what the hot paths read of the child in its handle slot, before
+   * the handle is published (handle.h); NULL: nothing. */
+  void (*fill)(struct cs_object *obj, union cs_slot_data *data);
 };
 /* The one path that creates a child of the context `ctx`: acquires it,
  * checks, allocates, makes, and enters the child, whose parent the context

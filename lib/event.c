@@ -44,8 +44,11 @@ static void event_unmake(struct cs_object *obj) {
 CUSAFE_API cusafe_status cusafe_event_create(cusafe_event *out,
                                              cusafe_context ctx,
                                              unsigned int flags) {
-  static const struct cs_child how = {CS_EVENT, sizeof(struct cs_event),
-                                      event_check, event_make, event_unmake};
+  static const struct cs_child how = {.type = CS_EVENT,
+                                      .size = sizeof(struct cs_event),
+                                      .check = event_check,
+                                      .make = event_make,
+                                      .unmake = event_unmake};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return cs_context_child(out, ctx, &how, &flags);
 }

@@ -493,6 +493,16 @@ static void drop_held(struct cs_object **held, size_t n) {
     cs_unref(held[i]);
 }
 
+/* Sets what replays read of g in its handle slot, gs. */
+static void graph_fill(struct cs_graph *g, struct cs_graph_slot *gs) {
+  g->slot = gs;
+  atomic_init(&gs->exec, NULL);
+  gs->ctx = g->ctx;
+  gs->nlasts = g->has_events ? UINT32_MAX : g->nroots;
+  for (uint32_t i = 0; i < CS_SLOT_LASTS; i++)
+    gs->lasts[i] = i < g->nroots ? g->lasts[i] : NULL;
+}
+
 /* A graph of the captured work, taking over what c holds; c is freed. */
 static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
                                cudaGraph_t g) {
@@ -531,8 +541,12 @@ static cusafe_status graph_new(cusafe_graph *out, struct cs_capture *c,
       gr->has_events |= c->held[i]->type == CS_EVENT;
     cs_ref(&c->ctx->hdr);
     gr->hdr.parent = &c->ctx->hdr;
-    st = cs_handle_new(&gr->hdr, CS_GRAPH);
-    if (st != CUSAFE_SUCCESS) {
+    union cs_slot_data *data;
+    st = cs_handle_claim(&gr->hdr, CS_GRAPH, &data);
+    if (st == CUSAFE_SUCCESS) {
+      graph_fill(gr, &data->graph);
+      cs_handle_publish(&gr->hdr);
+    } else {
       cs_unref(&c->ctx->hdr);
       pthread_mutex_destroy(&gr->lock);
     }
@@ -665,8 +679,10 @@ static cusafe_status graph_exec(struct cs_graph *g, cudaGraphExec_t *out) {
     cudaError_t err = cs_cu->graph_instantiate(&x, g->graph, 0);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaGraphInstantiate");
-    else
+    else {
       atomic_store_explicit(&g->exec, x, memory_order_release);
+      atomic_store_explicit(&g->slot->exec, x, memory_order_release);
+    }
   }
   pthread_mutex_unlock(&g->lock);
   *out = x;
@@ -731,13 +747,14 @@ static inline bool all_on(_Atomic(struct cs_queue *) *const *lasts, uint32_t n,
   return true;
 }
 
-/* Replays x, g's executable graph, on q where all_on(lasts, g->nroots, q)
- * (q's device current, the thread pinned).  `lasts` is g's or a copy in
- * the caller's frame, which the driver's work leaves in the cache. */
+/* Replays x, g's executable graph, on q (whose CUDA stream is `stream`)
+ * where all_on(lasts, g->nroots, q) (q's device current, the thread
+ * pinned).  `lasts` is g's or its slot's. */
 static inline cusafe_status
 replay_unlocked(struct cs_graph *g, cudaGraphExec_t x, struct cs_queue *q,
-                _Atomic(struct cs_queue *) *const *lasts, uint32_t n) {
-  cudaError_t err = cs_cu->graph_launch(x, q->stream);
+                cudaStream_t stream, _Atomic(struct cs_queue *) *const *lasts,
+                uint32_t n) {
+  cudaError_t err = cs_cu->graph_launch(x, stream);
   if (CS_UNLIKELY(err != cudaSuccess))
     return cs_fail_cuda(err, "cudaGraphLaunch");
   if (n) {
@@ -764,7 +781,7 @@ static cusafe_status replay(struct cs_graph *g, cudaGraphExec_t x,
       return st;
   }
   if (CS_LIKELY(all_on(g->lasts, g->nroots, q)))
-    return replay_unlocked(g, x, q, g->lasts, g->nroots);
+    return replay_unlocked(g, x, q, q->stream, g->lasts, g->nroots);
   if (g->nroots > 16) {
     sp->roots = malloc(g->nroots * sizeof *sp->roots);
     sp->drops = malloc(g->nroots * sizeof *sp->drops);
@@ -826,35 +843,37 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
 /* The common replay, in few instructions and cache lines (between two
  * replays the driver's own work evicts much of what the last one read):
  * an executable graph of no events and up to CS_GRAPH_LASTS buffers,
- * replayed on a stream of one device, outside captures, whose buffers'
- * latest work is on that stream already.
+ * replayed on a stream of one device while no capture is open, whose
+ * buffers' latest work is on that stream already.  It reads the graph and
+ * the stream in their handle slots only (handle.h), and the graph's
+ * buffers' `last` in theirs.  No capture open (cs_hot.captures, counted
+ * from before a capture begins in CUDA to after it ends there) means that
+ * the stream captures nothing either.
  * What launch_pinned() and replay() would do; CS_SLOW, with nothing done,
  * where anything else is needed. */
 static inline cusafe_status replay_fast(cusafe_graph graph,
                                         cusafe_stream stream) {
-  struct cs_graph *g;
-  struct cs_object *s;
-  if (cs_peek(graph, CS_GRAPH, "graph", -1, (struct cs_object **)&g) !=
-      CUSAFE_SUCCESS)
+  struct cs_object *g, *s;
+  const union cs_slot_data *gd = cs_peek_data(graph, CS_GRAPH, &g);
+  if (!gd || stream == CUSAFE_STREAM_DEFAULT)
     return CS_SLOW;
-  cudaGraphExec_t x = atomic_load_explicit(&g->exec, memory_order_acquire);
-  if (!x || g->has_events || stream == CUSAFE_STREAM_DEFAULT ||
+  const union cs_slot_data *sd = cs_peek_data(stream, CS_STREAM, &s);
+  if (!sd)
+    return CS_SLOW;
+  cudaGraphExec_t x =
+      atomic_load_explicit(&gd->graph.exec, memory_order_acquire);
+  uint32_t n = gd->graph.nlasts;
+  struct cs_queue *q = sd->stream.queue;
+  if (!x || n > CS_GRAPH_LASTS || sd->stream.ctx != gd->graph.ctx ||
       !atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed) ||
-      cs_peek(stream, CS_STREAM, "stream", -1, &s) != CUSAFE_SUCCESS)
-    return CS_SLOW;
-  struct cs_queue *q = &((struct cs_stream *)s)->queue;
-  if (q->ctx != g->ctx || atomic_load(&q->capture) ||
       atomic_load(&cs_hot.captures))
     return CS_SLOW;
-  uint32_t n = g->nroots;
-  _Atomic(struct cs_queue *) *lasts[CS_GRAPH_LASTS];
-  if (n > CS_GRAPH_LASTS)
-    return CS_SLOW;
-  for (uint32_t i = 0; i < n; i++)
-    lasts[i] = g->lasts[i];
+  _Atomic(struct cs_queue *) *const *lasts =
+      n <= CS_SLOT_LASTS ? gd->graph.lasts : ((struct cs_graph *)g)->lasts;
   if (!all_on(lasts, n, q))
     return CS_SLOW;
-  return replay_unlocked(g, x, q, lasts, n);
+  return replay_unlocked((struct cs_graph *)g, x, q, sd->stream.stream, lasts,
+                         n);
 }
 
 /* Every other replay: the first (which makes the executable graph), one

@@ -62,6 +62,8 @@ struct cs_graph {
   _Alignas(64) _Atomic(struct cs_queue *) *lasts_here[CS_GRAPH_LASTS];
   struct cs_buffer **roots; /* in lock order */
   cudaGraph_t graph;
+  /* What the common replay reads of it, in its handle slot (handle.h). */
+  struct cs_graph_slot *slot;
   pthread_mutex_t lock;    /* guards the instantiation and `replayed` */
   struct cs_object **held; /* referenced */
   size_t nheld;

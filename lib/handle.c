@@ -53,8 +53,8 @@ struct cs_slot {
   uint32_t index;
   _Atomic uint8_t type; /* the occupant's; set before the word publishes it */
   union {
-    uint32_t next_free;           /* a free slot's, under table_lock */
-    struct cs_buffer_slot buffer; /* a buffer's (cs_handle_claim_buffer) */
+    uint32_t next_free;      /* a free slot's, under table_lock */
+    union cs_slot_data data; /* a live object's (cs_handle_claim) */
   } u;
 };
 _Static_assert(sizeof(struct cs_slot) == 64, "a slot is one cache line");
@@ -159,12 +159,12 @@ cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type) {
   return st;
 }
 
-cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
-                                     struct cs_buffer_slot **out) {
+cusafe_status cs_handle_claim(struct cs_object *obj, enum cs_type type,
+                              union cs_slot_data **out) {
   struct cs_slot *slot;
-  cusafe_status st = claim(obj, CS_BUFFER, &slot);
+  cusafe_status st = claim(obj, type, &slot);
   if (st == CUSAFE_SUCCESS)
-    *out = &slot->u.buffer;
+    *out = &slot->u.data;
   return st;
 }
 
@@ -358,17 +358,27 @@ cusafe_status cs_peek(cusafe_handle h, enum cs_type type, const char *name,
   return peek_slow(h, type, name, index, out);
 }
 
+const union cs_slot_data *cs_peek_data(cusafe_handle h, enum cs_type type,
+                                       struct cs_object **obj) {
+  struct cs_slot *slot = peek_slot(h, type);
+  if (CS_LIKELY(slot)) {
+    *obj = atomic_load_explicit(&slot->obj, memory_order_relaxed);
+    return &slot->u.data;
+  }
+  return NULL;
+}
+
 cusafe_status cs_peek_buffer(cusafe_handle h, long index,
                              const struct cs_buffer_slot **out) {
   struct cs_slot *slot = peek_slot(h, CS_BUFFER);
   if (CS_LIKELY(slot)) {
-    *out = &slot->u.buffer;
+    *out = &slot->u.data.buffer;
     return CUSAFE_SUCCESS;
   }
   struct cs_object *obj;
   cusafe_status st = peek_slow(h, CS_BUFFER, "argument", index, &obj);
   if (st == CUSAFE_SUCCESS)
-    *out = &slot_of(obj)->u.buffer;
+    *out = &slot_of(obj)->u.data.buffer;
   return st;
 }
 

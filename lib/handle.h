@@ -84,23 +84,52 @@ const char *cs_type_name(enum cs_type type);
  * table cannot grow. */
 cusafe_status cs_handle_new(struct cs_object *obj, enum cs_type type);
 
-/* What a launch reads of a buffer, kept in the buffer's handle slot next to
- * the generation that the launch checks, so that a buffer argument costs
- * one cache line (buffer.h): set before the handle is published and
- * constant while it is live, except a root's `own_last`. */
+/* What the hot paths read of an object, kept in its handle slot next to the
+ * generation that they check, so that the object costs them one cache
+ * line: set before the handle is published (cs_handle_claim) and constant
+ * while it is live, except where said. */
 struct cs_queue;
+struct cs_context;
+/* A buffer's, for launches (buffer.h). */
 struct cs_buffer_slot {
   char *ptr;
   struct cs_context *ctx;
   struct cs_buffer *root;
   _Atomic(struct cs_queue *) *last;    /* the root's `last` */
-  _Atomic(struct cs_queue *) own_last; /* where a root's `last` points */
+  _Atomic(struct cs_queue *) own_last; /* where a root's `last` points;
+                                        * changes with the root's chain */
 };
-/* cs_handle_new() in two steps, for a buffer: claims a slot for obj (its
- * handle set, not yet live) and returns the slot's buffer part to fill;
- * cs_handle_publish() then makes the handle live. */
-cusafe_status cs_handle_claim_buffer(struct cs_object *obj,
-                                     struct cs_buffer_slot **out);
+/* A stream's, for replays (graph.c): its queue's. */
+struct cs_stream_slot {
+  struct cs_queue *queue;
+  struct cs_context *ctx;
+  struct CUstream_st *stream; /* the queue's cudaStream_t */
+};
+/* How many buffers a graph's slot names itself (the bench's graphs, and
+ * most others, use one or two). */
+#define CS_SLOT_LASTS 2
+/* A graph's, for replays (graph.c): what replay_fast() needs. */
+struct cs_graph_slot {
+  /* Its executable graph (a cudaGraphExec_t), NULL until it is made: set
+   * once, after the graph's own `exec`. */
+  _Atomic(struct CUgraphExec_st *) exec;
+  struct cs_context *ctx;
+  /* The graph's buffers (nroots), their roots' `last` in `lasts` where
+   * there are up to CS_SLOT_LASTS, else in the graph; UINT32_MAX where a
+   * replay cannot take the fast path (events among what it holds). */
+  uint32_t nlasts;
+  _Atomic(struct cs_queue *) *lasts[CS_SLOT_LASTS];
+};
+union cs_slot_data {
+  struct cs_buffer_slot buffer;
+  struct cs_stream_slot stream;
+  struct cs_graph_slot graph;
+};
+/* cs_handle_new() in two steps, for an object whose slot carries data:
+ * claims a slot for obj (its handle set, not yet live) and returns the
+ * slot's data to fill; cs_handle_publish() then makes the handle live. */
+cusafe_status cs_handle_claim(struct cs_object *obj, enum cs_type type,
+                              union cs_slot_data **out);
 void cs_handle_publish(struct cs_object *obj);
 
 /* ---- checked lookups ----------------------------------------------------- */
@@ -140,6 +169,12 @@ void cs_drop(void *held);
  * `index` >= 0 names the index-th element of a list. */
 cusafe_status cs_peek(cusafe_handle handle, enum cs_type type, const char *name,
                       long index, struct cs_object **out) CS_HOT;
+/* The fast form of cs_peek(), for the hot paths: the data in the slot of
+ * `handle` (and *obj, its object) if the handle is live and of `type`,
+ * else NULL, with no message: the caller then takes the path that
+ * explains.  For a pinned thread only. */
+const union cs_slot_data *cs_peek_data(cusafe_handle handle, enum cs_type type,
+                                       struct cs_object **obj) CS_HOT;
 /* cs_peek() of a buffer that is the index-th argument of a launch: *out
  * is what the launch reads of it, in the buffer's handle slot. */
 cusafe_status cs_peek_buffer(cusafe_handle handle, long index,

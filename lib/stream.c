@@ -138,6 +138,14 @@ static cusafe_status stream_make(struct cs_object *obj, struct cs_context *ctx,
   return CUSAFE_SUCCESS;
 }
 
+/* A replay reads the queue's stream and context in the stream's slot. */
+static void stream_fill(struct cs_object *obj, union cs_slot_data *data) {
+  struct cs_stream *s = (struct cs_stream *)obj;
+  data->stream.queue = &s->queue;
+  data->stream.ctx = s->queue.ctx;
+  data->stream.stream = s->queue.stream;
+}
+
 static void stream_unmake(struct cs_object *obj) {
   cs_cu->stream_destroy(((struct cs_stream *)obj)->queue.stream);
 }
@@ -146,8 +154,12 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                               cusafe_context ctx,
                                               unsigned int flags,
                                               int priority) {
-  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream),
-                                      stream_check, stream_make, stream_unmake};
+  static const struct cs_child how = {.type = CS_STREAM,
+                                      .size = sizeof(struct cs_stream),
+                                      .check = stream_check,
+                                      .make = stream_make,
+                                      .unmake = stream_unmake,
+                                      .fill = stream_fill};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return cs_context_child(out, ctx, &how,
                           &(struct stream_args){flags, priority});
@@ -180,8 +192,10 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
 CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
                                             cusafe_context ctx,
                                             void *cuda_stream) {
-  static const struct cs_child how = {CS_STREAM, sizeof(struct cs_stream), NULL,
-                                      wrap_make, NULL};
+  static const struct cs_child how = {.type = CS_STREAM,
+                                      .size = sizeof(struct cs_stream),
+                                      .make = wrap_make,
+                                      .fill = stream_fill};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   cudaStream_t stream = (cudaStream_t)cuda_stream;
   return cs_context_child(out, ctx, &how, &stream);

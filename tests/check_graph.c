@@ -143,16 +143,19 @@ START_TEST(test_replay_chain_over_views) {
 }
 END_TEST
 
-/* Graphs of few and of many buffers (replays keep up to eight in a
- * shorter path), replayed over and over on one stream and in turn on two,
- * with other work on their buffers in between: every replay comes after
- * that work and before the next. */
+/* Graphs of few and of many buffers (replays find up to two in the
+ * graph's handle slot, up to eight in the graph, more on a longer path),
+ * replayed over and over on one stream and in turn on two, with other work
+ * on their buffers in between: every replay comes after that work and
+ * before the next. */
 START_TEST(test_replays_of_few_and_many_buffers) {
   struct world w;
   world_make(&w);
   enum { MANY = 12 };
+  static const size_t counts[] = {1, 2, 3, 8, 9, MANY};
   TU_OK(run1(w.fill, w.t, w.y, 1.0f, N, 0));
-  for (size_t nbufs = 1; nbufs <= MANY; nbufs += MANY - 1) {
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    size_t nbufs = counts[c];
     cusafe_buffer b[MANY];
     for (size_t i = 0; i < nbufs; i++) {
       TU_OK(cusafe_buffer_alloc(&b[i], w.ctx, CUSAFE_MEMORY_DEVICE,
@@ -164,12 +167,18 @@ START_TEST(test_replays_of_few_and_many_buffers) {
       TU_OK(run1(w.scale, w.s, b[i], 2.0f, N, 0));
     cusafe_graph g;
     TU_OK(cusafe_stream_end_capture(&g, w.s));
+    /* (s synchronised after its replays: the paused fake runs its work
+     * then, after the work it waits for.) */
     for (int i = 0; i < 5; i++) /* 1 -> 32, on s */
       TU_OK(cusafe_graph_launch(g, w.s));
+    TU_OK(cusafe_stream_synchronize(w.s));
     for (size_t i = 0; i < nbufs; i++) /* 32 + 1 = 33, on t */
       TU_OK(run1(w.axpy, w.t, b[i], 1.0f, N, w.y));
-    for (int i = 0; i < 4; i++) /* 33 -> 528, on t and s in turn */
+    for (int i = 0; i < 4; i++) { /* 33 -> 528, on t and s in turn */
       TU_OK(cusafe_graph_launch(g, i % 2 ? w.s : w.t));
+      if (i % 2) /* s's replay runs; t's work must run first */
+        TU_OK(cusafe_stream_synchronize(w.s));
+    }
     TU_OK(cusafe_graph_release(g));
     for (size_t i = 0; i < nbufs; i++) {
       expect_all(b[i], N, 528.0f);
@@ -189,8 +198,11 @@ START_TEST(test_replay_is_ordered) {
   TU_OK(run1(w.scale, w.s, w.x, 2.0f, N, 0));
   cusafe_graph g;
   TU_OK(cusafe_stream_end_capture(&g, w.s));
+  TU_OK(cusafe_graph_instantiate(g)); /* the replay's shortest path */
   TU_OK(run1(w.fill, w.t, w.x, 5.0f, N, 0)); /* before the replay */
   TU_OK(cusafe_graph_launch(g, w.s));
+  /* (The paused fake runs s now: after the fill only if s waits for it.) */
+  TU_OK(cusafe_stream_synchronize(w.s));
   TU_OK(run1(w.scale, w.t, w.x, 3.0f, N, 0)); /* after it */
   expect_all(w.x, N, 30.0f);
   TU_OK(cusafe_graph_release(g));
@@ -368,6 +380,49 @@ START_TEST(test_wait_for_outside_event) {
 END_TEST
 
 /* Handles: a graph is a handle like the others. */
+/* A graph replays on any stream of its context -- its own stream, one
+ * that wraps another's CUDA stream -- and on none of another context: the
+ * error names both devices, before the executable graph is made and
+ * after. */
+START_TEST(test_replay_streams) {
+  struct world w;
+  world_make(&w);
+  TU_OK(run1(w.fill, w.t, w.x, 1.0f, N, 0));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(run1(w.scale, w.s, w.x, 2.0f, N, 0));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+  int devices = 0;
+  TU_OK(cusafe_device_count(&devices));
+  if (devices >= 2) {
+    cusafe_context c1;
+    cusafe_stream s1;
+    TU_OK(cusafe_context_create(&c1, 1));
+    TU_OK(cusafe_stream_create(&s1, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+    for (int i = 0; i < 2; i++) {
+      TU_ERR(cusafe_graph_launch(g, s1), CUSAFE_ERROR_CONTEXT_MISMATCH,
+             "stream belongs to device 1 but graph belongs to device 0");
+      TU_OK(cusafe_graph_instantiate(g));
+    }
+    TU_OK(cusafe_release(s1));
+    TU_OK(cusafe_release(c1));
+  }
+  void *cuda_stream;
+  TU_OK(cusafe_stream_interop_handle(&cuda_stream, w.t));
+  cusafe_stream wrapped;
+  TU_OK(cusafe_stream_wrap(&wrapped, w.ctx, cuda_stream));
+  TU_OK(cusafe_graph_launch(g, wrapped));               /* 2 */
+  TU_OK(cusafe_graph_launch(g, wrapped));               /* 4 */
+  TU_OK(cusafe_graph_launch(g, CUSAFE_STREAM_DEFAULT)); /* 8 */
+  TU_OK(cusafe_graph_launch(g, w.s));                   /* 16 */
+  TU_OK(cusafe_graph_launch(g, wrapped));               /* 32 */
+  expect_all(w.x, N, 32.0f);
+  TU_OK(cusafe_release(wrapped));
+  TU_OK(cusafe_graph_release(g));
+  world_release(&w);
+}
+END_TEST
+
 START_TEST(test_graph_handles) {
   struct world w;
   world_make(&w);
@@ -705,6 +760,8 @@ START_TEST(test_release_graph_and_event_with_replays_queued) {
   TU_OK(cusafe_stream_end_capture(&g, w.s));
   fake_set_paused(1);
   TU_OK(cusafe_graph_launch(g, w.t));
+  /* x's latest work moves to s: the next replay finds it there */
+  TU_OK(run1(w.scale, w.s, w.x, 1.0f, N, 0));
   TU_OK(cusafe_graph_launch(g, w.s));
   size_t events = fake_live_events(0);
   TU_OK(cusafe_graph_release(g));
@@ -785,6 +842,13 @@ START_TEST(test_default_stream_cannot_join) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+static void one_device(void) {
+  fake_set_device_count(1);
+  fake_set_paused(1); /* work waits for what it must wait for */
+}
+#endif
+
 static Suite *graph_suite(void) {
   Suite *s = suite_create("graph");
   TCase *tc = tcase_create("graphs");
@@ -792,6 +856,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_replay_chain_over_views);
   tcase_add_test(tc, test_replay_is_ordered);
   tcase_add_test(tc, test_replays_of_few_and_many_buffers);
+  tcase_add_test(tc, test_replay_streams);
   tcase_add_test(tc, test_copies_fills_events);
   tcase_add_test(tc, test_refused_during_capture);
   tcase_add_test(tc, test_fork_and_join);
@@ -811,6 +876,24 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_default_stream_cannot_join);
 #endif
   suite_add_tcase(s, tc);
+#ifdef CUSAFE_TEST_FAKE
+  /* With one device, which is then always current, replays take their
+   * shortest path (lib/graph.c, replay_fast): the same tests again, the
+   * fake paused, so that work runs only when a synchronisation needs it,
+   * after the work it was ordered after and nothing else. */
+  tc = tcase_create("one_device");
+  tcase_set_timeout(tc, 120);
+  tcase_add_checked_fixture(tc, one_device, NULL);
+  tcase_add_test(tc, test_replay_chain_over_views);
+  tcase_add_test(tc, test_replay_is_ordered);
+  tcase_add_test(tc, test_replays_of_few_and_many_buffers);
+  tcase_add_test(tc, test_replay_streams);
+  tcase_add_test(tc, test_copies_fills_events);
+  tcase_add_test(tc, test_release_with_replays_queued);
+  tcase_add_test(tc, test_shutdown_with_capture_and_replays);
+  tcase_add_test(tc, test_release_graph_and_event_with_replays_queued);
+  suite_add_tcase(s, tc);
+#endif
   return s;
 }
 
