@@ -198,7 +198,7 @@ START_TEST(test_replay_is_ordered) {
   TU_OK(run1(w.scale, w.s, w.x, 2.0f, N, 0));
   cusafe_graph g;
   TU_OK(cusafe_stream_end_capture(&g, w.s));
-  TU_OK(cusafe_graph_instantiate(g)); /* the replay's shortest path */
+  TU_OK(cusafe_graph_instantiate(g));        /* the replay's shortest path */
   TU_OK(run1(w.fill, w.t, w.x, 5.0f, N, 0)); /* before the replay */
   TU_OK(cusafe_graph_launch(g, w.s));
   /* (The paused fake runs s now: after the fill only if s waits for it.) */
