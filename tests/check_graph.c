@@ -379,7 +379,6 @@ START_TEST(test_wait_for_outside_event) {
 }
 END_TEST
 
-/* Handles: a graph is a handle like the others. */
 /* A graph replays on any stream of its context -- its own stream, one
  * that wraps another's CUDA stream -- and on none of another context: the
  * error names both devices, before the executable graph is made and
@@ -423,6 +422,7 @@ START_TEST(test_replay_streams) {
 }
 END_TEST
 
+/* Handles: a graph is a handle like the others. */
 START_TEST(test_graph_handles) {
   struct world w;
   world_make(&w);
