@@ -1153,7 +1153,10 @@ CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
  *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
  *   context.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream belongs to another
  *   device ("stream 0x... belongs to device 1 but context belongs to
- *   device 0").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
+ *   device 0").  CUSAFE_ERROR_INVALID_VALUE: cuda_stream is the CUDA
+ *   stream of a cusafe stream whose last reference is being dropped
+ *   ("stream 0x... is being destroyed: stream 0x..., which owns it, was
+ *   released").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or the handle
  *   table is full.  A CUDA failure (cudaStreamGetDevice, cudaSetDevice):
  *   its mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
  *   shutdown / in a forked child.  *out is CUSAFE_NULL_HANDLE on every
@@ -1164,6 +1167,11 @@ CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
  *   is gone, which buffers last used on it hold too (synchronise the
  *   wrapper, or move the buffers' work elsewhere, before destroying the
  *   stream).  Releasing the wrapper destroys only cusafe's bookkeeping.
+ *   Where the owner is cusafe -- cuda_stream is the
+ *   cusafe_stream_interop_handle() of a stream of ctx, handed back by
+ *   another library (a torch.cuda.ExternalStream over it, say) -- the
+ *   wrapper holds that stream, whose CUDA stream then lives until both are
+ *   released.
  * Handles: as every call (see the top of this file).  cuda_stream is not
  *   a handle: a pointer that is not a live stream is undefined behaviour,
  *   as in CUDA.

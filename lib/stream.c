@@ -1,6 +1,7 @@
 /* stream.c -- streams, and the queues through which buffers order work
  * (invariant 2: a stream-ordered free runs after everything queued before
  * it; a stream holds a reference on its context, invariant 1). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -146,6 +147,66 @@ static void stream_fill(struct cs_object *obj, union cs_slot_data *data) {
   data->stream.stream = s->queue.stream;
 }
 
+/* ---- cusafe's own CUDA streams ------------------------------------------- */
+
+/* The streams of cusafe_stream_create() whose CUDA streams are not
+ * destroyed yet: a wrapper of one of those CUDA streams holds its stream
+ * (cusafe_stream_wrap), found here. */
+static pthread_mutex_t owned_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cs_stream *owned_head;
+
+/* stream_fill(), and s, just made, enters the list (before its handle is
+ * published, so that no wrapper of its CUDA stream can be made first). */
+static void owned_fill(struct cs_object *obj, union cs_slot_data *data) {
+  struct cs_stream *s = (struct cs_stream *)obj;
+  stream_fill(obj, data);
+  pthread_mutex_lock(&owned_lock);
+  s->owned_next = owned_head;
+  if (owned_head)
+    owned_head->owned_prev = s;
+  owned_head = s;
+  s->owned_listed = true;
+  pthread_mutex_unlock(&owned_lock);
+}
+
+/* s leaves the list, before its CUDA stream is destroyed. */
+static void owned_leave(struct cs_stream *s) {
+  pthread_mutex_lock(&owned_lock);
+  if (s->owned_listed) {
+    if (s->owned_prev)
+      s->owned_prev->owned_next = s->owned_next;
+    else
+      owned_head = s->owned_next;
+    if (s->owned_next)
+      s->owned_next->owned_prev = s->owned_prev;
+    s->owned_listed = false;
+  }
+  pthread_mutex_unlock(&owned_lock);
+}
+
+/* The stream of cusafe's, of ctx, whose CUDA stream is `stream`,
+ * referenced, or NULL if there is none. */
+static cusafe_status owned_hold(const struct cs_context *ctx,
+                                cudaStream_t stream, struct cs_stream **out) {
+  cusafe_status st = CUSAFE_SUCCESS;
+  *out = NULL;
+  pthread_mutex_lock(&owned_lock);
+  for (struct cs_stream *o = owned_head; o; o = o->owned_next) {
+    if (o->queue.stream != stream || o->queue.ctx != ctx)
+      continue;
+    if (cs_try_ref(&o->hdr))
+      *out = o;
+    else
+      st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "stream %p is being destroyed: stream 0x%016llx, which "
+                   "owns it, was released",
+                   (void *)stream, (unsigned long long)o->hdr.handle);
+    break;
+  }
+  pthread_mutex_unlock(&owned_lock);
+  return st;
+}
+
 static void stream_unmake(struct cs_object *obj) {
   cs_cu->stream_destroy(((struct cs_stream *)obj)->queue.stream);
 }
@@ -159,7 +220,7 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
                                       .check = stream_check,
                                       .make = stream_make,
                                       .unmake = stream_unmake,
-                                      .fill = stream_fill};
+                                      .fill = owned_fill};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   return cs_context_child(out, ctx, &how,
                           &(struct stream_args){flags, priority});
@@ -182,11 +243,21 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
                    "stream %p belongs to device %d but context belongs to "
                    "device %d",
                    (void *)stream, device, ctx->device);
+  cusafe_status st = owned_hold(ctx, stream, &s->holds);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   s->queue.stream = stream;
   s->queue.ctx = ctx;
   s->queue.owner = obj;
   s->borrowed = true;
   return CUSAFE_SUCCESS;
+}
+
+/* A wrapper that could not be entered lets go of the stream it held. */
+static void wrap_unmake(struct cs_object *obj) {
+  struct cs_stream *s = (struct cs_stream *)obj;
+  if (s->holds)
+    cs_unref(&s->holds->hdr);
 }
 
 CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
@@ -195,6 +266,7 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
   static const struct cs_child how = {.type = CS_STREAM,
                                       .size = sizeof(struct cs_stream),
                                       .make = wrap_make,
+                                      .unmake = wrap_unmake,
                                       .fill = stream_fill};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   cudaStream_t stream = (cudaStream_t)cuda_stream;
@@ -206,6 +278,8 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
  * runs: CUDA defers the destruction until it is done. */
 static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
+  if (!s->borrowed)
+    owned_leave(s);
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
   if (!s->borrowed && atomic_load(&s->queue.capture_leftover))
     cs_queue_end_leftover(&s->queue);
@@ -219,11 +293,14 @@ cusafe_status cs_stream_fini(struct cs_object *obj) {
 }
 
 void cs_stream_free(struct cs_object *obj) {
-  struct cs_queue *origin =
-      atomic_load(&((struct cs_stream *)obj)->queue.leftover_origin);
+  struct cs_stream *s = (struct cs_stream *)obj;
+  struct cs_queue *origin = atomic_load(&s->queue.leftover_origin);
+  struct cs_stream *holds = s->holds;
   free(obj);
   if (origin)
     cs_unref(origin->owner);
+  if (holds)
+    cs_unref(&holds->hdr);
 }
 
 void cs_stream_describe(const struct cs_object *obj, char *what, size_t size) {

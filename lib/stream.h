@@ -45,6 +45,13 @@ struct cs_stream {
   /* A stream another library owns (cusafe_stream_wrap): cusafe never
    * destroys it. */
   bool borrowed;
+  /* A wrapper of the CUDA stream of a stream of cusafe's: that stream,
+   * referenced, so that its CUDA stream outlives the wrapper. */
+  struct cs_stream *holds;
+  /* A stream of cusafe's, in the list of those whose CUDA streams are
+   * still to be destroyed (stream.c), for wrappers to find. */
+  struct cs_stream *owned_prev, *owned_next;
+  bool owned_listed;
 };
 
 /* The open capture whose queues include the CUDA stream `stream` (another

@@ -666,6 +666,44 @@ START_TEST(test_peer_copy_after_other_library) { peer_copy_after(1, 1); }
 END_TEST
 #endif
 
+/* A wrapper of a cusafe stream's CUDA stream holds that stream: released
+ * first, its CUDA stream lives until the wrapper goes, and work queued
+ * through the wrapper meanwhile runs on it. */
+START_TEST(test_wrap_holds_own_stream) {
+  cusafe_stream own = CUSAFE_NULL_HANDLE, w = CUSAFE_NULL_HANDLE;
+  void *raw = NULL, *back = NULL;
+  unsigned char data[256], got[256];
+  tu_pattern(data, sizeof data, 91);
+#ifdef CUSAFE_TEST_FAKE
+  size_t streams = fake_live_streams(0);
+#endif
+  TU_OK(cusafe_stream_create(&own, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_interop_handle(&raw, own));
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  TU_OK(cusafe_stream_release(own));
+  TU_STALE(own);
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_live_streams(0), streams + 1);
+#endif
+  cusafe_buffer b = make_buffer(ctx, CUSAFE_MEMORY_DEVICE, 256, 5, NULL);
+  memset(got, 0, sizeof got);
+  TU_OK(cusafe_buffer_write_async(b, 0, data, sizeof data, w));
+  TU_OK(cusafe_buffer_read_async(b, 0, got, sizeof got, w));
+  TU_OK(cusafe_stream_synchronize(w));
+  ck_assert_mem_eq(got, data, sizeof data);
+  TU_OK(cusafe_stream_interop_handle(&back, w));
+  ck_assert_ptr_eq(back, raw);
+  TU_OK(cusafe_buffer_release(b)); /* freed stream-ordered on raw */
+  TU_OK(cusafe_stream_release(w));
+#ifdef CUSAFE_TEST_FAKE
+  /* The buffer's free held the wrapper, and the wrapper the stream, until
+   * the free had run. */
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_streams(0), streams);
+#endif
+}
+END_TEST
+
 /* A stream of device 1 cannot be wrapped on device 0's context. */
 START_TEST(test_stream_wrap_other_device) {
   if (!have_two_devices("test_stream_wrap_other_device"))
@@ -3209,6 +3247,7 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_stream_query_after_synchronize);
   tcase_add_test(tc, test_stream_interop_handles_are_distinct);
   tcase_add_test(tc, test_stream_wrap);
+  tcase_add_test(tc, test_wrap_holds_own_stream);
   tcase_add_test(tc, test_stream_wrap_other_device);
   tcase_add_test(tc, test_stream_use_buffers);
 #ifdef CUSAFE_TEST_FAKE

@@ -10,6 +10,8 @@
  * a library loaded. */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1490,6 +1492,71 @@ START_TEST(test_buffer_moves_during_launch) {
 }
 END_TEST
 
+/* A CUDA stream cannot be wrapped while the cusafe stream that owns it is
+ * being destroyed -- here released on another thread while a launch on it
+ * is in progress, whose pin its destruction waits for: the wrap says so,
+ * and the stream goes once the launch is done. */
+struct dying_arg {
+  cusafe_context ctx;
+  cusafe_stream s, w;
+  void *raw;
+  pthread_t releaser;
+  int started;
+  cusafe_status released, wrapped;
+  char message[256];
+};
+
+static void *release_dying(void *p) {
+  struct dying_arg *d = p;
+  d->released = cusafe_stream_release(d->s);
+  return NULL;
+}
+
+static void wrap_dying(void *p) {
+  struct dying_arg *d = p;
+  d->started = pthread_create(&d->releaser, NULL, release_dying, d) == 0;
+  if (!d->started)
+    return;
+  cusafe_handle_type type;
+  while (cusafe_handle_get_type(&type, d->s) == CUSAFE_SUCCESS)
+    sched_yield(); /* until the release has dropped the last reference */
+  d->wrapped = cusafe_stream_wrap(&d->w, d->ctx, d->raw);
+  snprintf(d->message, sizeof d->message, "%s", cusafe_last_error_message());
+}
+
+START_TEST(test_wrap_of_stream_being_destroyed) {
+  struct dying_arg d = {.w = 42, .released = CUSAFE_ERROR_INVALID_VALUE};
+  TU_OK(cusafe_context_create(&d.ctx, 0));
+  cusafe_module m = load_fake_image(d.ctx);
+  cusafe_kernel k = tu_get_kernel(m, "k0"); /* no buffer holds the stream */
+  size_t streams = fake_live_streams(0);
+  TU_OK(cusafe_stream_create(&d.s, d.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_interop_handle(&d.raw, d.s));
+  cusafe_launch_config c = config1();
+  c.stream = d.s;
+  fake_set_launch_hook(wrap_dying, &d);
+  TU_OK(cusafe_kernel_launch(k, &c, NULL, 0));
+  TU_ASSERT(d.started, "pthread_create failed");
+  TU_ASSERT(pthread_join(d.releaser, NULL) == 0, "pthread_join failed");
+  TU_OK(d.released);
+  char want[256];
+  snprintf(want, sizeof want,
+           "stream %p is being destroyed: stream 0x%016llx, which owns it, "
+           "was released",
+           d.raw, (unsigned long long)d.s);
+  TU_ASSERT(d.wrapped == CUSAFE_ERROR_INVALID_VALUE,
+            "the wrap gave %d (%s), not CUSAFE_ERROR_INVALID_VALUE",
+            (int)d.wrapped, d.message);
+  ck_assert_str_eq(d.message, want);
+  ck_assert_uint_eq(d.w, CUSAFE_NULL_HANDLE);
+  ck_assert_uint_eq(fake_live_streams(0), streams);
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(d.ctx));
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* Shutdown with a launch queued: it runs before anything is freed. */
 START_TEST(test_shutdown_with_launch_queued) {
   cusafe_context ctx = CUSAFE_NULL_HANDLE;
@@ -1781,6 +1848,7 @@ static Suite *launch_suite(void) {
   tcase_add_loop_test(tc, test_release_all_while_launch_queued, 0, 2);
   tcase_add_test(tc, test_shutdown_with_launch_queued);
   tcase_add_test(tc, test_buffer_moves_during_launch);
+  tcase_add_test(tc, test_wrap_of_stream_being_destroyed);
   tcase_add_test(tc, test_kernel_keeps_module);
   tcase_add_test(tc, test_module_keeps_context);
   tcase_add_test(tc, test_shutdown_unloads_everything);

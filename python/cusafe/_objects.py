@@ -477,7 +477,10 @@ class Stream(_Object):
         (`device`, `device_id`), else device 0 -- a stream of another
         device raises CusafeError (CONTEXT_MISMATCH).  cusafe never
         destroys the stream: its owner keeps it valid while this object,
-        and buffers last used on it, live."""
+        and buffers last used on it, live -- except where the owner is
+        cusafe (a cusafe Stream, or its cudaStream_t handed back by
+        another library): the new stream then holds that one, whose CUDA
+        stream lives until both are closed."""
         raw = _raw_stream(stream)
         if ctx is None:
             ctx = stream.context if isinstance(stream, Stream) \

@@ -445,6 +445,26 @@ def test_stream_wrap(ctx):
             cusafe.Stream.wrap(bad, ctx)
 
 
+def test_stream_wrap_holds_cusafe_stream(ctx):
+    """A wrapper of a cusafe stream (or of its cudaStream_t, handed back
+    by another library) holds it: closed first, its CUDA stream lives on
+    for the wrapper's work."""
+    for how in (lambda s: s, lambda s: TorchLike(s.interop_handle())):
+        s = ctx.stream(non_blocking=True)
+        raw, h = s.interop_handle(), s.handle
+        w = cusafe.Stream.wrap(how(s))
+        s.close()
+        gc.collect()
+        assert stale(h)
+        b = ctx.alloc(64)
+        b.fill(6, stream=w)
+        w.synchronize()
+        assert w.interop_handle() == raw
+        assert bytes(b.read()) == b"\6" * 64
+        b.close()
+        w.close()
+
+
 @needs_fake
 def test_stream_wrap_of_another_device(ctx):
     f = fake()
