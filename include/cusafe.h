@@ -1168,10 +1168,12 @@ CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
  *   wrapper, or move the buffers' work elsewhere, before destroying the
  *   stream).  Releasing the wrapper destroys only cusafe's bookkeeping.
  *   Where the owner is cusafe -- cuda_stream is the
- *   cusafe_stream_interop_handle() of a stream of ctx, handed back by
- *   another library (a torch.cuda.ExternalStream over it, say) -- the
- *   wrapper holds that stream, whose CUDA stream then lives until both are
- *   released.
+ *   cusafe_stream_interop_handle() of a stream of cusafe_stream_create(),
+ *   handed back by another library (a torch.cuda.ExternalStream over it,
+ *   say) -- the wrapper holds that stream, whose CUDA stream then lives
+ *   until both are released (the last release of the two destroys it).
+ *   Once a stream's CUDA stream is destroyed, its pointer is dead, as
+ *   above.
  * Handles: as every call (see the top of this file).  cuda_stream is not
  *   a handle: a pointer that is not a live stream is undefined behaviour,
  *   as in CUDA.

@@ -45,8 +45,9 @@
 #define ALL_OF(w) ((w)&ALL_MAX)
 
 /* One cache line each, so that threads using different handles do not
- * contend for one line.  A buffer's slot also holds what a launch needs of
- * the buffer, so that a launch reads one line per buffer argument. */
+ * contend for one line.  The slot of a buffer, a stream or a graph also
+ * holds what launches and replays need of it (union cs_slot_data), so that
+ * they read one line per object. */
 struct cs_slot {
   _Alignas(64) _Atomic uint64_t word;
   struct cs_object *_Atomic obj;

@@ -184,15 +184,14 @@ static void owned_leave(struct cs_stream *s) {
   pthread_mutex_unlock(&owned_lock);
 }
 
-/* The stream of cusafe's, of ctx, whose CUDA stream is `stream`,
- * referenced, or NULL if there is none. */
-static cusafe_status owned_hold(const struct cs_context *ctx,
-                                cudaStream_t stream, struct cs_stream **out) {
+/* The stream of cusafe's whose CUDA stream is `stream`, referenced, or
+ * NULL if there is none; refused if its last reference is being dropped. */
+static cusafe_status owned_hold(cudaStream_t stream, struct cs_stream **out) {
   cusafe_status st = CUSAFE_SUCCESS;
   *out = NULL;
   pthread_mutex_lock(&owned_lock);
   for (struct cs_stream *o = owned_head; o; o = o->owned_next) {
-    if (o->queue.stream != stream || o->queue.ctx != ctx)
+    if (o->queue.stream != stream)
       continue;
     if (cs_try_ref(&o->hdr))
       *out = o;
@@ -229,23 +228,32 @@ CUSAFE_API cusafe_status cusafe_stream_create(cusafe_stream *out,
 /* ---- streams of other libraries ------------------------------------------ */
 
 /* Checks that the stream is one of ctx's device (which is current: the
- * special handles of the default streams mean that device's). */
+ * special handles of the default streams mean that device's); one of
+ * cusafe's own is held. */
 static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
                                const void *args) {
   cudaStream_t stream = *(const cudaStream_t *)args;
   struct cs_stream *s = (struct cs_stream *)obj;
-  int device = -1;
-  cudaError_t err = cs_cu->stream_get_device(stream, &device);
-  if (err != cudaSuccess)
-    return cs_fail_cuda(err, "cudaStreamGetDevice");
-  if (device != ctx->device)
-    return cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
-                   "stream %p belongs to device %d but context belongs to "
-                   "device %d",
-                   (void *)stream, device, ctx->device);
-  cusafe_status st = owned_hold(ctx, stream, &s->holds);
+  struct cs_stream *held;
+  cusafe_status st = owned_hold(stream, &held);
   if (st != CUSAFE_SUCCESS)
     return st;
+  int device = held ? held->queue.ctx->device : -1;
+  if (!held) {
+    cudaError_t err = cs_cu->stream_get_device(stream, &device);
+    if (err != cudaSuccess)
+      return cs_fail_cuda(err, "cudaStreamGetDevice");
+  }
+  if (device != ctx->device) {
+    st = cs_fail(CUSAFE_ERROR_CONTEXT_MISMATCH,
+                 "stream %p belongs to device %d but context belongs to "
+                 "device %d",
+                 (void *)stream, device, ctx->device);
+    if (held)
+      cs_unref(&held->hdr);
+    return st;
+  }
+  s->holds = held;
   s->queue.stream = stream;
   s->queue.ctx = ctx;
   s->queue.owner = obj;

@@ -712,6 +712,9 @@ START_TEST(test_stream_wrap_other_device) {
   cusafe_stream s1 = CUSAFE_NULL_HANDLE, w = 42;
   void *raw = NULL;
   TU_OK(cusafe_context_create(&c1, 1));
+#ifdef CUSAFE_TEST_FAKE
+  size_t streams = fake_live_streams(1);
+#endif
   TU_OK(cusafe_stream_create(&s1, c1, 0, 0));
   TU_OK(cusafe_stream_interop_handle(&raw, s1));
   TU_ERR(cusafe_stream_wrap(&w, ctx, raw), CUSAFE_ERROR_CONTEXT_MISMATCH,
@@ -720,6 +723,10 @@ START_TEST(test_stream_wrap_other_device) {
   TU_OK(cusafe_stream_wrap(&w, c1, raw));
   TU_OK(cusafe_stream_release(w));
   TU_OK(cusafe_stream_release(s1));
+#ifdef CUSAFE_TEST_FAKE
+  /* Neither wrap kept s1: the refused one let go of it at once. */
+  ck_assert_uint_eq(fake_live_streams(1), streams);
+#endif
   TU_OK(cusafe_context_release(c1));
 }
 END_TEST

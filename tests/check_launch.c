@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1493,18 +1494,30 @@ START_TEST(test_buffer_moves_during_launch) {
 END_TEST
 
 /* A CUDA stream cannot be wrapped while the cusafe stream that owns it is
- * being destroyed -- here released on another thread while a launch on it
- * is in progress, whose pin its destruction waits for: the wrap says so,
+ * being destroyed -- here released while a launch on it is in progress on
+ * another thread, whose pin its destruction waits for: the wrap says so,
  * and the stream goes once the launch is done. */
 struct dying_arg {
-  cusafe_context ctx;
-  cusafe_stream s, w;
-  void *raw;
-  pthread_t releaser;
-  int started;
-  cusafe_status released, wrapped;
-  char message[256];
+  cusafe_kernel k;
+  cusafe_stream s;
+  atomic_int in_launch, go;
+  cusafe_status launched, released;
 };
+
+static void hold_launch(void *p) {
+  struct dying_arg *d = p;
+  atomic_store(&d->in_launch, 1);
+  while (!atomic_load(&d->go))
+    sched_yield();
+}
+
+static void *launch_on_dying(void *p) {
+  struct dying_arg *d = p;
+  cusafe_launch_config c = config1();
+  c.stream = d->s;
+  d->launched = cusafe_kernel_launch(d->k, &c, NULL, 0);
+  return NULL;
+}
 
 static void *release_dying(void *p) {
   struct dying_arg *d = p;
@@ -1512,47 +1525,52 @@ static void *release_dying(void *p) {
   return NULL;
 }
 
-static void wrap_dying(void *p) {
-  struct dying_arg *d = p;
-  d->started = pthread_create(&d->releaser, NULL, release_dying, d) == 0;
-  if (!d->started)
-    return;
-  cusafe_handle_type type;
-  while (cusafe_handle_get_type(&type, d->s) == CUSAFE_SUCCESS)
-    sched_yield(); /* until the release has dropped the last reference */
-  d->wrapped = cusafe_stream_wrap(&d->w, d->ctx, d->raw);
-  snprintf(d->message, sizeof d->message, "%s", cusafe_last_error_message());
-}
-
 START_TEST(test_wrap_of_stream_being_destroyed) {
-  struct dying_arg d = {.w = 42, .released = CUSAFE_ERROR_INVALID_VALUE};
-  TU_OK(cusafe_context_create(&d.ctx, 0));
-  cusafe_module m = load_fake_image(d.ctx);
-  cusafe_kernel k = tu_get_kernel(m, "k0"); /* no buffer holds the stream */
+  struct dying_arg d = {.launched = CUSAFE_ERROR_INVALID_VALUE,
+                        .released = CUSAFE_ERROR_INVALID_VALUE};
+  cusafe_context ctx;
+  TU_OK(cusafe_context_create(&ctx, 0));
+  cusafe_module m = load_fake_image(ctx);
+  d.k = tu_get_kernel(m, "k0"); /* no buffer holds the stream */
   size_t streams = fake_live_streams(0);
-  TU_OK(cusafe_stream_create(&d.s, d.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
-  TU_OK(cusafe_stream_interop_handle(&d.raw, d.s));
+  TU_OK(cusafe_stream_create(&d.s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  void *raw;
+  TU_OK(cusafe_stream_interop_handle(&raw, d.s));
+  fake_set_launch_hook(hold_launch, &d);
+  pthread_t launcher, releaser;
+  TU_ASSERT(pthread_create(&launcher, NULL, launch_on_dying, &d) == 0,
+            "pthread_create failed");
+  while (!atomic_load(&d.in_launch))
+    sched_yield();
+  TU_ASSERT(pthread_create(&releaser, NULL, release_dying, &d) == 0,
+            "pthread_create failed");
+  /* Until the release has dropped the last reference: launches take no
+   * reference, so that this thread cannot become the last holder. */
   cusafe_launch_config c = config1();
   c.stream = d.s;
-  fake_set_launch_hook(wrap_dying, &d);
-  TU_OK(cusafe_kernel_launch(k, &c, NULL, 0));
-  TU_ASSERT(d.started, "pthread_create failed");
-  TU_ASSERT(pthread_join(d.releaser, NULL) == 0, "pthread_join failed");
-  TU_OK(d.released);
+  cusafe_status st;
+  while ((st = cusafe_kernel_launch(d.k, &c, NULL, 0)) == CUSAFE_SUCCESS)
+    sched_yield();
+  TU_ASSERT(st == CUSAFE_ERROR_INVALID_HANDLE, "the launch gave %d (%s)",
+            (int)st, cusafe_last_error_message());
+  cusafe_stream w = 42;
   char want[256];
   snprintf(want, sizeof want,
            "stream %p is being destroyed: stream 0x%016llx, which owns it, "
            "was released",
-           d.raw, (unsigned long long)d.s);
-  TU_ASSERT(d.wrapped == CUSAFE_ERROR_INVALID_VALUE,
-            "the wrap gave %d (%s), not CUSAFE_ERROR_INVALID_VALUE",
-            (int)d.wrapped, d.message);
-  ck_assert_str_eq(d.message, want);
-  ck_assert_uint_eq(d.w, CUSAFE_NULL_HANDLE);
+           raw, (unsigned long long)d.s);
+  TU_ERR(cusafe_stream_wrap(&w, ctx, raw), CUSAFE_ERROR_INVALID_VALUE, "%s",
+         want);
+  ck_assert_uint_eq(w, CUSAFE_NULL_HANDLE);
+  atomic_store(&d.go, 1);
+  TU_ASSERT(pthread_join(launcher, NULL) == 0, "pthread_join failed");
+  TU_ASSERT(pthread_join(releaser, NULL) == 0, "pthread_join failed");
+  TU_OK(d.launched);
+  TU_OK(d.released);
   ck_assert_uint_eq(fake_live_streams(0), streams);
-  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_kernel_release(d.k));
   TU_OK(cusafe_module_release(m));
-  TU_OK(cusafe_context_release(d.ctx));
+  TU_OK(cusafe_context_release(ctx));
   TU_NOTHING_LIVE();
 }
 END_TEST

@@ -478,9 +478,11 @@ class Stream(_Object):
         device raises CusafeError (CONTEXT_MISMATCH).  cusafe never
         destroys the stream: its owner keeps it valid while this object,
         and buffers last used on it, live -- except where the owner is
-        cusafe (a cusafe Stream, or its cudaStream_t handed back by
-        another library): the new stream then holds that one, whose CUDA
-        stream lives until both are closed."""
+        cusafe (a Stream of Context.stream(), or its cudaStream_t handed
+        back by another library): the new stream then holds that one,
+        whose CUDA stream lives until both are closed.  Wrapping the CUDA
+        stream of a Stream whose last reference is being dropped raises
+        CusafeError (INVALID_VALUE)."""
         raw = _raw_stream(stream)
         if ctx is None:
             ctx = stream.context if isinstance(stream, Stream) \
