@@ -476,8 +476,7 @@ void cs_drop(void *held) {
 }
 
 uint32_t cs_user_refs(const struct cs_object *obj) {
-  return (uint32_t)USERS_OF(
-      atomic_load_explicit(&slot_of(obj)->word, memory_order_acquire));
+  return (uint32_t)USERS_OF(atomic_load(&slot_of(obj)->word));
 }
 
 /* ---- the shutdown -------------------------------------------------------- */
@@ -536,25 +535,38 @@ release_last(cusafe_handle h, enum cs_type type, const char *name) {
 
 _Atomic(cs_last_user_fn) cs_last_user_hook;
 
-/* Shows the hook an object whose caller's last reference a release may
- * drop (marked as a call: the hook may destroy). */
-__attribute__((noinline)) static cusafe_status last_user(cusafe_handle h,
-                                                         enum cs_type type,
-                                                         const char *name,
-                                                         cs_last_user_fn hook) {
+/* Whether h is a stream's handle, for a release of `type` (0: any): the
+ * one type whose caller's last reference has a hook.  Told by the tag,
+ * known at compile time for the typed releases. */
+static inline __attribute__((always_inline)) bool
+stream_handle(cusafe_handle h, enum cs_type type) {
+  return type == CS_STREAM ||
+         (type == 0 && (unsigned)(h >> 56) == (TAG_BASE | (unsigned)CS_STREAM));
+}
+
+/* A release of a stream's handle that may drop the caller's last
+ * reference.  The caller's reference becomes this call's in one step
+ * (users - 1, all unchanged), so that of two releases at once exactly one
+ * sees the count of the caller's references go from 1 to 0, and shows the
+ * object to the hook (graph.c: the end of a capture begun on the stream)
+ * while it still holds it; then that reference goes, which may destroy.
+ * Marked as a call: the hook and the destruction may destroy. */
+__attribute__((noinline)) static cusafe_status
+release_stream(cusafe_handle h, enum cs_type type, const char *name) {
   CS_ENTER_RELEASE();
-  /* Streams only (the hook's one concern), told by the handle's tag: a
-   * look-up of a stale context's handle could revive it. */
-  if ((unsigned)(h >> 56) != (TAG_BASE | (unsigned)CS_STREAM) ||
-      (type != 0 && type != CS_STREAM))
-    return CUSAFE_SUCCESS;
-  struct cs_object *held;
-  if (cs_acquire(h, CS_STREAM, name, &held) == CUSAFE_SUCCESS) {
-    if (cs_user_refs(held) == 1)
-      hook(held);
-    cs_unref(held);
-  }
-  return CUSAFE_SUCCESS;
+  struct cs_object *obj = NULL;
+  uint64_t old = 0;
+  cusafe_status st =
+      update(h, type, (struct param){name, -1}, -1, 0, false, &obj, &old);
+  if (st != CUSAFE_SUCCESS)
+    return atomic_load(&cs_hot.state) ? CUSAFE_SUCCESS : st;
+  /* Sequentially consistent, after the update: a capture that begins
+   * meanwhile either finds the hook's look at its stream or, after it
+   * began, the caller's references gone (graph.c). */
+  cs_last_user_fn hook = atomic_load(&cs_last_user_hook);
+  if (hook && USERS_OF(old) == 1)
+    hook(obj);
+  return cs_unref(obj);
 }
 
 __attribute__((noinline)) static cusafe_status
@@ -562,11 +574,8 @@ release_slow(cusafe_handle h, enum cs_type type, const char *name) {
   if (atomic_load_explicit(&cs_hot.state, memory_order_relaxed) ||
       h == CUSAFE_NULL_HANDLE)
     return CUSAFE_SUCCESS; /* a no-op after the shutdown */
-  /* The caller's last reference may go: the hook sees the object first
-   * (graph.c: the end of a capture begun on a stream). */
-  cs_last_user_fn hook = atomic_load(&cs_last_user_hook);
-  if (hook)
-    last_user(h, type, name, hook);
+  if (stream_handle(h, type))
+    return release_stream(h, type, name);
   struct cs_object *obj;
   uint64_t old;
   cusafe_status st =
@@ -595,8 +604,9 @@ static __thread struct rc_memo rc_memo
 
 /* The common case of a retain or release, in few instructions and no
  * call: a live handle of the right type, with room in its counts (and, for
- * a release, not its last reference), while the library runs.  Anything
- * else goes to the full path, which says what is wrong. */
+ * a release, not its last reference, nor a stream's last of the caller),
+ * while the library runs.  Anything else goes to the full path, which says
+ * what is wrong. */
 static inline __attribute__((always_inline)) bool
 count_fast(cusafe_handle h, enum cs_type type, int delta) {
   if (CS_UNLIKELY(atomic_load_explicit(&cs_hot.state, memory_order_relaxed)))
@@ -611,10 +621,11 @@ count_fast(cusafe_handle h, enum cs_type type, int delta) {
                       : atomic_load_explicit(&slot->word, memory_order_relaxed);
   uint64_t change = delta > 0 ? USER_ONE + 1 : -(USER_ONE + 1);
   for (;;) {
-    if (CS_UNLIKELY(!handle_live(h, word) ||
-                    (delta > 0
-                         ? USERS_OF(word) == USER_MAX || ALL_OF(word) == ALL_MAX
-                         : ALL_OF(word) == 1)))
+    if (CS_UNLIKELY(
+            !handle_live(h, word) ||
+            (delta > 0 ? USERS_OF(word) == USER_MAX || ALL_OF(word) == ALL_MAX
+                       : ALL_OF(word) == 1 ||
+                             (stream_handle(h, type) && USERS_OF(word) == 1))))
       break;
     if (CS_UNLIKELY(!typed && !handle_typed(h, slot)))
       break;
@@ -640,11 +651,7 @@ retain_handle(cusafe_handle h, enum cs_type type, const char *name) {
 
 static inline __attribute__((always_inline)) cusafe_status
 release_handle(cusafe_handle h, enum cs_type type, const char *name) {
-  /* While captures are open, every release takes the full path, which
-   * shows the hook a caller's last reference (graph.c). */
-  if (CS_LIKELY(
-          !atomic_load_explicit(&cs_hot.captures, memory_order_relaxed)) &&
-      CS_LIKELY(count_fast(h, type, -1)))
+  if (CS_LIKELY(count_fast(h, type, -1)))
     return CUSAFE_SUCCESS;
   return release_slow(h, type, name);
 }

@@ -210,11 +210,14 @@ cusafe_status cs_user_ref(struct cs_object *obj);
  * cs_<name>_free), retires its slot and drops its reference on its parent.
  * Returns the status of the destruction. */
 cusafe_status cs_unref(struct cs_object *obj);
-/* The references the caller holds on obj. */
+/* The references the caller holds on obj (a sequentially consistent
+ * load). */
 uint32_t cs_user_refs(const struct cs_object *obj);
-/* Called, when set, with an object whose caller's last reference is about
- * to be released (the object held meanwhile): set while captures are open
- * (graph.c), which end when the last handle of their stream goes. */
+/* Called, when set, with a stream whose caller's last reference has just
+ * been released, by the release that released it (the object held by that
+ * release meanwhile; exactly one release sees the caller's count reach 0):
+ * set at the first capture (graph.c), which ends when the last handle of
+ * its stream goes. */
 typedef void (*cs_last_user_fn)(struct cs_object *obj);
 extern _Atomic(cs_last_user_fn) cs_last_user_hook;
 
