@@ -39,7 +39,8 @@ static struct cs_capture *mark(struct cs_capture *c, uintptr_t how) {
 
 void cs_capture_yield(void) { sched_yield(); }
 
-/* The queue of capture c over `stream`, or NULL (open_lock held). */
+/* The queue of capture c over `stream`, or NULL (open_lock or c->lock
+ * held: members join under both). */
 static struct cs_queue *queue_over(struct cs_capture *c, cudaStream_t stream) {
   if (c->origin->stream == stream)
     return c->origin;
@@ -165,11 +166,19 @@ static cusafe_status order_in_capture(struct cs_capture *c,
 cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
                              struct cs_queue *q) {
   pthread_mutex_lock(&c->lock);
-  cusafe_status st = CUSAFE_SUCCESS;
+  /* The use is remembered on c's own queue over q's CUDA stream (q may be
+   * another cusafe stream over it, a wrapper, which c does not hold): its
+   * origin, which ends c before it goes, or a member, which c holds. */
+  struct cs_queue *own = queue_over(c, q->stream);
+  cusafe_status st = own ? CUSAFE_SUCCESS : hold_locked(c, q->owner);
+  if (own)
+    q = own;
   size_t i = 0;
   while (i < c->nuses && c->uses[i].root != root)
     i++;
-  if (i == c->nuses) {
+  if (st != CUSAFE_SUCCESS) {
+    /* q went meanwhile (a launch only peeked at it) */
+  } else if (i == c->nuses) {
     if (!grow((void **)&c->uses, c->nuses, &c->cap_uses, sizeof *c->uses))
       st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
     else if ((st = hold_locked(c, &root->hdr)) == CUSAFE_SUCCESS)
@@ -185,15 +194,9 @@ cusafe_status cs_capture_use(struct cs_capture *c, struct cs_buffer *root,
 
 /* ---- beginning and ending ------------------------------------------------ */
 
-/* The caller's last handle of the stream a capture began on goes: the
- * capture ends, discarding its work (it could not be ended any more, and
- * what it holds would keep the stream alive for ever). */
-static void last_user_release(struct cs_object *obj) {
-  if (obj->type != CS_STREAM)
-    return;
-  struct cs_queue *q = &((struct cs_stream *)obj)->queue;
-  if (!atomic_load(&q->capture))
-    return;
+/* Ends the capture that began on q, discarding its work, with q's device
+ * current where it can be. */
+static void discard_on_device(struct cs_queue *q) {
   int saved;
   if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
     cs_capture_discard(q);
@@ -201,6 +204,17 @@ static void last_user_release(struct cs_object *obj) {
   } else {
     cs_capture_discard(q);
   }
+}
+
+/* The caller's last handle of the stream a capture began on goes: the
+ * capture ends, discarding its work (it could not be ended any more, and
+ * what it holds would keep the stream alive for ever). */
+static void last_user_release(struct cs_object *obj) {
+  if (obj->type != CS_STREAM)
+    return;
+  struct cs_queue *q = &((struct cs_stream *)obj)->queue;
+  if (atomic_load(&q->capture))
+    discard_on_device(q);
 }
 
 /* Records q's entry event (making it at the first capture), so that work
@@ -231,6 +245,7 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
       st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
     pthread_mutex_unlock(&open_lock);
   }
+  size_t held_before = c->nheld;
   if (st == CUSAFE_SUCCESS)
     st = hold_locked(c, q->owner);
   if (st == CUSAFE_SUCCESS) {
@@ -250,7 +265,14 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
     }
     cs_spin_unlock(&q->capture_lock);
   }
+  /* A join that failed midway lets go of the stream it held (not its last
+   * reference: the caller holds it). */
+  struct cs_object *unjoined = NULL;
+  if (st != CUSAFE_SUCCESS && c->nheld > held_before)
+    unjoined = c->held[--c->nheld];
   pthread_mutex_unlock(&c->lock);
+  if (unjoined)
+    cs_unref(unjoined);
   return st;
 }
 
@@ -375,8 +397,8 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     c->id = ++last_id;
     c->next = open_captures;
     open_captures = c;
-    if (atomic_fetch_add(&cs_hot.captures, 1) == 0)
-      atomic_store(&cs_last_user_hook, last_user_release);
+    atomic_fetch_add(&cs_hot.captures, 1);
+    atomic_store(&cs_last_user_hook, last_user_release);
     atomic_store(&q->capture, mark(c, CS_CAPTURE_BEGINNING));
   }
   pthread_mutex_unlock(&open_lock);
@@ -404,6 +426,17 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
     atomic_store(&q->capture, c);
   cs_spin_unlock(&q->capture_lock);
   cs_device_leave(saved);
+  if (st == CUSAFE_SUCCESS && cs_user_refs(&s->hdr) == 0) {
+    /* The stream's last handle went meanwhile, on another thread, whose
+     * release may have looked at the stream before it was marked: no
+     * handle is left to end the capture with (its held objects could keep
+     * the stream alive for ever).  Sequentially consistent: either that
+     * release's hook sees the mark, or this sees its count. */
+    cs_capture_discard(q);
+    return cs_fail(CUSAFE_ERROR_INVALID_HANDLE,
+                   "stream 0x%016llx was released while its capture began",
+                   (unsigned long long)stream);
+  }
   if (st == CUSAFE_SUCCESS)
     return CUSAFE_SUCCESS;
   capture_close(c);
@@ -420,8 +453,7 @@ static void capture_close(struct cs_capture *c) {
     p = &(*p)->next;
   if (*p) {
     *p = c->next;
-    if (atomic_fetch_sub(&cs_hot.captures, 1) == 1)
-      atomic_store(&cs_last_user_hook, NULL);
+    atomic_fetch_sub(&cs_hot.captures, 1);
   }
   pthread_mutex_unlock(&open_lock);
   for (size_t i = 0; i <= c->nmembers; i++) {
