@@ -79,6 +79,42 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   return CUSAFE_SUCCESS;
 }
 
+/* cs_buffer_follow() once gated, root's lock held. */
+static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
+                                   struct cs_queue *to,
+                                   struct cs_object **drop) {
+  struct cs_capture *tc = cs_queue_capture(to);
+  if (CS_UNLIKELY(tc))
+    return tc == CS_CAPTURE_BUSY ? CS_RETRY
+                                 : cs_capturing("ordering a buffer's free", to);
+  /* Where root's latest work is on q, the chain's own hand-off from q
+   * is the one needed. */
+  struct cs_queue *last =
+      atomic_load_explicit(root->last, memory_order_relaxed);
+  cusafe_status st = cs_buffer_chain(root, to, drop);
+  if (st == CUSAFE_SUCCESS && q != to && last != q)
+    st = cs_queue_handoff(q, to);
+  return st;
+}
+
+cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
+  struct cs_buffer *root = b->root;
+  struct cs_thread *self = cs_thread_self();
+  for (;;) {
+    struct cs_object *drop = NULL;
+    cs_gate(self);
+    cs_spin_lock(&root->lock);
+    cusafe_status st = follow_locked(root, q, &root->ctx->queue, &drop);
+    cs_spin_unlock(&root->lock);
+    cs_ungate(self);
+    if (drop)
+      cs_unref(drop);
+    if (st != CS_RETRY)
+      return st;
+    cs_capture_yield(); /* a capture begins or ends on q */
+  }
+}
+
 /* An operation has few buffers: an insertion sort beats qsort's calls
  * through a comparator. */
 cusafe_status cs_roots_chain(struct cs_buffer **roots, size_t *n,
@@ -446,31 +482,6 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
 }
 
 /* ---- release ------------------------------------------------------------- */
-
-/* Waits for the work queued on q -- for a queue that captures, the work
- * queued before the capture: its captured work runs only in replays (the
- * thread gated; CS_RETRY while a capture begins or ends on q). */
-static cusafe_status queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
-  struct cs_capture *c = cs_queue_capture(q);
-  if (c == CS_CAPTURE_BUSY)
-    return CS_RETRY;
-  *err = c ? cs_cu->event_synchronize(cs_queue_entry(q))
-           : cs_cu->stream_synchronize(q->stream);
-  return CUSAFE_SUCCESS;
-}
-
-cudaError_t cs_queue_wait(struct cs_queue *q) {
-  struct cs_thread *self = cs_thread_self();
-  cudaError_t err = cudaSuccess;
-  for (;;) {
-    cs_gate(self);
-    cusafe_status st = queue_wait_gated(q, &err);
-    cs_ungate(self);
-    if (st != CS_RETRY)
-      return err;
-    cs_capture_yield();
-  }
-}
 
 /* Queues the free of b's device memory after the work on fq, the latest
  * queue it was used on (the thread gated). */

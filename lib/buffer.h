@@ -72,6 +72,14 @@ cusafe_status cs_buffer_wrap_new(cusafe_buffer *out, struct cs_context *ctx,
  * are held. */
 cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
                                 struct cs_queue *q);
+/* Orders the later work on b's memory, and its free, after everything
+ * queued on q so far outside any capture (cs_queue_handoff), and hands the
+ * memory's chain to its context's default stream, which never captures:
+ * q is not touched again.  A queue that captures gets nothing of b's: its
+ * capture neither holds b nor orders anything after it.  The DLPack
+ * deleters' "the consumer is done with it" (the thread neither gated nor
+ * pinned). */
+cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

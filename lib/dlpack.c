@@ -80,26 +80,29 @@ struct exported {
   int64_t dims[];           /* shape, then strides */
 };
 
-/* Orders the buffer's later work (and free) after the work queued so far
- * on the consumer's stream, which waits for the buffer's queued work, and
- * then hands the buffer's work back to its context's default stream: the
- * consumer's stream is touched at the export and in the deleter only, so
- * it need be valid then only. */
+/* The export's point on the consumer's stream: that stream waits for the
+ * buffer's queued work (in a capture, the capture holds the buffer, as
+ * for any captured use), and the buffer's later work and free follow the
+ * consumer's, back on its context's default stream: the consumer's stream
+ * is touched at the export and in the deleter only, so it need be valid
+ * then only. */
 static cusafe_status consumer_point(struct cs_stream *s, struct cs_buffer *b) {
   cusafe_status st = cs_buffers_use_on(&b, 1, &s->queue);
   if (st == CUSAFE_SUCCESS)
-    st = cs_buffers_use_on(&b, 1, &b->ctx->queue);
+    st = cs_buffer_follow(b, &s->queue);
   return st;
 }
 
-/* Drops the export's references, after the consumer's stream's point:
- * nothing after shutdown or in a forked child (CS_ENTER_RELEASE), whose
- * ordered teardown freed everything; a failure only sets the thread's
- * message. */
+/* Drops the export's references, after everything the consumer queued on
+ * its stream so far -- outside any capture that stream is in: the
+ * consumer's captured work is its graph's, and no capture of the
+ * consumer's holds the buffer because of a deleter.  Nothing after
+ * shutdown or in a forked child (CS_ENTER_RELEASE), whose ordered teardown
+ * freed everything; a failure only sets the thread's message. */
 static cusafe_status exported_drop(struct exported *e) {
   CS_ENTER_RELEASE();
   if (e->stream) {
-    (void)consumer_point(e->stream, e->buffer);
+    (void)cs_buffer_follow(e->buffer, &e->stream->queue);
     (void)cs_unref(&e->stream->hdr);
   }
   return cs_unref(&e->buffer->hdr);

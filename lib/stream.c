@@ -53,24 +53,51 @@ static cusafe_status handoff_event(struct cs_queue *q, cudaEvent_t *out) {
   return CUSAFE_SUCCESS;
 }
 
+/* The one point that stands for everything queued on q so far outside any
+ * capture (invariant 9; lib/README.md, "Ordering after a stream"), the
+ * thread gated: NULL in *entry if q captures nothing -- q's stream itself,
+ * where a record or a synchronisation stands for it -- or, if q captures,
+ * the event recorded just before q entered its capture (q's captured work
+ * runs only in replays, which the graph orders by what it holds).
+ * CS_RETRY while a capture begins or ends on q.  With `record`, for a
+ * record on q: a capture whose end failed there is ended first (a record
+ * would be captured into nothing), or that fails. */
+static cusafe_status queue_point(struct cs_queue *q, bool record,
+                                 cudaEvent_t *entry) {
+  *entry = NULL;
+  struct cs_capture *c = cs_queue_capture(q);
+  if (CS_UNLIKELY(c == CS_CAPTURE_BUSY))
+    return CS_RETRY;
+  if (CS_UNLIKELY(c)) {
+    *entry = cs_queue_entry(q);
+    return CUSAFE_SUCCESS;
+  }
+  if (record && CS_UNLIKELY(atomic_load_explicit(&q->capture_leftover,
+                                                 memory_order_relaxed)))
+    return cs_queue_leftover(q);
+  return CUSAFE_SUCCESS;
+}
+
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
+  /* Ordering never goes into a capture: work that a capture's queue
+   * must follow is captured work's, which the capture orders itself
+   * (cs_capture_use).  A capture beginning or ending on `to` is waited
+   * for. */
+  struct cs_capture *tc = cs_queue_capture(to);
+  if (CS_UNLIKELY(tc))
+    return tc == CS_CAPTURE_BUSY
+               ? CS_RETRY
+               : cs_capturing("ordering work after another stream", to);
   int saved;
   cusafe_status st = cs_device_enter(from->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
     return st;
   cudaEvent_t ev = NULL;
+  /* The look at from's capture and the record are one step against the
+   * capture's beginning, which records `entry` under the same lock. */
   cs_spin_lock(&from->capture_lock);
-  struct cs_capture *c = cs_queue_capture(from);
-  struct cs_capture *tc = CS_UNLIKELY(c) ? cs_queue_capture(to) : NULL;
-  if (CS_UNLIKELY(atomic_load_explicit(&from->capture_leftover,
-                                       memory_order_relaxed)) &&
-      !c && (st = cs_queue_leftover(from)) != CUSAFE_SUCCESS) {
-    /* a record would be captured into nothing */
-  } else if (CS_UNLIKELY(c == CS_CAPTURE_BUSY || tc == CS_CAPTURE_BUSY)) {
-    st = CS_RETRY; /* a capture begins or ends meanwhile */
-  } else if (CS_UNLIKELY(c) && tc != c) {
-    ev = cs_queue_entry(from); /* a record now would be captured */
-  } else {
+  st = queue_point(from, true, &ev);
+  if (st == CUSAFE_SUCCESS && !ev) {
     st = handoff_event(from, &ev);
     if (st == CUSAFE_SUCCESS) {
       cudaError_t err = cs_cu->event_record(ev, from->stream);
@@ -90,6 +117,23 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
     st = cs_fail_cuda(err, "cudaStreamWaitEvent");
   cs_device_leave(saved);
   return st;
+}
+
+cudaError_t cs_queue_wait(struct cs_queue *q) {
+  struct cs_thread *self = cs_thread_self();
+  for (;;) {
+    cs_gate(self);
+    cudaEvent_t entry;
+    cusafe_status st = queue_point(q, false, &entry);
+    cudaError_t err = cudaSuccess;
+    if (st == CUSAFE_SUCCESS)
+      err = entry ? cs_cu->event_synchronize(entry)
+                  : cs_cu->stream_synchronize(q->stream);
+    cs_ungate(self);
+    if (st != CS_RETRY)
+      return err;
+    cs_capture_yield(); /* a capture begins or ends on q */
+  }
 }
 
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned) {

@@ -102,12 +102,20 @@ cudaEvent_t cs_queue_entry(struct cs_queue *q);
 cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
                            const char *dflt_name, struct cs_queue **out,
                            struct cs_object **held);
-/* Makes later work on `to` wait for the work queued so far on `from` (if
- * `from` captures and `to` is not in its capture: for the work queued
- * before the capture). */
+/* The one way to order after a stream (invariant 9; lib/README.md,
+ * "Ordering after a stream"): everything queued on a queue so far, outside
+ * any capture -- for a queue that captures, the work queued before its
+ * capture, since its captured work runs only in replays.  Frees,
+ * give-backs, DLPack deleters, buffers' chains and foreign work all order
+ * through these two.
+ *
+ * cs_queue_handoff() makes later work on `to` wait for it (the thread
+ * gated).  `to` must capture nothing: ordering is never routed into a
+ * capture (CUSAFE_ERROR_CAPTURING; what a capture's work must follow it
+ * orders itself, cs_capture_use).  CS_RETRY while a capture begins or ends
+ * on either queue. */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
-/* Waits for the work queued on q -- for a queue that captures, the work
- * queued before the capture (buffer.c). */
+/* cs_queue_wait() waits for it on the host (the thread not gated). */
 cudaError_t cs_queue_wait(struct cs_queue *q);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
