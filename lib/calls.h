@@ -24,8 +24,8 @@ struct cs_hot {
   _Atomic int single_device;
   /* The handle table's slots ever handed out (handle.c). */
   _Atomic uint32_t handles;
-  /* Stream captures open (graph.c): while there are any, releases take
-   * the full path, and a queue's capture is looked for through the CUDA
+  /* Stream captures open (graph.c): while there are any, a queue's
+   * capture is looked for through the CUDA
    * stream too. */
   _Atomic int captures;
 };
