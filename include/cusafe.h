@@ -1297,7 +1297,10 @@ CUSAFE_API void cusafe_python_release(void *object);
  *   cusafe_stream_wrap() (not CUSAFE_STREAM_DEFAULT, the context's own).
  * Returns: CUSAFE_SUCCESS: the stream captures.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not
- *   a stream.  CUSAFE_ERROR_CAPTURING: the stream captures already (also as
+ *   a stream, or its last handle was released on another thread while the
+ *   capture began ("stream 0x... was released while its capture began":
+ *   the capture has ended again, since no handle is left to end it with).
+ *   CUSAFE_ERROR_CAPTURING: the stream captures already (also as
  *   a stream that joined another's capture).  CUSAFE_ERROR_NOT_SUPPORTED: a
  *   wrapped device default stream (CUDA cannot capture it).
  *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure

@@ -48,11 +48,17 @@ extern "C" {
  * deleter) as soon as it has queued its last work on it, not when that
  * work is done.  Given the stream on which the consumer works (its own,
  * wrapped with cusafe_stream_wrap()), the export makes that stream wait
- * for the buffer's queued work, and the deleter records the buffer as used
- * there (cusafe_stream_use_buffers()) before it drops its reference: the
- * memory is freed only after the work the consumer queued on that stream
- * before deleting the tensor.  Each time the buffer's work then goes back
- * to its context's default stream: cusafe touches the consumer's stream at
+ * for the buffer's queued work, and the deleter orders the buffer's later
+ * work and free after everything queued on that stream so far before it
+ * drops its reference: the memory is freed only after the work the
+ * consumer queued on that stream before deleting the tensor.  Where that
+ * stream captures when the deleter runs, "so far" is the work queued
+ * before its capture began: the captured work runs only when its graph is
+ * replayed, and the capture gets nothing of the buffer's (a consumer that
+ * captured work on the tensor keeps the tensor alive as long as its graph,
+ * as with any memory it lends to a graph).  Each time the buffer's work
+ * then goes back to its context's default stream: cusafe touches the
+ * consumer's stream at
  * the export and in the deleter only, and it must be valid then (DLPack's
  * consumers use the stream they name until they delete the tensor).
  * Without a stream, the consumer synchronises both ways itself.
