@@ -9,7 +9,7 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
 
 from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, c_enum,
                     c_handle, library)
-from ._objects import Buffer, Context, Stream, _device_of
+from ._objects import Buffer, Context, Stream, _device_of, _Owner
 
 # --------------------------------------------------------------------------
 # Interop: DLPack and the CUDA Array Interface
@@ -163,7 +163,7 @@ def _release_array(use_buffers: Callable[..., int],
     release(stream)
 
 
-class Array:
+class Array(_Owner):
     """A typed, shaped window on a Buffer (Buffer.as_array), for other
     libraries: it implements the DLPack protocol (__dlpack__,
     __dlpack_device__) and the CUDA Array Interface, version 3.
@@ -180,13 +180,15 @@ class Array:
     as the owner of the memory.  Work a consumer queues on other streams it
     must synchronise itself before dropping the Array, as every producer of
     these protocols asks.  A stream given to as_array() must outlive the
-    Array."""
+    Array.  An Array cannot be copied or pickled (TypeError)."""
 
     # _lent: the CUDA Array Interface was read, so a consumer may hold this
     # object; close() then leaves the references to the garbage collector.
     __slots__ = ("_buffer", "_stream", "_dtype", "_shape", "_strides",
                  "_offset", "_ptr", "_finalizer", "_lent", "_closed",
                  "__weakref__")
+    _holds = "it holds references on the handles of a GPU buffer and a " \
+        "stream"
     _buffer: int
     _stream: int
     _dtype: str

@@ -10,7 +10,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
 from ._capi import ArgKind, LaunchConfig, _call, library
-from ._objects import Buffer, _Object, _stream_handle
+from ._objects import Buffer, _Object, _Owner, _stream_handle
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer as _BufferLike
@@ -294,12 +294,14 @@ def _no_fast(k: Kernel, grid: _Dim, block: _Dim, shared: int,
     return None
 
 
-class PreparedLaunch:
+class PreparedLaunch(_Owner):
     """A kernel launch with its configuration and arguments converted once
     (Kernel.prepare); calling it launches again, raising CusafeError on a
-    failure.  It keeps the kernel and the argument objects alive."""
+    failure.  It keeps the kernel and the argument objects alive.  It
+    cannot be copied or pickled (TypeError)."""
 
     __slots__ = ("_fn", "_argv", "_keep")
+    _holds = "it holds the GPU handles of its kernel and arguments"
     _fn: Any  # a ctypes function
     _argv: Tuple[ctypes.c_uint64, ctypes.c_void_p, Optional[bytes],
                  ctypes.c_size_t]

@@ -8,7 +8,8 @@ import ctypes
 import operator
 import os
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
-                    Optional, Sequence, Tuple, Type, TypeVar, Union)
+                    Optional, Sequence, SupportsIndex, Tuple, Type, TypeVar,
+                    Union)
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     STREAM_NON_BLOCKING, CusafeError, Memory, Status, _call,
@@ -48,7 +49,48 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
-class _Object:
+class _Owner:
+    """A Python object that owns, or holds, references on library handles:
+    it cannot be copied or pickled.  A copy (copy.copy, copy.deepcopy, a
+    pickle's load) is made without __init__ and would hold the same
+    references without having taken them: two owners, one release too
+    many.  Unpickled in another process (multiprocessing sends a
+    Process's arguments so), the copy would release that process's object
+    whose handle happens to have the same value."""
+
+    __slots__ = ()
+    # What the object holds, for the error.
+    _holds = "it owns a GPU handle"
+
+    def _no_copy(self, *args: Any) -> NoReturn:
+        raise TypeError(
+            "cusafe.%s cannot be pickled or copied: %s, which this object "
+            "releases exactly once and which means nothing in another "
+            "process; share the object itself"
+            % (type(self).__name__, self._holds))
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refused (TypeError): see the class."""
+        self._no_copy()
+
+    def __reduce__(self) -> NoReturn:
+        """Refused (TypeError): see the class."""
+        self._no_copy()
+
+    def __getstate__(self) -> NoReturn:
+        """Refused (TypeError): see the class."""
+        self._no_copy()
+
+    def __copy__(self) -> NoReturn:
+        """Refused (TypeError): see the class."""
+        self._no_copy()
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> NoReturn:
+        """Refused (TypeError): see the class."""
+        self._no_copy()
+
+
+class _Object(_Owner):
     """An owned reference on one library handle."""
 
     # _cell holds the handle, as a ctypes value, while the object owns its
@@ -594,10 +636,11 @@ class Graph(_Object):
     __call__ = launch
 
 
-class _Capture:
+class _Capture(_Owner):
     """The context manager of Stream.capture()."""
 
     __slots__ = ("_stream", "_graph")
+    _holds = "it holds a capturing stream"
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
