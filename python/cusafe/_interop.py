@@ -9,7 +9,7 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
 
 from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, c_enum,
                     c_handle, library)
-from ._objects import Buffer, Context, Stream, _device_of, _Owner
+from ._objects import Buffer, Context, Stream, _device_of, _Owner, _provides
 
 # --------------------------------------------------------------------------
 # Interop: DLPack and the CUDA Array Interface
@@ -450,8 +450,8 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
     array's device (default: made for it).  Raises BufferError (from the
     producer) or CusafeError (memory that is not CUDA memory of ctx's
     device, a read-only tensor)."""
-    if not hasattr(obj, "__dlpack__") or \
-            not hasattr(obj, "__dlpack_device__"):
+    if not _provides(obj, "__dlpack__") or \
+            not _provides(obj, "__dlpack_device__"):
         raise TypeError("%s does not implement the DLPack protocol "
                         "(__dlpack__ and __dlpack_device__)"
                         % type(obj).__name__)

@@ -10,7 +10,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
 from ._capi import ArgKind, LaunchConfig, _call, library
-from ._objects import Buffer, _Object, _Owner, _stream_handle
+from ._objects import Buffer, _Object, _Owner, _provides, _stream_handle
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer as _BufferLike
@@ -189,10 +189,12 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
             keep = (keep or []) + [a.data]
         elif t is bool:
             raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
-        elif hasattr(a, "__cuda_array_interface__") or \
-                hasattr(a, "__dlpack__"):
+        elif _provides(a, "__cuda_array_interface__") or \
+                _provides(a, "__dlpack__"):
             # Another library's array (or a cusafe Array): wrapped for this
-            # launch, whose queued work then keeps it alive.
+            # launch, whose queued work then keeps it alive.  Probed on the
+            # type: reading a cusafe Array's interface would mark it lent,
+            # and its close() would then release nothing.
             buf = Buffer.wrap(a, stream=stream)
             fmt += "IIQ"
             values += (_K_BUFFER, 0, buf.handle)

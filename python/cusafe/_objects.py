@@ -90,6 +90,21 @@ class _Owner:
         self._no_copy()
 
 
+def _provides(obj: Any, name: str) -> bool:
+    """Whether obj has the attribute `name` (a protocol: __dlpack__,
+    __cuda_array_interface__), found without reading it: on its type, or
+    in its own __dict__.  Reading may have effects: a property's getter
+    runs (cusafe's own Array.__cuda_array_interface__ marks the Array as
+    lent to a consumer, so that its close() releases nothing)."""
+    if hasattr(type(obj), name):  # a property found on a type: not run
+        return True
+    try:
+        own = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return False
+    return isinstance(own, dict) and name in own
+
+
 class _Object(_Owner):
     """An owned reference on one library handle."""
 
@@ -1038,13 +1053,16 @@ class Buffer(_Object):
         device 0; memory of another device raises CusafeError
         CONTEXT_MISMATCH); `stream`: where cusafe will use the memory
         first (default: the device's legacy default stream) -- it is
-        ordered after the producer's work, as each protocol asks.  Raises
-        TypeError for an object with neither protocol, CusafeError when
-        the memory is not CUDA memory of ctx's device."""
+        ordered after the producer's work, as each protocol asks.  The
+        protocols are looked up on the object's type (or its own
+        attributes), never read to find them.  Raises TypeError for an
+        object with neither protocol, CusafeError when the memory is not
+        CUDA memory of ctx's device."""
         from ._interop import _from_cai, from_dlpack
-        if hasattr(obj, "__dlpack__"):
+        # Probed on the type: reading a property can have effects.
+        if _provides(obj, "__dlpack__"):
             return from_dlpack(obj, ctx, stream)
-        if hasattr(obj, "__cuda_array_interface__"):
+        if _provides(obj, "__cuda_array_interface__"):
             return _from_cai(obj, ctx, stream)
         raise TypeError("%s has neither __dlpack__ nor "
                         "__cuda_array_interface__" % type(obj).__name__)

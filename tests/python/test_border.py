@@ -216,3 +216,98 @@ def test_errors_and_values_still_pickle():
     assert copy.copy(cusafe.Bytes(b"ab")).data == b"ab"
     assert pickle.loads(pickle.dumps(cusafe.Status.SHUTDOWN)) is \
         cusafe.Status.SHUTDOWN
+
+
+# --------------------------------------------------------------------------
+# Protocols probed without reading them.
+# --------------------------------------------------------------------------
+
+
+@needs_dlpack
+@pytest.mark.parametrize("op", ["launch", "prepare", "Buffer.wrap",
+                                "from_dlpack"])
+def test_arrays_used_by_cusafe_are_not_lent(ctx, baseline, op):
+    """A cusafe Array passed to a launch (or wrapped) is not marked as
+    lent to a consumer of the CUDA Array Interface: its close() gives the
+    buffer and the stream back at once."""
+    m = ctx.load_builtin()
+    k = m.kernel("cusafe_fill_f32")
+    buf = ctx.alloc(64)
+    h = buf.handle
+    a = buf.as_array("f4")
+    if op == "launch":
+        k.launch(1, 16, a, cusafe.F32(1.0), 16)
+    elif op == "prepare":
+        k.prepare(1, 16, a, cusafe.F32(1.0), 16)()
+    elif op == "Buffer.wrap":
+        cusafe.Buffer.wrap(a).close()
+    else:
+        cusafe.from_dlpack(a).close()
+    ctx.synchronize()
+    buf.close()
+    a.close()
+    gc.collect()
+    assert a.closed
+    assert stale(h)  # `a` still lives: its close() let the buffer go
+    k.close()
+    m.close()
+
+
+@needs_dlpack
+def test_launch_with_an_array_leaks_nothing():
+    """An Array launched on and closed (but still referenced at exit):
+    nothing in the leak report."""
+    r = run_python("""
+        import cusafe
+        ctx = cusafe.Context(0)
+        with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+            buf = ctx.alloc(64)
+            a = buf.as_array("f4")
+            k.launch(1, 16, a, cusafe.F32(1.0), 16)
+            buf.close()
+            a.close()
+        ctx.close()
+        """, CUSAFE_LEAK_REPORT="1")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr
+
+
+class SideEffects:
+    """A producer whose interface properties count their reads."""
+
+    reads = 0
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @property
+    def __cuda_array_interface__(self):
+        SideEffects.reads += 1
+        return self.inner.__cuda_array_interface__
+
+
+def test_wrap_reads_the_interface_once(ctx, baseline):
+    """Buffer.wrap and a launch read a producer's interface once, to use
+    it, never to probe it; an instance attribute is found too."""
+    buf = ctx.alloc(64)
+    holder = buf.as_array("f4")
+    SideEffects.reads = 0
+    w = cusafe.Buffer.wrap(SideEffects(holder))
+    assert SideEffects.reads == 1
+    w.close()
+    with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+        SideEffects.reads = 0
+        k.launch(1, 16, SideEffects(holder), cusafe.F32(1.0), 16)
+        assert SideEffects.reads == 1
+
+    class Instance:
+        pass
+
+    obj = Instance()
+    obj.__cuda_array_interface__ = {
+        "shape": (16,), "typestr": "<f4", "version": 3,
+        "data": (buf.interop_pointer(), False)}
+    with cusafe.Buffer.wrap(obj) as w:
+        assert w.size == 64
+    ctx.synchronize()
+    del holder, w, obj
+    buf.close()
