@@ -609,10 +609,13 @@ class Graph(_Object):
     work used: releasing them, during or after the capture, is legal, and
     their memory stays valid for every replay.  Closing the graph with
     replays queued is legal too: its memory goes after the last replay.
-    Methods of a closed Graph raise ValueError."""
+    Methods of a closed Graph raise ValueError.  The Graph of a
+    Stream.capture() whose capture failed (the block raised, or CUDA
+    refused the capture) is closed: close() and `with` do nothing more,
+    the other methods raise ValueError."""
 
     # _capturing: made by Stream.capture() and waiting for the capture to
-    # end, which gives it its handle.
+    # end, which gives it its handle (unless it was closed meanwhile).
     __slots__ = ("_capturing",)
     _capturing: bool
     _release_name = "cusafe_graph_release"
@@ -633,6 +636,22 @@ class Graph(_Object):
                                  "ended")
             raise ValueError("this cusafe.Graph is closed")
         return h
+
+    def close(self) -> None:
+        """Releases the graph (see _Object.close).  During the capture of
+        Stream.capture(), the capture still ends with the block, and the
+        graph it makes is released at once."""
+        self._capturing = False
+        super().close()
+
+    def detach(self) -> int:
+        """Gives up ownership and returns the handle (see
+        _Object.detach).  Raises ValueError before the capture ended and
+        once closed."""
+        if getattr(self, "_capturing", False):
+            raise ValueError("the capture of this cusafe.Graph has not "
+                             "ended")
+        return super().detach()
 
     def instantiate(self) -> None:
         """Makes the graph's executable form now rather than at its first
@@ -663,14 +682,20 @@ class _Capture(_Owner):
 
     def __enter__(self) -> Graph:
         self._stream.begin_capture()
+        # A closed Graph with an empty cell, until the capture ends well:
+        # one whose capture fails stays so (close() finds nothing to
+        # release).
         g = self._graph = object.__new__(Graph)
         g._capturing = True
         g._handle = g._live = 0
+        g._c = c_handle(0)
+        g._cell = []
         return g
 
     def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
         g = self._graph
         assert g is not None
+        wanted = g._capturing  # False once closed in the block
         g._capturing = False
         if exc_type is not None:  # the capture is discarded
             try:
@@ -681,7 +706,11 @@ class _Capture(_Owner):
         h = c_handle(0)
         _call("cusafe_stream_end_capture", ctypes.byref(h),
               self._stream.handle)
-        g._own(h)
+        if wanted:
+            g._own(h)
+            return
+        lib = library()
+        lib.check(lib.fn.cusafe_graph_release(h.value))
 
 
 class Event(_Object):

@@ -311,3 +311,83 @@ def test_wrap_reads_the_interface_once(ctx, baseline):
     ctx.synchronize()
     del holder, w, obj
     buf.close()
+
+
+# --------------------------------------------------------------------------
+# The Graph of a capture that failed.
+# --------------------------------------------------------------------------
+
+
+def check_closed_graph(g, s):
+    assert g.closed and repr(g) == "<cusafe.Graph closed>"
+    g.close()
+    g.close()
+    with g as same:
+        assert same is g
+    assert g.closed
+    with pytest.raises(ValueError) as e:
+        g.detach()
+    assert str(e.value) == "this cusafe.Graph is closed"
+    for call in (lambda: g.handle, g.launch, lambda: g.launch(s),
+                 g.instantiate, g, lambda: g.set_label("x")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == "this cusafe.Graph is closed"
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        copy.copy(g)
+
+
+def test_graph_of_a_raising_block(ctx, baseline):
+    s = ctx.stream(non_blocking=True)
+    b = ctx.alloc(64)
+    with Unraisable() as u:
+        with pytest.raises(RuntimeError, match="in the block"):
+            with s.capture() as g:
+                b.fill(1, stream=s)
+                raise RuntimeError("in the block")
+        check_closed_graph(g, s)
+        del g
+    assert u.seen == []
+    assert not s.capturing
+
+
+def test_graph_of_a_capture_cuda_refused(ctx, baseline):
+    """The capture ends with CUDA's error (a stream joined and never
+    joined back): the Graph is closed, not broken."""
+    s, t = ctx.stream(non_blocking=True), ctx.stream(non_blocking=True)
+    ev = ctx.event(timing=False)
+    b = ctx.alloc(64)
+    with Unraisable() as u:
+        with pytest.raises(cusafe.CusafeError) as e:
+            with s.capture() as g:
+                ev.record(s)
+                t.wait_event(ev)
+                b.fill(1, stream=t)
+        assert e.value.status == cusafe.Status.CUDA
+        check_closed_graph(g, s)
+        del g
+    assert u.seen == []
+    assert not s.capturing and not t.capturing
+
+
+def test_graph_closed_during_its_capture(ctx, baseline):
+    """close() in the block: the capture still ends with the block, and
+    its graph goes at once; detach() in the block says the capture has
+    not ended."""
+    s = ctx.stream(non_blocking=True)
+    b = ctx.alloc(64)
+    with s.capture() as g:
+        with pytest.raises(ValueError) as e:
+            g.detach()
+        assert str(e.value) == "the capture of this cusafe.Graph has not " \
+            "ended"
+        b.fill(1, stream=s)
+        g.close()
+        assert g.closed
+    assert not s.capturing
+    check_closed_graph(g, s)
+    with s.capture() as again:
+        b.fill(2, stream=s)
+    again.launch(s)
+    assert bytes(b.read()) == b"\2" * 64
+    again.close()
