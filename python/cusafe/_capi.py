@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import os
 import threading
 from typing import (TYPE_CHECKING, Any, Dict, List, NoReturn, Optional,
@@ -544,6 +545,51 @@ def _call(name: str, *args: Any) -> None:
 
 
 # --------------------------------------------------------------------------
+# Integers at the border
+# --------------------------------------------------------------------------
+
+# ctypes converts a Python int to a C integer type by dropping the bits
+# that do not fit, silently: -1 becomes SIZE_MAX, 2**64 + 8 becomes 8.
+# Every integer the caller gives is therefore taken through __index__
+# (ints, and those of other libraries: numpy.int64, ...; never a float,
+# str or bytes) and checked against its C type before ctypes sees it.
+
+
+def _index(value: Any, what: str) -> int:
+    """value as an int (operator.index: int, numpy.int64, ...); TypeError
+    naming `what` for anything else (float, str, bytes, None, ...)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an int, not %s"
+                        % (what, type(value).__name__)) from None
+
+
+def _unsigned(value: Any, what: str, bits: int = 64) -> int:
+    """value as an int for an unsigned C type of `bits` bits (size_t,
+    a handle, a cudaStream_t: 64; unsigned int: 32): TypeError for a
+    non-int, ValueError for a negative one, OverflowError for one that
+    does not fit."""
+    n = _index(value, what)
+    if n < 0:
+        raise ValueError("%s must not be negative: %d" % (what, n))
+    if n >> bits:
+        raise OverflowError("%s %d does not fit %d bits" % (what, n, bits))
+    return n
+
+
+def _c_int(value: Any, what: str) -> int:
+    """value as an int for a C int (a device ordinal, a priority):
+    TypeError for a non-int, OverflowError outside the range of int."""
+    n = _index(value, what)
+    if not -2**31 <= n < 2**31:
+        raise OverflowError("%s %d does not fit a C int" % (what, n))
+    return n
+
+
+# --------------------------------------------------------------------------
 # Library-wide functions
 # --------------------------------------------------------------------------
 
@@ -562,9 +608,12 @@ def device_count() -> int:
 
 
 def device_properties(device: int = 0) -> DeviceProperties:
-    """The DeviceProperties of a device."""
+    """The DeviceProperties of a device.  Raises TypeError for a device
+    that is not an int, OverflowError for one beyond a C int, CusafeError
+    INVALID_DEVICE for one that does not exist."""
     props = DeviceProperties()
-    _call("cusafe_device_get_properties", ctypes.byref(props), device)
+    _call("cusafe_device_get_properties", ctypes.byref(props),
+          _c_int(device, "device"))
     return props
 
 
@@ -576,9 +625,13 @@ def shutdown() -> None:
 
 
 def handle_type(handle: int) -> HandleType:
-    """The HandleType of a live handle (an int)."""
+    """The HandleType of a live handle (an int).  Raises CusafeError
+    INVALID_HANDLE for a stale or forged one; TypeError, ValueError or
+    OverflowError for a value that is not a 64-bit unsigned int (never
+    cut down to one: 2**64 + h is not h)."""
     t = c_enum(0)
-    _call("cusafe_handle_get_type", ctypes.byref(t), handle)
+    _call("cusafe_handle_get_type", ctypes.byref(t),
+          _unsigned(handle, "handle"))
     return HandleType(t.value)
 
 
@@ -586,8 +639,9 @@ def retain_handle(handle: int) -> None:
     """Adds a reference to a live handle (an int) of any type
     (cusafe_retain): the caller owns it and must release it
     (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
-    null handle, SHUTDOWN after shutdown()."""
-    st = library().raw.cusafe_retain(c_handle(handle))
+    null handle, SHUTDOWN after shutdown(); TypeError, ValueError or
+    OverflowError for a value that is not a 64-bit unsigned int."""
+    st = library().raw.cusafe_retain(c_handle(_unsigned(handle, "handle")))
     if st:
         library().check(st)
 
@@ -597,7 +651,9 @@ def release_handle(handle: int) -> None:
     last one destroys the object once its children and queued work are
     gone.  Raises CusafeError INVALID_HANDLE for a stale or forged handle
     (a double release is caught, never undefined).  Releasing NULL_HANDLE
-    (0), and any release after shutdown(), is a no-op."""
-    st = library().raw.cusafe_release(c_handle(handle))
+    (0), and any release after shutdown(), is a no-op.  A value that is
+    not a 64-bit unsigned int raises TypeError, ValueError or
+    OverflowError, and releases nothing."""
+    st = library().raw.cusafe_release(c_handle(_unsigned(handle, "handle")))
     if st:
         library().check(st)

@@ -7,9 +7,10 @@ import weakref
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
                     Union)
 
-from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, c_enum,
-                    c_handle, library)
-from ._objects import Buffer, Context, Stream, _device_of, _Owner, _provides
+from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, _index,
+                    _unsigned, c_enum, c_handle, library)
+from ._objects import (Buffer, Context, Stream, _device_of, _handle_of,
+                       _Owner, _provides)
 
 # --------------------------------------------------------------------------
 # Interop: DLPack and the CUDA Array Interface
@@ -74,6 +75,29 @@ def _extent(shape: Sequence[int], strides: Sequence[int],
     lo = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
     hi = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0)
     return lo, hi + itemsize
+
+
+def _ints(values: Any, what: str, one: bool = False) -> Tuple[int, ...]:
+    """A shape or strides as a tuple of ints (operator.index: ints, and
+    those of other libraries such as numpy.int64); `one`: a single int is
+    taken as a 1-tuple.  TypeError naming `what` for anything else: a
+    float (never truncated), a str or bytes (never split into digits)."""
+    if one:
+        try:
+            return (_index(values, what),)
+        except TypeError:
+            pass
+    kinds = "an int or a sequence of ints" if one else "a sequence of ints"
+    if isinstance(values, (str, bytes, bytearray)) or \
+            not hasattr(type(values), "__iter__"):
+        raise TypeError("%s must be %s, not %s"
+                        % (what, kinds, type(values).__name__))
+    values = tuple(values)
+    try:
+        return tuple(_index(n, what) for n in values)
+    except TypeError:
+        raise TypeError("%s must be %s, not %r"
+                        % (what, kinds, values)) from None
 
 
 def _c_strides(shape: Sequence[int], itemsize: int) -> Tuple[int, ...]:
@@ -211,18 +235,22 @@ class Array(_Owner):
         is not a type string or NumPy dtype, ValueError for an unknown
         dtype, a negative shape, strides of another length or not
         multiples of the element size, or elements beyond the buffer;
-        ValueError for a closed buffer."""
+        ValueError for a closed buffer; TypeError for a buffer that is not
+        a Buffer, a shape, strides or offset that are not ints (floats,
+        str: never truncated nor split; numpy.int64 and other integers
+        with __index__ are ints)."""
+        _handle_of(buffer, Buffer, "buffer")
         typestr = _typestr(dtype)
         itemsize = int(typestr[2:])
         size = buffer.size
-        if not isinstance(offset, int) or not 0 <= offset <= size:
+        offset = _index(offset, "offset")
+        if not 0 <= offset <= size:
             raise ValueError("offset %r is outside the buffer of %d bytes"
                              % (offset, size))
         if shape is None:
             shape = ((size - offset) // itemsize,)
-        elif isinstance(shape, int):
-            shape = (shape,)
-        shape = tuple(int(n) for n in shape)
+        else:
+            shape = _ints(shape, "shape", one=True)
         if len(shape) > 64 or any(n < 0 for n in shape):
             raise ValueError("shape %r: at most 64 dimensions of sizes 0 or "
                              "more" % (shape,))
@@ -230,7 +258,7 @@ class Array(_Owner):
             strides = _c_strides(shape, itemsize)
             contiguous = True
         else:
-            strides = tuple(int(s) for s in strides)
+            strides = _ints(strides, "strides")
             if len(strides) != len(shape):
                 raise ValueError("%d strides for %d dimensions"
                                  % (len(strides), len(shape)))
@@ -500,14 +528,21 @@ def _from_cai(obj: Any, ctx: Optional[Context], stream: Any) -> Buffer:
                         % type(obj).__name__)
     if cai.get("mask") is not None:
         raise ValueError("masked arrays are not supported")
-    shape = tuple(cai["shape"])
+    # The producer's integers are checked as the caller's are: ctypes
+    # would cut a pointer of 2**64 + p down to p.
+    shape = _ints(cai["shape"], "the interface's shape")
+    if any(n < 0 for n in shape):
+        raise ValueError("the interface's shape %r has a negative size"
+                         % (shape,))
     typestr = cai["typestr"]
     itemsize = int(typestr[2:])
     ptr, readonly = cai["data"]
+    ptr = _unsigned(ptr, "the interface's data pointer")
     if readonly:
         raise ValueError("the array is read-only; cusafe buffers are "
                          "writable")
-    strides = cai.get("strides") or _c_strides(shape, itemsize)
+    strides = _ints(cai.get("strides") or _c_strides(shape, itemsize),
+                    "the interface's strides")
     lo, hi = _extent(shape, strides, itemsize)
     if ctx is None:
         ctx = Context(_device_of(obj))

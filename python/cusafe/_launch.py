@@ -9,7 +9,7 @@ import struct
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
-from ._capi import ArgKind, LaunchConfig, _call, library
+from ._capi import ArgKind, LaunchConfig, _call, _unsigned, library
 from ._objects import Buffer, _Object, _Owner, _provides, _stream_handle
 
 if TYPE_CHECKING:
@@ -102,8 +102,10 @@ class Bytes:
 
 
 def _dims(v: _Dim, what: str) -> Tuple[int, ...]:
-    """A grid or block as 3 ints; TypeError for another type, ValueError
-    for more than 3 or fewer than 1."""
+    """A grid or block as 3 ints of 32 bits; TypeError for another type,
+    ValueError for more than 3 or fewer than 1, or a negative one,
+    OverflowError for one beyond 32 bits (which the unsigned int of the
+    launch would cut down to another size)."""
     if isinstance(v, (str, bytes)):
         raise TypeError("%s must be an int or 1 to 3 ints, not %s"
                         % (what, type(v).__name__))
@@ -115,31 +117,33 @@ def _dims(v: _Dim, what: str) -> Tuple[int, ...]:
                         % (what, v)) from None
     if not 1 <= len(dims) <= 3:
         raise ValueError("%s must be an int or 1 to 3 ints" % what)
+    for d in dims:
+        _unsigned(d, what, 32)
     return dims + (1,) * (3 - len(dims))
 
 
 _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
 
 
-_configs: Dict[Tuple[_Dim, _Dim, int, Optional[Stream]], LaunchConfig] = {}
+_configs: Dict[Tuple[Tuple[int, ...], Tuple[int, ...], int], LaunchConfig] = {}
 
 
 def _launch_config(grid: _Dim, block: _Dim, shared: int,
                    stream: Optional[Stream]) -> LaunchConfig:
-    """A LaunchConfig, shared between the launches with the same shape:
-    the library reads it during the call only, and nobody writes it."""
-    key = (grid, block, shared, stream)
-    try:
-        return _configs[key]
-    except (KeyError, TypeError):  # TypeError: an unhashable grid (a list)
-        pass
-    config = LaunchConfig(_dims(grid, "grid"), _dims(block, "block"), shared,
-                          _stream_handle(stream))
+    """A LaunchConfig, shared between the launches on the default stream
+    with the same shape: the library reads it during the call only, and
+    nobody writes it.  Every value is checked first, so that a value that
+    merely equals a cached one (1.0 for 1) is refused as well."""
+    g, b = _dims(grid, "grid"), _dims(block, "block")
+    shared = _unsigned(shared, "shared")
+    key = (g, b, shared)
+    if stream is None:
+        config = _configs.get(key)
+        if config is not None:
+            return config
+    config = LaunchConfig(g, b, shared, _stream_handle(stream))
     if len(_configs) < 256 and stream is None:
-        try:
-            _configs[key] = config
-        except TypeError:
-            pass
+        _configs[key] = config
     return config
 
 
@@ -362,7 +366,11 @@ class Kernel(_Object):
         return list(sizes[:count.value])
 
     def suggest_config(self, n: int, shared: int = 0) -> Tuple[int, int]:
-        """(grid, block) that covers n threads with the best occupancy."""
+        """(grid, block) that covers n threads with the best occupancy,
+        each block using `shared` bytes of dynamic shared memory.  Raises
+        TypeError for an n or shared that is not an int, ValueError for a
+        negative one, OverflowError for one beyond 64 bits."""
+        n, shared = _unsigned(n, "n"), _unsigned(shared, "shared")
         block, grid = ctypes.c_uint32(0), ctypes.c_uint32(0)
         _call("cusafe_kernel_suggest_config", ctypes.byref(block),
               ctypes.byref(grid), self.handle, shared, n)
@@ -380,7 +388,9 @@ class Kernel(_Object):
         (I64), floats (F64), typed values (I32(...), F32(...), ...) or
         Bytes(...).  Ordered on `stream` (None: the context's default);
         the buffers stay alive until the kernel has completed.  A closed
-        Kernel or Buffer raises ValueError.
+        Kernel or Buffer raises ValueError.  Grid and block sizes must fit
+        32 bits and `shared` 64 (OverflowError; ValueError for a negative
+        one, TypeError for one that is not an int).
 
         Launches on the default stream with the shape, and arguments of
         the types, of the kernel's previous launch take a fast path: one

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import operator
 import os
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
                     Optional, Sequence, SupportsIndex, Tuple, Type, TypeVar,
                     Union)
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
-                    STREAM_NON_BLOCKING, CusafeError, Memory, Status, _call,
-                    c_enum, c_handle, device_properties, library)
+                    STREAM_NON_BLOCKING, CusafeError, Memory, Status, _c_int,
+                    _call, _index, _unsigned, c_enum, c_handle,
+                    device_properties, library)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer as _BufferLike
@@ -241,20 +241,30 @@ class _Object(_Owner):
 
 
 def _raw_stream(stream: Any) -> int:
-    """The cudaStream_t (an int) of a stream object of another library."""
+    """The cudaStream_t (an int) of a stream object of another library.
+    Raises TypeError for an object that is none, ValueError and
+    OverflowError for an int that is no address (negative, or beyond 64
+    bits, which ctypes would cut down to another stream)."""
     if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
+        return _unsigned(stream, "stream")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         version, raw = proto() if callable(proto) else proto
         if version != 0:
             raise TypeError("__cuda_stream__ of version %r: cusafe reads "
                             "version 0" % (version,))
-        return int(raw)
+        if isinstance(raw, (bool, float, str, bytes)) or \
+                not hasattr(type(raw), "__index__"):
+            raise TypeError("__cuda_stream__ gave a stream that is not an "
+                            "int: %s" % type(raw).__name__)
+        return _unsigned(raw, "stream")
     for name in ("cuda_stream", "ptr"):
         raw = getattr(stream, name, None)
-        if isinstance(raw, int):
-            return raw
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return _unsigned(raw, "stream")
+    if not isinstance(stream, (bool, float)) and \
+            hasattr(type(stream), "__index__"):  # numpy.uint64, ...
+        return _unsigned(stream, "stream")
     raise TypeError("%s is not a CUDA stream: expected an int (a "
                     "cudaStream_t), or an object with __cuda_stream__, "
                     "cuda_stream or ptr" % type(stream).__name__)
@@ -307,12 +317,11 @@ def _handle_of(obj: Any, cls: Type[_Object], what: str) -> int:
 
 
 def _count(value: int, what: str) -> int:
-    """An offset or size: an int (TypeError otherwise), not negative
-    (ValueError), which size_t would turn into a huge one."""
-    value = operator.index(value)
-    if value < 0:
-        raise ValueError("%s must not be negative: %d" % (what, value))
-    return value
+    """An offset or size, for a size_t: an int (TypeError otherwise), not
+    negative (ValueError), which size_t would turn into a huge one, nor
+    beyond 64 bits (OverflowError), which it would cut down to a small
+    one."""
+    return _unsigned(value, what)
 
 
 class Context(_Object):
@@ -331,8 +340,10 @@ class Context(_Object):
         """A new reference on the context of `device`, which this object
         owns.  Raises CusafeError INVALID_DEVICE for a device that does not
         exist, NoDeviceError without a driver or device, SHUTDOWN after
-        shutdown(), FORKED in a child forked after CUDA was used."""
-        device = operator.index(device)
+        shutdown(), FORKED in a child forked after CUDA was used;
+        TypeError for a device that is not an int, OverflowError for one
+        beyond a C int."""
+        device = _c_int(device, "device")
         h = c_handle(0)
         _call("cusafe_context_create", ctypes.byref(h), device)
         self._device = device
@@ -386,17 +397,18 @@ class Context(_Object):
         the caller owns (Buffer(ctx, size, memory), by the shortest path).
         Device memory is ordered on the context's default stream.  Raises
         ValueError for a closed Context, a negative size or an unknown
-        memory kind, CusafeError OUT_OF_MEMORY when the device (or host)
-        has no room, NOT_SUPPORTED for managed memory on a device without
-        it."""
+        memory kind, TypeError for a size that is not an int,
+        OverflowError for one beyond 64 bits, CusafeError OUT_OF_MEMORY
+        when the device (or host) has no room, NOT_SUPPORTED for managed
+        memory on a device without it."""
         kind = _MEMORY_KINDS.get(memory)
         if kind is None:
             raise ValueError("unknown memory kind %r" % (memory,))
         fn = _alloc_fn or _bind_alloc()
         nbytes = _sizes.get(size) if type(size) is int else None
         if nbytes is None:
+            size = _count(size, "size")
             nbytes = _size_value(size)
-            size = operator.index(size)
         out = c_handle()
         # Ready ctypes values (and the small int kind): nothing to convert.
         st = fn(_byref(out), self._c, kind, nbytes)
@@ -436,11 +448,10 @@ _sizes: Dict[int, ctypes.c_size_t] = {}
 
 
 def _size_value(size: int) -> ctypes.c_size_t:
-    """size as a c_size_t (TypeError for a non-int), kept in _sizes while
-    it holds fewer than 1024."""
-    size = operator.index(size)
+    """size (an int that fits size_t: _count) as a c_size_t, kept in
+    _sizes while it holds fewer than 1024."""
     value = ctypes.c_size_t(size)
-    if len(_sizes) < 1024 and size >= 0:
+    if len(_sizes) < 1024:
         _sizes[size] = value
     return value
 
@@ -459,8 +470,6 @@ def _bind_alloc() -> Any:
 def _alloc_failed(ctx: Context, size: int, status: int) -> NoReturn:
     """Raises for a failed Context.alloc."""
     ctx.handle  # a closed Context raises ValueError
-    if size < 0:  # wrapped around to a size no device has
-        raise ValueError("size must not be negative: %d" % size)
     library().check(status)
     raise AssertionError("unreachable")
 
@@ -480,10 +489,15 @@ class Stream(_Object):
         no implicit synchronisation with the legacy default stream;
         `priority`: within ctx.stream_priority_range() (lower numbers are
         greater priorities); `flags`: the raw flags (STREAM_NON_BLOCKING),
-        instead of non_blocking.  Raises ValueError for a closed ctx,
-        CusafeError INVALID_VALUE for unknown flags."""
+        instead of non_blocking.  Raises ValueError for a closed ctx or
+        negative flags, CusafeError INVALID_VALUE for unknown flags,
+        TypeError for flags or a priority that are not ints,
+        OverflowError for flags beyond 32 bits or a priority beyond a C
+        int."""
         if flags is None:
             flags = STREAM_NON_BLOCKING if non_blocking else 0
+        flags = _unsigned(flags, "flags", 32)
+        priority = _c_int(priority, "priority")
         h = c_handle(0)
         _call("cusafe_stream_create", ctypes.byref(h),
               _handle_of(ctx, Context, "ctx"), flags,
@@ -727,11 +741,13 @@ class Event(_Object):
         """A new event of ctx, which this object owns.  `timing`: usable
         with elapsed_ms(); `blocking_sync`: synchronize() sleeps instead of
         spinning; `flags`: the raw flags instead of both.  Raises
-        ValueError for a closed ctx, CusafeError INVALID_VALUE for unknown
-        flags."""
+        ValueError for a closed ctx or negative flags, CusafeError
+        INVALID_VALUE for unknown flags, TypeError for flags that are not
+        an int, OverflowError for flags beyond 32 bits."""
         if flags is None:
             flags = (0 if timing else EVENT_DISABLE_TIMING) | \
                 (EVENT_BLOCKING_SYNC if blocking_sync else 0)
+        flags = _unsigned(flags, "flags", 32)
         h = c_handle(0)
         _call("cusafe_event_create", ctypes.byref(h),
               _handle_of(ctx, Context, "ctx"), flags)
@@ -831,11 +847,12 @@ class Buffer(_Object):
         """Allocates `size` bytes of `memory` in ctx, owned by this object;
         with a `stream`, device memory ordered on that stream
         (cusafe_buffer_alloc_async).  Contents are undefined.  Raises
-        TypeError for a ctx that is not a Context; ValueError for a closed
-        ctx or stream, a negative size, an unknown memory kind, or a stream
-        with memory other than DEVICE; CusafeError CONTEXT_MISMATCH for a
-        stream of another context, OUT_OF_MEMORY, NOT_SUPPORTED for managed
-        memory on a device without it."""
+        TypeError for a ctx that is not a Context or a size that is not an
+        int; ValueError for a closed ctx or stream, a negative size, an
+        unknown memory kind, or a stream with memory other than DEVICE;
+        OverflowError for a size beyond 64 bits; CusafeError
+        CONTEXT_MISMATCH for a stream of another context, OUT_OF_MEMORY,
+        NOT_SUPPORTED for managed memory on a device without it."""
         ctx_handle = _handle_of(ctx, Context, "ctx")
         size = _count(size, "size")
         kind = _MEMORY_KINDS.get(memory)
@@ -995,8 +1012,10 @@ class Buffer(_Object):
              stream: Optional[Stream] = None) -> None:
         """Sets `size` bytes from `offset` (default: to the end) to `value`,
         ordered on `stream` (None: the context's default).  Raises
-        ValueError for a value outside 0..255, CusafeError OUT_OF_RANGE for
-        a range beyond the buffer."""
+        ValueError for a value outside 0..255, TypeError for one that is
+        not an int, CusafeError OUT_OF_RANGE for a range beyond the
+        buffer."""
+        value = _index(value, "value")
         if not 0 <= value <= 255:
             raise ValueError("fill value must be 0..255, not %r" % (value,))
         offset = _count(offset, "offset")
@@ -1032,7 +1051,9 @@ class Buffer(_Object):
         consumer holding it) lives.  `stream`: the stream the consumer
         uses it on (a cusafe Stream, or any stream Stream.wrap takes);
         None: the device's legacy default stream.  Raises ValueError when
-        the elements reach beyond the buffer."""
+        the elements reach beyond the buffer, TypeError for a shape,
+        strides or offset that are not ints (numpy.int64 and other
+        integers with __index__ are; floats and strings are not)."""
         from ._interop import Array
         return Array(self, dtype, shape, strides, offset, stream)
 

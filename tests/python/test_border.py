@@ -391,3 +391,301 @@ def test_graph_closed_during_its_capture(ctx, baseline):
     again.launch(s)
     assert bytes(b.read()) == b"\2" * 64
     again.close()
+
+
+# --------------------------------------------------------------------------
+# Integers: operator.index, no wrap-around.
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def buf(ctx):
+    with cusafe.Buffer.from_host(ctx, bytes(range(64))) as b:
+        yield b
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    ({"shape": (2.5,)}, "shape"), ({"shape": 2.0}, "shape"),
+    ({"shape": "12"}, "shape"), ({"shape": b"12"}, "shape"),
+    ({"shape": (4,), "strides": (4.0,)}, "strides"),
+    ({"shape": (4,), "strides": "4"}, "strides"),
+    ({"shape": (4,), "strides": 4}, "strides"),
+    ({"offset": 1.5}, "offset"), ({"offset": "8"}, "offset"),
+    ({"shape": [None]}, "shape"),
+])
+def test_as_array_refuses_what_is_not_an_int(buf, kwargs, what):
+    with pytest.raises(TypeError) as e:
+        buf.as_array("u1", **kwargs)
+    assert str(e.value).startswith(what + " must be "), str(e.value)
+
+
+def test_as_array_takes_index_like_ints(buf):
+    i = IndexLike
+    a = buf.as_array("f4", (i(2), i(2)), (i(8), i(4)), offset=i(8))
+    assert (a.shape, a.strides) == ((2, 2), None)
+    assert all(type(n) is int for n in a.shape)
+    assert buf.as_array("f4", i(3), offset=i(4)).shape == (3,)
+    rev = buf.as_array("f4", [i(4)], [i(-4)], i(12))
+    assert rev.strides == (-4,)
+    assert rev.__cuda_array_interface__["data"] == \
+        (buf.interop_pointer() + 12, False)
+    if numpy is not None:
+        a = buf.as_array("f4", (numpy.int64(4),), (numpy.int32(4),),
+                         numpy.uint8(16))
+        assert a.shape == (4,) and type(a.shape[0]) is int
+        assert buf.as_array("u1", numpy.int64(3)).shape == (3,)
+
+
+def test_as_array_negatives(buf):
+    for kwargs, text in (
+            ({"shape": (-1,)}, "shape (-1,): at most 64 dimensions"),
+            ({"shape": -2}, "shape (-2,): at most 64 dimensions"),
+            ({"offset": -1}, "offset -1 is outside the buffer of 64 bytes")):
+        with pytest.raises(ValueError) as e:
+            buf.as_array("u1", **kwargs)
+        assert text in str(e.value)
+
+
+def test_array_of_something_else():
+    for bad in (object(), None, 64):
+        with pytest.raises(TypeError) as e:
+            cusafe.Array(bad)
+        assert str(e.value) == "buffer must be a cusafe.Buffer, not %s" % \
+            type(bad).__name__
+
+
+class IndexLike:
+    """An integer of another library (numpy.int64 and the like): it has
+    __index__ and nothing else of int."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __index__(self):
+        return self.n
+
+
+@pytest.fixture
+def fill(ctx):
+    with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+        yield k
+
+
+def test_kernel_integers(ctx, fill, buf):
+    for call, error, text in (
+            (lambda: fill.suggest_config(-1), ValueError,
+             "n must not be negative: -1"),
+            (lambda: fill.suggest_config(64, shared=-1), ValueError,
+             "shared must not be negative: -1"),
+            (lambda: fill.suggest_config(2**64), OverflowError,
+             "n 18446744073709551616 does not fit 64 bits"),
+            (lambda: fill.suggest_config(1.5), TypeError,
+             "n must be an int, not float"),
+            (lambda: fill.suggest_config(64, shared="0"), TypeError,
+             "shared must be an int, not str"),
+            (lambda: fill.launch(1, 16, buf, cusafe.F32(0), 16, shared=-1),
+             ValueError, "shared must not be negative: -1"),
+            (lambda: fill.launch(1, 16, buf, cusafe.F32(0), 16,
+                                 shared=2**64), OverflowError,
+             "shared 18446744073709551616 does not fit 64 bits"),
+            (lambda: fill.launch(-1, 16, buf, cusafe.F32(0), 16),
+             ValueError, "grid must not be negative: -1"),
+            (lambda: fill.launch(2**32 + 1, 16, buf, cusafe.F32(0), 16),
+             OverflowError, "grid 4294967297 does not fit 32 bits"),
+            (lambda: fill.launch(1, (16, 2**32), buf, cusafe.F32(0), 16),
+             OverflowError, "block 4294967296 does not fit 32 bits"),
+            (lambda: fill.launch(1, (16, -1), buf, cusafe.F32(0), 16),
+             ValueError, "block must not be negative: -1"),
+            (lambda: fill.prepare(1, 16, buf, cusafe.F32(0), 16, shared=-8),
+             ValueError, "shared must not be negative: -8"),
+            (lambda: fill.prepare(2**32, 16, buf, cusafe.F32(0), 16),
+             OverflowError, "grid 4294967296 does not fit 32 bits"),
+            (lambda: fill.launch(1, 16, buf, cusafe.F32(0), 16,
+                                 shared=1.0), TypeError,
+             "shared must be an int, not float")):
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value) == text
+    # After a launch of that shape (the fast path), the same refusals.
+    fill.launch(1, 16, buf, cusafe.F32(0), 16)
+    fill.launch(1, 16, buf, cusafe.F32(0), 16)
+    with pytest.raises(ValueError, match="shared must not be negative"):
+        fill.launch(1, 16, buf, cusafe.F32(0), 16, shared=-1)
+    assert fill.suggest_config(IndexLike(64), shared=IndexLike(0)) == \
+        fill.suggest_config(64)
+    fill.launch(IndexLike(1), (IndexLike(16),), buf, cusafe.F32(5), 16,
+                shared=IndexLike(0))
+    assert bytes(buf.read()) == bytes(__import__("array").array(
+        "f", [5.0] * 16))
+
+
+def test_buffer_integers(ctx, buf):
+    """Sizes and offsets beyond 64 bits are refused, never wrapped around
+    to small ones (a buffer of 64 bytes that says it has 2**64 + 64)."""
+    big = 2**64
+    before = bytes(buf.read())
+    for call, error, text in (
+            (lambda: ctx.alloc(big + 64), OverflowError,
+             "size 18446744073709551680 does not fit 64 bits"),
+            (lambda: cusafe.Buffer(ctx, big + 64), OverflowError,
+             "size 18446744073709551680 does not fit 64 bits"),
+            (lambda: ctx.alloc(-1), ValueError, "size must not be negative: "
+                                                "-1"),
+            (lambda: ctx.alloc(1.5), TypeError, "size must be an int, not "
+                                                "float"),
+            (lambda: buf.view(big, 8), OverflowError,
+             "offset 18446744073709551616 does not fit 64 bits"),
+            (lambda: buf.view(0, big + 8), OverflowError,
+             "size 18446744073709551624 does not fit 64 bits"),
+            (lambda: buf.write(b"x" * 8, big), OverflowError,
+             "offset 18446744073709551616 does not fit 64 bits"),
+            (lambda: buf.write(b"x" * 8, 1.0), TypeError,
+             "offset must be an int, not float"),
+            (lambda: buf.read(bytearray(8), big), OverflowError,
+             "offset 18446744073709551616 does not fit 64 bits"),
+            (lambda: buf.fill(7, big), OverflowError,
+             "offset 18446744073709551616 does not fit 64 bits"),
+            (lambda: buf.fill(7, 0, big + 8), OverflowError,
+             "size 18446744073709551624 does not fit 64 bits"),
+            (lambda: buf.fill(1.5), TypeError,
+             "value must be an int, not float"),
+            (lambda: buf.fill(256), ValueError,
+             "fill value must be 0..255, not 256"),
+            (lambda: buf.copy_from(buf, 8, big, 0), OverflowError,
+             "dst_offset 18446744073709551616 does not fit 64 bits"),
+            (lambda: buf.copy_from(buf, 8, 0, big + 32), OverflowError,
+             "src_offset 18446744073709551648 does not fit 64 bits"),
+            (lambda: buf.as_array(offset=big), ValueError,
+             "offset 18446744073709551616 is outside the buffer of 64 "
+             "bytes")):
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value) == text
+    assert bytes(buf.read()) == before  # nothing written at offset 0
+    buf.fill(IndexLike(9), IndexLike(8), IndexLike(8))
+    assert bytes(buf.read(offset=IndexLike(8), size=IndexLike(8))) == \
+        b"\t" * 8
+    with ctx.alloc(IndexLike(16)) as b:
+        assert b.size == 16 and type(b.size) is int
+    with cusafe.Buffer(ctx, IndexLike(16)) as b:
+        assert b.size == 16 and type(b.size) is int
+
+
+def test_object_integers(ctx):
+    """Devices, flags, priorities, handles and raw streams: checked
+    against their C types."""
+    big = 2**64
+    for call, error, text in (
+            (lambda: cusafe.Context(2**32), OverflowError,
+             "device 4294967296 does not fit a C int"),
+            (lambda: cusafe.Context(1.0), TypeError,
+             "device must be an int, not float"),
+            (lambda: cusafe.device_properties(2**32), OverflowError,
+             "device 4294967296 does not fit a C int"),
+            (lambda: cusafe.device_properties(0.0), TypeError,
+             "device must be an int, not float"),
+            (lambda: ctx.stream(priority=2**32), OverflowError,
+             "priority 4294967296 does not fit a C int"),
+            (lambda: cusafe.Stream(ctx, flags=2**32), OverflowError,
+             "flags 4294967296 does not fit 32 bits"),
+            (lambda: cusafe.Stream(ctx, flags=-1), ValueError,
+             "flags must not be negative: -1"),
+            (lambda: cusafe.Event(ctx, flags=2**32), OverflowError,
+             "flags 4294967296 does not fit 32 bits"),
+            (lambda: cusafe.Event(ctx, flags=-1), ValueError,
+             "flags must not be negative: -1"),
+            (lambda: cusafe.handle_type(big + ctx.handle), OverflowError,
+             "handle %d does not fit 64 bits" % (big + ctx.handle)),
+            (lambda: cusafe.retain_handle(big + ctx.handle), OverflowError,
+             "handle %d does not fit 64 bits" % (big + ctx.handle)),
+            (lambda: cusafe.release_handle(big + ctx.handle), OverflowError,
+             "handle %d does not fit 64 bits" % (big + ctx.handle)),
+            (lambda: cusafe.release_handle(ctx.handle - big), ValueError,
+             "handle must not be negative: %d" % (ctx.handle - big)),
+            (lambda: cusafe.release_handle(1.0), TypeError,
+             "handle must be an int, not float"),
+            (lambda: cusafe.Stream.wrap(-5, ctx), ValueError,
+             "stream must not be negative: -5"),
+            (lambda: cusafe.Stream.wrap(big + 1, ctx), OverflowError,
+             "stream 18446744073709551617 does not fit 64 bits"),
+            (lambda: cusafe.Stream.wrap(StreamProtocol((0, 1.5)), ctx),
+             TypeError, "__cuda_stream__ gave a stream that is not an int: "
+                        "float"),
+            (lambda: cusafe.Stream.wrap(StreamProtocol((0, -1)), ctx),
+             ValueError, "stream must not be negative: -1")):
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value) == text
+    assert not stale(ctx.handle)  # neither released nor retained
+    assert cusafe.Context(IndexLike(0)) == ctx
+    assert cusafe.device_properties(IndexLike(0)).total_memory > 0
+    h = ctx.handle
+    cusafe.retain_handle(IndexLike(h))
+    assert cusafe.handle_type(IndexLike(h)) == cusafe.HandleType.CONTEXT
+    cusafe.release_handle(IndexLike(h))
+    with ctx.stream(priority=IndexLike(0)) as s, \
+            cusafe.Stream.wrap(IndexLike(s.interop_handle()), ctx) as w:
+        assert w.interop_handle() == s.interop_handle()
+    with cusafe.Event(ctx, flags=IndexLike(cusafe.EVENT_DISABLE_TIMING)):
+        pass
+
+
+class StreamProtocol:
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        return self.value
+
+
+def test_dlpack_stream_integers(buf):
+    a = buf.as_array()
+    for stream, error, text in (
+            (-2, ValueError, "stream must not be negative: -2"),
+            (2**64 + 1, OverflowError,
+             "stream 18446744073709551617 does not fit 64 bits"),
+            (1.0, TypeError, "float is not a CUDA stream")):
+        with pytest.raises(error) as e:
+            a.__dlpack__(stream=stream)
+        assert text in str(e.value)
+        with pytest.raises(error) as e:
+            buf.as_array(stream=stream)
+        assert text in str(e.value)
+
+
+def test_cuda_array_interface_integers(ctx, baseline):
+    """The integers of another library's interface are checked like the
+    caller's: 2**64 + p is not p."""
+    b = ctx.alloc(64)
+    p = b.interop_pointer()
+
+    class Foreign:
+        def __init__(self, ptr, shape=(16,), strides=None):
+            self.__cuda_array_interface__ = {
+                "shape": shape, "typestr": "|u1", "data": (ptr, False),
+                "strides": strides, "version": 3}
+
+    for obj, error, text in (
+            (Foreign(2**64 + p), OverflowError,
+             "the interface's data pointer %d does not fit 64 bits"
+             % (2**64 + p)),
+            (Foreign(p - 2**64), ValueError,
+             "the interface's data pointer must not be negative: %d"
+             % (p - 2**64)),
+            (Foreign(float(p)), TypeError,
+             "the interface's data pointer must be an int, not float"),
+            (Foreign(p, (-1,)), ValueError,
+             "the interface's shape (-1,) has a negative size"),
+            (Foreign(p, (2.5,)), TypeError,
+             "the interface's shape must be a sequence of ints, not (2.5,)"),
+            (Foreign(p, (4,), (4.0,)), TypeError,
+             "the interface's strides must be a sequence of ints, not "
+             "(4.0,)")):
+        with pytest.raises(error) as e:
+            cusafe.Buffer.wrap(obj, ctx)
+        assert str(e.value) == text
+    if numpy is not None:
+        with cusafe.Buffer.wrap(Foreign(numpy.uint64(p),
+                                        (numpy.int64(16),)), ctx) as w:
+            assert (w.interop_pointer(), w.size) == (p, 16)
+    b.close()
