@@ -9,8 +9,8 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
 
 from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, _index,
                     _unsigned, c_enum, c_handle, library)
-from ._objects import (Buffer, Context, Stream, _device_of, _handle_of,
-                       _Owner, _provides)
+from ._objects import (Buffer, Context, Stream, _check_stream_context,
+                       _device_of, _handle_of, _Owner, _provides)
 
 # --------------------------------------------------------------------------
 # Interop: DLPack and the CUDA Array Interface
@@ -109,12 +109,16 @@ def _c_strides(shape: Sequence[int], itemsize: int) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _consumer_stream(ctx: Context, stream: Any) -> Tuple[Stream, bool]:
+def _consumer_stream(ctx: Context, stream: Any,
+                     what: str) -> Tuple[Stream, bool]:
     """A cusafe Stream for a stream of the DLPack / CAI conventions: None
     or 1 the legacy default stream, 2 the per-thread one, another int a
-    cudaStream_t; a cusafe Stream is returned as it is.  The caller closes
-    what it did not pass in (second value True)."""
+    cudaStream_t; a cusafe Stream is returned as it is, once checked to be
+    of ctx (CusafeError CONTEXT_MISMATCH, naming `what` the stream was
+    given for).  The caller closes what it did not pass in (second value
+    True)."""
     if isinstance(stream, Stream):
+        _check_stream_context(stream, ctx, what)
         return stream, False
     if stream is None:
         stream = 1
@@ -238,7 +242,8 @@ class Array(_Owner):
         ValueError for a closed buffer; TypeError for a buffer that is not
         a Buffer, a shape, strides or offset that are not ints (floats,
         str: never truncated nor split; numpy.int64 and other integers
-        with __index__ are ints)."""
+        with __index__ are ints); CusafeError CONTEXT_MISMATCH for a
+        cusafe Stream of another context."""
         _handle_of(buffer, Buffer, "buffer")
         typestr = _typestr(dtype)
         itemsize = int(typestr[2:])
@@ -273,7 +278,7 @@ class Array(_Owner):
         ptr = buffer.interop_pointer() + offset if hi > lo else 0
         ctx = buffer.context
         try:
-            st, own = _consumer_stream(ctx, stream)
+            st, own = _consumer_stream(ctx, stream, "an array of a buffer")
         finally:
             ctx.close()
         lib = library()
@@ -477,7 +482,11 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
     buffer, on any stream, is ordered after it.  `ctx`: the context of the
     array's device (default: made for it).  Raises BufferError (from the
     producer) or CusafeError (memory that is not CUDA memory of ctx's
-    device, a read-only tensor)."""
+    device, a read-only tensor).
+
+    CUDA device memory of another device than ctx's raises CusafeError
+    CONTEXT_MISMATCH, and so does a cusafe Stream of another context,
+    before the producer is asked for the tensor."""
     if not _provides(obj, "__dlpack__") or \
             not _provides(obj, "__dlpack_device__"):
         raise TypeError("%s does not implement the DLPack protocol "
@@ -486,7 +495,13 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
     dev_type, dev_id = obj.__dlpack_device__()
     if ctx is None:
         ctx = Context(dev_id if dev_type != _kDLCUDAHost else 0)
-    st, own = _consumer_stream(ctx, stream)
+    else:
+        _handle_of(ctx, Context, "ctx")
+        if dev_type == _kDLCUDA and dev_id != ctx.device:
+            raise CusafeError(Status.CONTEXT_MISMATCH,
+                              "tensor belongs to device %d but context "
+                              "belongs to device %d" % (dev_id, ctx.device))
+    st, own = _consumer_stream(ctx, stream, "memory")
     try:
         raw = st.interop_handle() or 1
         try:
@@ -546,7 +561,7 @@ def _from_cai(obj: Any, ctx: Optional[Context], stream: Any) -> Buffer:
     lo, hi = _extent(shape, strides, itemsize)
     if ctx is None:
         ctx = Context(_device_of(obj))
-    st, own = _consumer_stream(ctx, stream)
+    st, own = _consumer_stream(ctx, stream, "memory")
     lib = library()
     release = _function_address("cusafe_python_release")
     api = _python_api()

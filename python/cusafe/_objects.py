@@ -324,6 +324,17 @@ def _count(value: int, what: str) -> int:
     return _unsigned(value, what)
 
 
+def _check_stream_context(stream: Stream, ctx: Context, what: str) -> None:
+    """Raises CusafeError CONTEXT_MISMATCH when `stream` is not of ctx
+    (`what`: what the stream was given for, in the message)."""
+    with stream.context as owner:
+        if owner.handle != ctx.handle:
+            raise CusafeError(
+                Status.CONTEXT_MISMATCH,
+                "stream of the context of device %d given for %s in the "
+                "context of device %d" % (owner.device, what, ctx.device))
+
+
 class Context(_Object):
     """A device's context (cusafe_context_create): one per device, shared
     with the CUDA runtime and other libraries (it is the device's primary
@@ -864,13 +875,7 @@ class Buffer(_Object):
                 raise ValueError("stream-ordered allocation is for device "
                                  "memory only")
             stream_handle = _stream_handle(stream)
-            with stream.context as owner:
-                if owner.handle != ctx_handle:
-                    raise CusafeError(
-                        Status.CONTEXT_MISMATCH,
-                        "stream of the context of device %d given for an "
-                        "allocation in the context of device %d"
-                        % (owner.device, ctx.device))
+            _check_stream_context(stream, ctx, "an allocation")
             _call("cusafe_buffer_alloc_async", ctypes.byref(h),
                   stream_handle, size)
         else:
@@ -1049,11 +1054,13 @@ class Buffer(_Object):
         numba.cuda.as_cuda_array(a) -- zero-copy.  The Array holds a
         reference on the buffer, so the memory stays valid while it (or a
         consumer holding it) lives.  `stream`: the stream the consumer
-        uses it on (a cusafe Stream, or any stream Stream.wrap takes);
-        None: the device's legacy default stream.  Raises ValueError when
-        the elements reach beyond the buffer, TypeError for a shape,
-        strides or offset that are not ints (numpy.int64 and other
-        integers with __index__ are; floats and strings are not)."""
+        uses it on (a cusafe Stream of this buffer's context, or any
+        stream Stream.wrap takes); None: the device's legacy default
+        stream.  Raises ValueError when the elements reach beyond the
+        buffer, TypeError for a shape, strides or offset that are not
+        ints (numpy.int64 and other integers with __index__ are; floats
+        and strings are not), CusafeError CONTEXT_MISMATCH for a cusafe
+        Stream of another context (nothing is held then)."""
         from ._interop import Array
         return Array(self, dtype, shape, strides, offset, stream)
 
@@ -1103,11 +1110,12 @@ class Buffer(_Object):
         device 0; memory of another device raises CusafeError
         CONTEXT_MISMATCH); `stream`: where cusafe will use the memory
         first (default: the device's legacy default stream) -- it is
-        ordered after the producer's work, as each protocol asks.  The
-        protocols are looked up on the object's type (or its own
-        attributes), never read to find them.  Raises TypeError for an
-        object with neither protocol, CusafeError when the memory is not
-        CUDA memory of ctx's device."""
+        ordered after the producer's work, as each protocol asks; a
+        cusafe Stream of another context raises CusafeError
+        CONTEXT_MISMATCH.  The protocols are looked up on the object's
+        type (or its own attributes), never read to find them.  Raises
+        TypeError for an object with neither protocol, CusafeError when
+        the memory is not CUDA memory of ctx's device."""
         from ._interop import _from_cai, from_dlpack
         # Probed on the type: reading a property can have effects.
         if _provides(obj, "__dlpack__"):

@@ -689,3 +689,79 @@ def test_cuda_array_interface_integers(ctx, baseline):
                                         (numpy.int64(16),)), ctx) as w:
             assert (w.interop_pointer(), w.size) == (p, 16)
     b.close()
+
+
+# --------------------------------------------------------------------------
+# Streams of another device.
+# --------------------------------------------------------------------------
+
+
+class Recording:
+    """A DLPack producer that records how it was asked."""
+
+    def __init__(self, device, inner=None):
+        self.device = device
+        self.inner = inner
+        self.calls = []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.calls.append(stream)
+        if self.inner is None:
+            raise AssertionError("the producer was asked")
+        return self.inner.__dlpack__(stream=stream, max_version=max_version)
+
+
+@needs_two
+def test_streams_of_another_device(ctx, baseline):
+    """A stream of device 1 for memory of device 0 is refused where it is
+    given, with nothing left behind."""
+    other = cusafe.Context(1)
+    s1 = other.stream()
+    b = ctx.alloc(64)
+    h = b.handle
+    text = "stream of the context of device 1 given for %s in the " \
+        "context of device 0"
+    calls = [
+        (lambda: b.as_array(stream=s1), "an array of a buffer"),
+        (lambda: b.as_array("f4", (4,), offset=16, stream=s1),
+         "an array of a buffer")]
+    if "cusafe_buffer_to_dlpack" not in cusafe.library().missing:
+        producer = Recording((2, 0), b)
+        calls += [
+            (lambda: cusafe.from_dlpack(producer, ctx, s1),
+             "memory"),
+            (lambda: cusafe.from_dlpack(producer, None, s1), "memory"),
+            (lambda: cusafe.Buffer.wrap(producer, stream=s1), "memory")]
+    foreign = type("Foreign", (), {})()
+    foreign.__cuda_array_interface__ = {
+        "shape": (64,), "typestr": "|u1", "version": 3,
+        "data": (b.interop_pointer(), False)}
+    calls.append((lambda: cusafe.Buffer.wrap(foreign, ctx, s1), "memory"))
+    for call, what in calls:
+        with pytest.raises(cusafe.CusafeError) as e:
+            call()
+        assert e.value.status == cusafe.Status.CONTEXT_MISMATCH
+        assert e.value.message == text % what
+    if "cusafe_buffer_to_dlpack" not in cusafe.library().missing:
+        assert producer.calls == []
+    b.close()
+    gc.collect()
+    assert stale(h)
+    s1.close()
+    other.close()
+
+
+@needs_two
+def test_dlpack_of_another_device_than_ctx(ctx, baseline):
+    """Memory the producer says is on device 1, for a context of device
+    0: refused before the producer is asked (with a stream of device 0)."""
+    producer = Recording((2, 1))
+    with pytest.raises(cusafe.CusafeError) as e:
+        cusafe.from_dlpack(producer, ctx)
+    assert e.value.status == cusafe.Status.CONTEXT_MISMATCH
+    assert e.value.message == \
+        "tensor belongs to device 1 but context belongs to device 0"
+    assert producer.calls == []
