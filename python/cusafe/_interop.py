@@ -17,7 +17,7 @@ from ._objects import (Buffer, Context, Stream, _check_stream_context,
 # --------------------------------------------------------------------------
 
 # DLPack's device types and type codes (dlpack.h).
-_kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged = 2, 3, 13
+_kDLCPU, _kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged = 1, 2, 3, 13
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 _DL_KINDS = {v: k for k, v in _DL_CODES.items()}
 _kDLBfloat = 4
@@ -484,15 +484,29 @@ def from_dlpack(obj: Any, ctx: Optional[Context] = None,
     producer) or CusafeError (memory that is not CUDA memory of ctx's
     device, a read-only tensor).
 
-    CUDA device memory of another device than ctx's raises CusafeError
-    CONTEXT_MISMATCH, and so does a cusafe Stream of another context,
-    before the producer is asked for the tensor."""
+    The producer's __dlpack_device__() is asked first: memory that is not
+    CUDA's -- host memory (kDLCPU: a NumPy array, a CPU tensor) or another
+    kind of device's -- raises CusafeError INVALID_VALUE ("tensor on
+    DLPack device type 1 (CPU) is not CUDA memory"), CUDA device memory of
+    another device than ctx's CONTEXT_MISMATCH, and a cusafe Stream of
+    another context CONTEXT_MISMATCH, each before the producer is asked
+    for the tensor (DLPack passes a stream for device memory only); memory
+    that is not CUDA's before any context is made.  CUDA's host
+    (kDLCUDAHost) and managed (kDLCUDAManaged) memory are CUDA memory."""
     if not _provides(obj, "__dlpack__") or \
             not _provides(obj, "__dlpack_device__"):
         raise TypeError("%s does not implement the DLPack protocol "
                         "(__dlpack__ and __dlpack_device__)"
                         % type(obj).__name__)
     dev_type, dev_id = obj.__dlpack_device__()
+    dev_type = _index(dev_type, "__dlpack_device__()'s device type")
+    dev_id = _index(dev_id, "__dlpack_device__()'s device id")
+    if dev_type not in (_kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged):
+        # As cusafe_buffer_from_dlpack says it.
+        raise CusafeError(Status.INVALID_VALUE,
+                          "tensor on DLPack device type %d%s is not CUDA "
+                          "memory" % (dev_type, " (CPU)"
+                                      if dev_type == _kDLCPU else ""))
     if ctx is None:
         ctx = Context(dev_id if dev_type != _kDLCUDAHost else 0)
     else:

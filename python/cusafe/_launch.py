@@ -390,7 +390,9 @@ class Kernel(_Object):
         the buffers stay alive until the kernel has completed.  A closed
         Kernel or Buffer raises ValueError.  Grid and block sizes must fit
         32 bits and `shared` 64 (OverflowError; ValueError for a negative
-        one, TypeError for one that is not an int).
+        one, TypeError for one that is not an int).  An array of host
+        memory (NumPy, a CPU tensor) raises CusafeError INVALID_VALUE, as
+        from_dlpack does.
 
         Launches on the default stream with the shape, and arguments of
         the types, of the kernel's previous launch take a fast path: one

@@ -1115,7 +1115,9 @@ class Buffer(_Object):
         CONTEXT_MISMATCH.  The protocols are looked up on the object's
         type (or its own attributes), never read to find them.  Raises
         TypeError for an object with neither protocol, CusafeError when
-        the memory is not CUDA memory of ctx's device."""
+        the memory is not CUDA memory of ctx's device (INVALID_VALUE for
+        host memory, such as a NumPy array's or a CPU tensor's: see
+        from_dlpack)."""
         from ._interop import _from_cai, from_dlpack
         # Probed on the type: reading a property can have effects.
         if _provides(obj, "__dlpack__"):

@@ -765,3 +765,97 @@ def test_dlpack_of_another_device_than_ctx(ctx, baseline):
     assert e.value.message == \
         "tensor belongs to device 1 but context belongs to device 0"
     assert producer.calls == []
+
+
+# --------------------------------------------------------------------------
+# Host memory through DLPack.
+# --------------------------------------------------------------------------
+
+CPU_MESSAGE = "tensor on DLPack device type 1 (CPU) is not CUDA memory"
+
+
+def check_not_cuda(call, message=CPU_MESSAGE):
+    with pytest.raises(cusafe.CusafeError) as e:
+        call()
+    assert e.value.status == cusafe.Status.INVALID_VALUE
+    assert e.value.message == message
+    assert str(e.value) == "invalid value: " + message
+
+
+@pytest.mark.parametrize("device, text", [
+    ((1, 0), CPU_MESSAGE),
+    ((4, 0), "tensor on DLPack device type 4 is not CUDA memory"),
+    ((10, 0), "tensor on DLPack device type 10 is not CUDA memory"),
+    ((7, 1), "tensor on DLPack device type 7 is not CUDA memory")])
+def test_dlpack_of_other_memory(ctx, baseline, device, text):
+    """Memory that is not CUDA's is refused before the producer is asked
+    for it (DLPack allows a stream for device data only)."""
+    producer = Recording(device)
+    check_not_cuda(lambda: cusafe.from_dlpack(producer), text)
+    check_not_cuda(lambda: cusafe.from_dlpack(producer, ctx), text)
+    check_not_cuda(lambda: cusafe.Buffer.wrap(producer), text)
+    with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+        check_not_cuda(lambda: k.launch(1, 16, producer, cusafe.F32(0), 16),
+                       text)
+    assert producer.calls == []
+
+
+@needs_dlpack
+def test_dlpack_of_pinned_and_managed_memory(ctx, baseline):
+    """CUDA's host memory (kDLCUDAHost) and managed memory
+    (kDLCUDAManaged) are CUDA memory: imported, with a stream."""
+    for memory, device in ((cusafe.Memory.HOST_PINNED, (3, 0)),
+                           (cusafe.Memory.MANAGED, (13, 0))):
+        with ctx.alloc(64, memory) as b:
+            producer = Recording(device, b)
+            with cusafe.from_dlpack(producer) as w:
+                assert w.memory == memory and w.size == 64
+            assert len(producer.calls) == 1 and producer.calls[0] is not None
+
+
+@needs_numpy
+def test_numpy_arrays(ctx, baseline):
+    a = numpy.arange(16, dtype=numpy.float32)
+    check_not_cuda(lambda: cusafe.from_dlpack(a))
+    check_not_cuda(lambda: cusafe.from_dlpack(a, ctx))
+    check_not_cuda(lambda: cusafe.Buffer.wrap(a))
+    check_not_cuda(lambda: cusafe.Buffer.wrap(a, ctx, ctx.stream()))
+    with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+        check_not_cuda(lambda: k.launch(1, 16, a, cusafe.F32(0), 16))
+        check_not_cuda(lambda: k.prepare(1, 16, a, cusafe.F32(0), 16))
+    # What NumPy's own memory is for: host data, copied.
+    with cusafe.Buffer.from_host(ctx, a) as b:
+        assert bytes(b.read()) == a.tobytes()
+
+
+@needs_fake
+@needs_numpy
+def test_host_arrays_make_no_context():
+    """Refused before a context is made for them: the fake CUDA was not
+    called at all."""
+    r = run_python("""
+        import ctypes
+        import numpy
+        import cusafe
+        f = cusafe.library().cdll
+        f.fake_call_count.restype = ctypes.c_ulong
+        f.fake_primary_ctx_refcount.argtypes = [ctypes.c_int]
+        for call in (lambda: cusafe.from_dlpack(numpy.zeros(4)),
+                     lambda: cusafe.Buffer.wrap(numpy.zeros(4))):
+            try:
+                call()
+            except cusafe.CusafeError as e:
+                print(e.status.name)
+        print(f.fake_call_count(), f.fake_primary_ctx_refcount(0))
+        """, CUSAFE_LEAK_REPORT="1")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == "INVALID_VALUE\nINVALID_VALUE\n0 0\n"
+
+
+def test_torch_cpu_tensors(ctx, baseline):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(16, dtype=torch.float32)
+    check_not_cuda(lambda: cusafe.from_dlpack(t))
+    check_not_cuda(lambda: cusafe.Buffer.wrap(t, ctx))
+    with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
+        check_not_cuda(lambda: k.launch(1, 16, t, cusafe.F32(0), 16))
