@@ -194,7 +194,8 @@ class _Object(_Owner):
 
     def set_label(self: _T, label: Optional[Union[str, bytes]]) -> _T:
         """Attaches a label (where or why the object was made) that the
-        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it."""
+        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it.
+        Raises ValueError for a label with a NUL character."""
         _call("cusafe_handle_set_label", self.handle,
               None if label is None else _encode(label, "label"))
         return self
@@ -1133,14 +1134,19 @@ class Buffer(_Object):
 
 
 def _encode(text: Union[str, bytes], what: str = "text") -> bytes:
-    """text as bytes (str is encoded as UTF-8); TypeError for another
-    type."""
+    """text as bytes for a C string (str is encoded as UTF-8); TypeError
+    for another type, ValueError for one with a NUL, where C would end it
+    (another kernel's name, another file, a shorter source)."""
     if isinstance(text, str):
-        return text.encode()
-    if isinstance(text, bytes):
-        return text
-    raise TypeError("%s must be a str or bytes, not %s"
-                    % (what, type(text).__name__))
+        data = text.encode()
+    elif isinstance(text, bytes):
+        data = text
+    else:
+        raise TypeError("%s must be a str or bytes, not %s"
+                        % (what, type(text).__name__))
+    if b"\0" in data:
+        raise ValueError("%s contains a NUL character" % what)
+    return data
 
 
 class Module(_Object):
@@ -1181,9 +1187,11 @@ class Module(_Object):
                   path: Union[str, os.PathLike[str]]) -> _ModT:
         """A cubin, fatbin or PTX file (the path is not kept).  Raises
         CusafeError INVALID_IMAGE for a file that cannot be read or is not
-        code for the device (the message names the file and says why)."""
+        code for the device (the message names the file and says why),
+        ValueError for a path with a NUL character."""
         return cls._make(os.fspath(path), "cusafe_module_load_file",
-                         _handle_of(ctx, Context, "ctx"), os.fsencode(path))
+                         _handle_of(ctx, Context, "ctx"),
+                         _encode(os.fsencode(path), "path"))
 
     @classmethod
     def from_data(cls: Type[_ModT], ctx: Context,
@@ -1211,19 +1219,20 @@ class Module(_Object):
                 options: Sequence[Union[str, bytes]] = ()) -> _ModT:
         """CUDA C++ compiled with NVRTC for the context's device.  A
         failure raises CusafeError with status COMPILE and the compiler's
-        log in its `log` attribute."""
-        opts = [_encode(o) for o in options]
+        log in its `log` attribute; a source, name or option with a NUL
+        character raises ValueError."""
+        opts = [_encode(o, "options") for o in options]
         array = (ctypes.c_char_p * max(len(opts), 1))(*opts)
         return cls._make(name or "source.cu", "cusafe_module_compile",
                          _handle_of(ctx, Context, "ctx"),
                          _encode(source, "source"),
-                         _encode(name) if name is not None else None,
+                         _encode(name, "name") if name is not None else None,
                          array, len(opts))
 
     def kernel(self, name: str) -> Kernel:
         """The Kernel called `name`, owned by the caller; it keeps this
         module alive.  Raises CusafeError NOT_FOUND if the module has no
-        such kernel."""
+        such kernel, ValueError for a name with a NUL character."""
         from ._launch import Kernel, _no_fast
         h = c_handle(0)
         _call("cusafe_module_get_kernel", ctypes.byref(h), self.handle,

@@ -859,3 +859,39 @@ def test_torch_cpu_tensors(ctx, baseline):
     check_not_cuda(lambda: cusafe.Buffer.wrap(t, ctx))
     with ctx.load_builtin() as m, m.kernel("cusafe_fill_f32") as k:
         check_not_cuda(lambda: k.launch(1, 16, t, cusafe.F32(0), 16))
+
+
+# --------------------------------------------------------------------------
+# Strings: C reads them up to the first NUL.
+# --------------------------------------------------------------------------
+
+
+def test_strings_with_a_nul(ctx, tmp_path):
+    """A str or bytes with a NUL is refused, never cut short by C to
+    another name (a kernel, a file, a label) or a shorter source."""
+    m = ctx.load_builtin()
+    b = ctx.alloc(8)
+    (tmp_path / "code.cubin").write_bytes(b"not code")
+    for call, text in (
+            (lambda: m.kernel("cusafe_fill_f32\0other"),
+             "name contains a NUL character"),
+            (lambda: m.kernel(b"cusafe_fill_f32\0"),
+             "name contains a NUL character"),
+            (lambda: b.set_label("weights\0more"),
+             "label contains a NUL character"),
+            (lambda: cusafe.Module.from_file(
+                ctx, str(tmp_path / "code.cubin") + "\0.other"),
+             "path contains a NUL character"),
+            (lambda: ctx.compile("__global__ void f() {}\0 junk"),
+             "source contains a NUL character"),
+            (lambda: ctx.compile("__global__ void f() {}", "a\0.cu"),
+             "name contains a NUL character"),
+            (lambda: ctx.compile("__global__ void f() {}",
+                                 options=["-O3\0-G"]),
+             "options contains a NUL character")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == text
+    assert m.kernel("cusafe_fill_f32").name == "cusafe_fill_f32"
+    b.close()
+    m.close()
