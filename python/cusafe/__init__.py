@@ -32,10 +32,22 @@ module), and queued work keeps its buffers alive, so Python objects may be
 dropped in any order.  At interpreter exit, objects still alive are left to
 the library's own exit handler, which destroys them in dependency order
 before the CUDA runtime tears itself down; objects that daemon threads still
-use thus stay valid until the very end.  After shutdown() (or at exit) every
+use thus stay valid until the very end.  An object that owns or holds a
+handle (also an Array or a PreparedLaunch) cannot be copied or pickled:
+copy.copy, copy.deepcopy and pickle raise TypeError, since a copy would
+release the same reference a second time, and a handle means nothing in
+another process.  After shutdown() (or at exit) every
 release is a no-op and every other call raises CusafeError with status
 SHUTDOWN.  In a child process forked after CUDA was used, every call raises
 CusafeError with status FORKED.
+
+Integers.  Every integer argument (sizes, offsets, shapes, strides,
+grids, flags, devices, handles, streams) is an int or has __index__
+(numpy.int64); a float or str raises TypeError, a negative one where C
+takes an unsigned type ValueError, one too large for its C type
+OverflowError -- never cut down by ctypes to another value.  A string
+for C (a kernel's name, a path, a label, a source) with a NUL character
+raises ValueError: C would end it there.
 
 Threads.  Every function and object may be used from any thread.
 """
