@@ -279,24 +279,37 @@ def test_from_dlpack_of_a_non_producer():
 @pytest.mark.skipif(cusafe.device_count() < 2, reason="needs two devices")
 def test_failed_from_dlpack_lets_the_tensor_go_at_once():
     """A tensor that from_dlpack took but could not import is deleted
-    before from_dlpack returns: its deleter must not outlive the consumer
-    stream, which the caller may destroy right after the failure."""
+    before from_dlpack returns: its deleter must not outlive the stream it
+    orders the free after, which the caller may destroy right after the
+    failure.  from_dlpack refuses memory of another device than ctx's
+    before it asks the producer, so the producer here misnames its
+    device, and the library finds out."""
     r = run_python("""
         import gc
         import cusafe
         ctx0, ctx1 = cusafe.Context(0), cusafe.Context(1)
         b0, s0 = ctx0.alloc(64), ctx0.stream()
-        try:
-            cusafe.from_dlpack(b0, ctx1, s0)  # memory of another device
-        except cusafe.CusafeError as e:
-            print(e.status.name)
+
+        class Misnamed:
+            def __dlpack_device__(self):
+                return (2, 1)
+
+            def __dlpack__(self, stream=None, max_version=None):
+                return b0.__dlpack__(stream=s0.interop_handle(),
+                                     max_version=max_version)
+
+        for producer in (b0, Misnamed()):
+            try:
+                cusafe.from_dlpack(producer, ctx1)  # memory of device 0
+            except cusafe.CusafeError as e:
+                print(e.status.name)
         s0.close()
         gc.collect()
         b0.write(bytes(64))
         print("done")
         """)
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
-    assert r.stdout == "CONTEXT_MISMATCH\ndone\n"
+    assert r.stdout == "CONTEXT_MISMATCH\nCONTEXT_MISMATCH\ndone\n"
 
 
 # --------------------------------------------------------------------------
