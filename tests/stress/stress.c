@@ -27,6 +27,17 @@
  * -fsanitize=thread, any data race fails the run
  * (TSAN_OPTIONS=halt_on_error=1).
  *
+ * Captures meet the rest: a worker captures work on a private stream or
+ * on a wrapper of it, through either of the two (launches and fills of
+ * shared buffers, a DLPack export whose consumer is the capturing
+ * stream), then ends it and replays the graph on a shared stream, or
+ * hands the capturing stream's last handle to a mailbox, where another
+ * thread may release it at any time (which ends the capture), or releases
+ * the wrapper or the stream midway.  Exported tensors go to a mailbox too,
+ * whose next user runs their deleters, on its own thread, while their
+ * consumers' streams may still capture; those left run after the
+ * shutdown.
+ *
  * With `racy` the workers do nothing but that last operation: the even ones
  * launch with the racy handles, the odd ones replace them, as fast as they
  * can; each launch sleeps 100 us inside cudaLaunchKernel, so that
@@ -45,6 +56,9 @@
 #include <time.h>
 
 #include "cusafe.h"
+#ifdef CUSAFE_HAVE_DLPACK
+#include "cusafe_dlpack.h"
+#endif
 #include "fakecuda.h"
 #include "../abortutil.h"
 
@@ -64,6 +78,12 @@ static struct {
 } S;
 
 static _Atomic cusafe_buffer mailbox[MAILBOX];
+/* Streams whose last handle another thread releases, maybe capturing. */
+static _Atomic cusafe_stream stream_box[MAILBOX];
+#ifdef CUSAFE_HAVE_DLPACK
+/* Exported tensors whose deleters another thread runs. */
+static DLManagedTensorVersioned *_Atomic tensor_box[MAILBOX];
+#endif
 /* Handles that workers replace, releasing the old one, while others launch
  * with them without a reference of their own. */
 static _Atomic cusafe_kernel racy_kernel[NDEV];
@@ -81,15 +101,17 @@ static pthread_barrier_t start;
 
 #define fail(...) tu_abortf("stress", __VA_ARGS__)
 
-/* C_RACY: a call whose handles another thread may release meanwhile. */
-enum { C_CALL, C_RELEASE, C_QUERY, C_RACY };
+/* C_RACY: a call whose handles another thread may release meanwhile;
+ * C_DEVICE: a synchronisation of a device, refused while another thread
+ * captures on it. */
+enum { C_CALL, C_RELEASE, C_QUERY, C_RACY, C_DEVICE };
 
 /* Checks one call's status against the shutdown: `before` is whether the
  * shutdown had finished when the call began, `after` whether it had begun
  * when the call returned. */
 static cusafe_status verify(cusafe_status st, int kind, int before, int after,
                             const char *expr, int line) {
-  if ((unsigned)st > (unsigned)CUSAFE_ERROR_NOT_FOUND)
+  if ((unsigned)st > (unsigned)CUSAFE_ERROR_CAPTURING)
     fail("line %d: %s returned %d, no cusafe_status", line, expr, (int)st);
   if (st != CUSAFE_SUCCESS && !*cusafe_last_error_message())
     fail("line %d: %s returned %s with no message", line, expr,
@@ -105,6 +127,8 @@ static cusafe_status verify(cusafe_status st, int kind, int before, int after,
   else
     ok = st == CUSAFE_SUCCESS ||
          (kind == C_QUERY && st == CUSAFE_ERROR_NOT_READY);
+  if (!ok && kind == C_DEVICE && !before && st == CUSAFE_ERROR_CAPTURING)
+    ok = 1;
   if (!ok && kind == C_RACY && !before && st == CUSAFE_ERROR_INVALID_HANDLE)
     ok = strstr(cusafe_last_error_message(), " is stale: ") != NULL;
   if (kind == C_RACY) {
@@ -136,6 +160,7 @@ static cusafe_status verify(cusafe_status st, int kind, int before, int after,
 #define QUERY(expr) DO(C_QUERY, expr)
 #define RELEASE(expr) DO(C_RELEASE, expr)
 #define RACY(expr) DO(C_RACY, expr)
+#define DEVICE_SYNC(expr) DO(C_DEVICE, expr)
 
 /* xorshift, one state per thread */
 static uint32_t next(uint32_t *s) {
@@ -397,13 +422,105 @@ static void op_sync(struct worker *w) {
   case 0:
     CALL(cusafe_stream_synchronize(S.stream[d][next(&w->rng) & 1]));
     break;
-  case 1: CALL(cusafe_context_synchronize(S.ctx[d])); break;
+  case 1: DEVICE_SYNC(cusafe_context_synchronize(S.ctx[d])); break;
   default: {
     size_t size;
     CALL(cusafe_buffer_get_size(&size, S.buf[d][0]));
     CALL(cusafe_buffer_read(S.buf[d][next(&w->rng) % NBUF], 0, w->back,
                             BUF_BYTES));
   }
+  }
+}
+
+/* Hands s's last handle (the caller's) to another thread, and releases
+ * the one it finds there. */
+static void stream_to_box(struct worker *w, cusafe_stream s) {
+  RELEASE(cusafe_stream_release(
+      atomic_exchange(&stream_box[next(&w->rng) % MAILBOX], s)));
+}
+
+#ifdef CUSAFE_HAVE_DLPACK
+/* Exports 256 bytes of b with `consumer` as the consumer's stream and
+ * hands the tensor to the mailbox, running the deleter of the one found
+ * there (exported on another thread, its consumer's stream maybe
+ * capturing). */
+static void tensor_to_box(struct worker *w, cusafe_buffer b,
+                          cusafe_stream consumer) {
+  static const DLDataType u8 = {kDLUInt, 8, 1};
+  int64_t n = 256;
+  DLManagedTensorVersioned *t = NULL;
+  if (CALL(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, consumer)) !=
+      CUSAFE_SUCCESS)
+    return;
+  t = atomic_exchange(&tensor_box[next(&w->rng) % MAILBOX], t);
+  if (t)
+    t->deleter(t);
+}
+#endif
+
+static void op_capture(struct worker *w) {
+  int d = next(&w->rng) % NDEV;
+  cusafe_stream s = CUSAFE_NULL_HANDLE, wr = CUSAFE_NULL_HANDLE;
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  if (CALL(cusafe_stream_create(&s, S.ctx[d], next(&w->rng) & 1, 0)) !=
+      CUSAFE_SUCCESS)
+    return;
+  void *raw = NULL;
+  if (next(&w->rng) % 2 &&
+      CALL(cusafe_stream_interop_handle(&raw, s)) == CUSAFE_SUCCESS)
+    CALL(cusafe_stream_wrap(&wr, S.ctx[d], raw));
+  /* The capture begins on `on`; work goes through either. */
+  int on_wrapper = wr && next(&w->rng) % 2;
+  cusafe_stream on = on_wrapper ? wr : s, other = on_wrapper ? s : wr;
+  if (CALL(cusafe_stream_begin_capture(on)) == CUSAFE_SUCCESS) {
+    cusafe_launch_config cfg = {
+        {2, 1, 1}, {64, 1, 1}, 0, other && next(&w->rng) % 2 ? other : on};
+    cusafe_buffer y = S.buf[d][next(&w->rng) % NBUF];
+    size_t n = BUF_BYTES / sizeof(float);
+    CALL(CUSAFE_LAUNCH(S.fill[d], &cfg, CUSAFE_ARG_BUF(y),
+                       CUSAFE_ARG_F32V(1.0f), CUSAFE_ARG_U64V(n)));
+    CALL(cusafe_buffer_fill(S.buf[d][next(&w->rng) % NBUF], 0, 64, 5,
+                            cfg.stream));
+#ifdef CUSAFE_HAVE_DLPACK
+    if (next(&w->rng) % 2)
+      tensor_to_box(w, S.buf[d][next(&w->rng) % NBUF], cfg.stream);
+#endif
+    /* The wrapper may go midway: the capture goes on. */
+    if (wr && !on_wrapper && next(&w->rng) % 2) {
+      RELEASE(cusafe_stream_release(wr));
+      wr = CUSAFE_NULL_HANDLE;
+    }
+    switch (next(&w->rng) % 3) {
+    case 0: /* its last handles: one to another thread, one released here,
+             * maybe at once; the capture ends with the last */
+      if (on_wrapper)
+        wr = CUSAFE_NULL_HANDLE;
+      else
+        s = CUSAFE_NULL_HANDLE;
+      CALL(cusafe_stream_retain(on));
+      stream_to_box(w, on);
+      RELEASE(cusafe_stream_release(on));
+      break;
+    case 1: /* released here: the capture ends */ break;
+    default:
+      if (CALL(cusafe_stream_end_capture(&g, on)) == CUSAFE_SUCCESS) {
+        CALL(cusafe_graph_launch(g, S.stream[d][next(&w->rng) & 1]));
+        CALL(cusafe_graph_launch(g, on));
+      }
+    }
+  }
+#ifdef CUSAFE_HAVE_DLPACK
+  else if (next(&w->rng) % 2) {
+    tensor_to_box(w, S.buf[d][next(&w->rng) % NBUF], s);
+  }
+#endif
+  RELEASE(cusafe_graph_release(g));
+  if (next(&w->rng) % 2) { /* either first: a wrapper holds its stream */
+    RELEASE(cusafe_stream_release(s));
+    RELEASE(cusafe_stream_release(wr));
+  } else {
+    RELEASE(cusafe_stream_release(wr));
+    RELEASE(cusafe_stream_release(s));
   }
 }
 
@@ -444,7 +561,7 @@ static void *worker_main(void *arg) {
       atomic_fetch_add(&iterations_done, 1);
       continue;
     }
-    switch (next(&w->rng) % 14) {
+    switch (next(&w->rng) % 15) {
     case 0:
     case 1: op_private_buffer(w); break;
     case 2: op_retain_release(w); break;
@@ -458,6 +575,7 @@ static void *worker_main(void *arg) {
     case 10: op_module(w); break;
     case 11:
     case 12: op_racy(w, 0); break;
+    case 13: op_capture(w); break;
     default: op_sync(w); break;
     }
     atomic_fetch_add(&iterations_done, 1);
@@ -539,6 +657,17 @@ int main(int argc, char **argv) {
     if (cusafe_buffer_release(atomic_exchange(&mailbox[i], 0)) !=
         CUSAFE_SUCCESS)
       fail("a release after the shutdown failed");
+  for (int i = 0; i < MAILBOX; i++) {
+    if (cusafe_stream_release(atomic_exchange(&stream_box[i], 0)) !=
+        CUSAFE_SUCCESS)
+      fail("a release after the shutdown failed");
+#ifdef CUSAFE_HAVE_DLPACK
+    /* A deleter after the shutdown frees the tensor only. */
+    DLManagedTensorVersioned *t = atomic_exchange(&tensor_box[i], NULL);
+    if (t)
+      t->deleter(t);
+#endif
+  }
   for (int d = 0; d < NDEV; d++)
     if (cusafe_context_release(S.ctx[d]) != CUSAFE_SUCCESS ||
         cusafe_kernel_release(S.fill[d]) != CUSAFE_SUCCESS ||
@@ -551,12 +680,15 @@ int main(int argc, char **argv) {
       CUSAFE_ERROR_SHUTDOWN)
     fail("an allocation after the shutdown did not say SHUTDOWN");
   size_t a = fake_live_allocations(-1), s = fake_live_streams(-1),
-         e = fake_live_events(-1), l = fake_live_libraries(-1);
+         e = fake_live_events(-1), l = fake_live_libraries(-1),
+         c = fake_live_captures(-1), g = fake_live_graphs(-1),
+         x = fake_live_graph_execs(-1);
   int r0 = fake_primary_ctx_refcount(0), r1 = fake_primary_ctx_refcount(1);
-  if (a || s || e || l || r0 || r1)
+  if (a || s || e || l || c || g || x || r0 || r1)
     fail("alive after the shutdown: %zu allocation(s), %zu stream(s), %zu "
-         "event(s), %zu librar(ies), primary context references %d and %d",
-         a, s, e, l, r0, r1);
+         "event(s), %zu librar(ies), %zu capture(s), %zu graph(s), %zu "
+         "executable graph(s), primary context references %d and %d",
+         a, s, e, l, c, g, x, r0, r1);
   printf("stress: %d threads x %d iterations%s: %lu calls checked: %lu "
          "before the shutdown, %lu during it, %lu after it; the shutdown "
          "began after %ld iterations and took %.1f ms; %lu launches with "
