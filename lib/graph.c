@@ -24,9 +24,11 @@
 #include "graph.h"
 #include "kernel.h"
 
-/* The open captures, for the shutdown and the checks by id. */
+/* The open captures, for the shutdown and the checks by id; the queues
+ * marked joining one. */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cs_capture *open_captures;
+static struct cs_queue *joining_queues;
 static uint64_t last_id;
 
 static bool marked(const struct cs_capture *raw) {
@@ -50,6 +52,26 @@ static struct cs_queue *queue_over(struct cs_capture *c, cudaStream_t stream) {
   return NULL;
 }
 
+/* Whether a queue over `stream` is marked joining a capture (open_lock
+ * held). */
+static bool joining_over(cudaStream_t stream) {
+  for (struct cs_queue *q = joining_queues; q; q = q->joining_next)
+    if (q->stream == stream)
+      return true;
+  return false;
+}
+
+/* q leaves the list of joining queues, if it is there (open_lock held). */
+static void joining_leave(struct cs_queue *q) {
+  if (!q->joining_listed)
+    return;
+  struct cs_queue **p = &joining_queues;
+  while (*p != q)
+    p = &(*p)->joining_next;
+  *p = q->joining_next;
+  q->joining_listed = false;
+}
+
 struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry) {
   pthread_mutex_lock(&open_lock);
@@ -62,6 +84,9 @@ struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
     if (entry)
       *entry = q->entry;
   }
+  /* Another cusafe stream over it is joining a capture: as a mark. */
+  if (!found && joining_over(stream))
+    found = CS_CAPTURE_BUSY;
   pthread_mutex_unlock(&open_lock);
   return found;
 }
@@ -259,6 +284,7 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
       } else {
         pthread_mutex_lock(&open_lock);
         c->members[c->nmembers++] = q;
+        joining_leave(q);
         atomic_store(&q->capture, c);
         pthread_mutex_unlock(&open_lock);
       }
@@ -276,19 +302,36 @@ cusafe_status cs_capture_join(struct cs_capture *c, struct cs_queue *q,
   return st;
 }
 
+/* The mark goes into the list of joining queues at once, so that an
+ * operation through another cusafe stream over q's CUDA stream meets it
+ * as it would meet q's own (cs_capture_of_stream), and so does a capture
+ * beginning there: else its work could be queued after the join's wait,
+ * captured, with nothing of it held. */
 bool cs_queue_mark_joining(struct cs_queue *q) {
   cs_spin_lock(&q->capture_lock);
-  bool free_to_join = atomic_load(&q->capture) == NULL;
-  if (free_to_join)
+  pthread_mutex_lock(&open_lock);
+  bool free_to_join =
+      atomic_load(&q->capture) == NULL && !joining_over(q->stream);
+  for (struct cs_capture *c = open_captures; c && free_to_join; c = c->next)
+    free_to_join = queue_over(c, q->stream) == NULL;
+  if (free_to_join) {
     atomic_store(&q->capture, CS_CAPTURE_JOINING);
+    q->joining_next = joining_queues;
+    joining_queues = q;
+    q->joining_listed = true;
+  }
+  pthread_mutex_unlock(&open_lock);
   cs_spin_unlock(&q->capture_lock);
   return free_to_join;
 }
 
 void cs_queue_unmark_joining(struct cs_queue *q) {
   cs_spin_lock(&q->capture_lock);
+  pthread_mutex_lock(&open_lock);
+  joining_leave(q);
   if (atomic_load(&q->capture) == CS_CAPTURE_JOINING)
     atomic_store(&q->capture, NULL);
+  pthread_mutex_unlock(&open_lock);
   cs_spin_unlock(&q->capture_lock);
 }
 
@@ -390,9 +433,11 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
    * (cs_capture_discard). */
   cs_spin_lock(&q->capture_lock);
   pthread_mutex_lock(&open_lock);
-  bool taken = atomic_load(&q->capture) != NULL;
+  /* Also through another cusafe stream over q's CUDA stream, one that is
+   * joining a capture included (as if the join came first). */
+  bool taken = atomic_load(&q->capture) != NULL || joining_over(q->stream);
   for (struct cs_capture *o = open_captures; o && !taken; o = o->next)
-    taken = queue_over(o, q->stream) != NULL; /* through another stream */
+    taken = queue_over(o, q->stream) != NULL;
   if (!taken) {
     c->id = ++last_id;
     c->next = open_captures;

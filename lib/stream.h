@@ -37,6 +37,11 @@ struct cs_queue {
    * owner goes). */
   _Atomic(struct cs_queue *) leftover_origin;
   cs_spinlock capture_lock;
+  /* While the queue is marked joining a capture: in the list of joining
+   * queues (graph.c, under its open_lock), so that other cusafe streams
+   * over the same CUDA stream see the mark too. */
+  struct cs_queue *joining_next;
+  bool joining_listed;
 };
 
 struct cs_stream {

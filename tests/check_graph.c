@@ -5,6 +5,7 @@
  * and against the real runtime (check_graph_gpu, skipped without a GPU). */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -812,6 +813,91 @@ START_TEST(test_join_during_launch) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A stream joins a capture while another thread launches on another
+ * cusafe stream over the same CUDA stream (two wraps of one foreign
+ * stream): the launch is either outside the capture (queued before the
+ * join) or captured and held by it -- never captured unawares, its buffer
+ * then freed before the graph's replay touches it.  Each try starts the
+ * launch a little later (the fake's launches last 300 us). */
+enum { JOIN_RACE_TRIES = 6000 };
+struct join_race {
+  cusafe_kernel fill;
+  cusafe_stream on;
+  _Atomic cusafe_buffer b;
+  _Atomic int go, done, stop, skew;
+  cusafe_status st;
+};
+
+static void *join_race_launcher(void *p) {
+  struct join_race *r = p;
+  for (;;) {
+    while (!atomic_load(&r->go))
+      if (atomic_load(&r->stop))
+        return NULL;
+    atomic_store(&r->go, 0);
+    for (volatile int i = 0; i < atomic_load(&r->skew); i++)
+      ;
+    cusafe_buffer b = atomic_load(&r->b);
+    r->st = run1(r->fill, r->on, b, 1.0f, N, 0);
+    if (r->st == CUSAFE_SUCCESS)
+      r->st = cusafe_buffer_release(b);
+    atomic_store(&r->done, 1);
+  }
+}
+
+START_TEST(test_join_races_launch_through_another_wrapper) {
+  struct world w;
+  world_make(&w);
+  cudaStream_t raw = fake_foreign_stream(0);
+  cusafe_stream w1, w2;
+  TU_OK(cusafe_stream_wrap(&w1, w.ctx, raw));
+  TU_OK(cusafe_stream_wrap(&w2, w.ctx, raw));
+  cusafe_event fork_ev, join_ev;
+  TU_OK(cusafe_event_create(&fork_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_create(&join_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  fake_set_launch_delay(300);
+  struct join_race r = {.fill = w.fill, .on = w2};
+  pthread_t th;
+  TU_ASSERT(pthread_create(&th, NULL, join_race_launcher, &r) == 0,
+            "pthread_create failed");
+  for (int i = 0; i < JOIN_RACE_TRIES; i++) {
+    cusafe_buffer b;
+    TU_OK(cusafe_buffer_alloc(&b, w.ctx, CUSAFE_MEMORY_DEVICE,
+                              N * sizeof(float)));
+    TU_OK(cusafe_buffer_fill(b, 0, N * sizeof(float), 0, w2));
+    TU_OK(cusafe_stream_synchronize(w2));
+    atomic_store(&r.b, b);
+    atomic_store(&r.skew, (i * 37) % 3000);
+    TU_OK(cusafe_stream_begin_capture(w.s));
+    TU_OK(cusafe_event_record(fork_ev, w.s));
+    atomic_store(&r.go, 1);
+    TU_OK(cusafe_stream_wait_event(w1, fork_ev)); /* w1 joins */
+    while (!atomic_load(&r.done))
+      sched_yield();
+    atomic_store(&r.done, 0);
+    TU_OK(r.st);
+    TU_OK(cusafe_event_record(join_ev, w1));
+    TU_OK(cusafe_stream_wait_event(w.s, join_ev));
+    cusafe_graph g;
+    TU_OK(cusafe_stream_end_capture(&g, w.s));
+    TU_OK(cusafe_graph_launch(g, w.s)); /* the fake checks what it touches */
+    TU_OK(cusafe_stream_synchronize(w.s));
+    TU_OK(cusafe_graph_release(g));
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(th, NULL);
+  fake_set_launch_delay(0);
+  TU_OK(cusafe_release(fork_ev));
+  TU_OK(cusafe_release(join_ev));
+  TU_OK(cusafe_release(w1));
+  TU_OK(cusafe_release(w2));
+  fake_foreign_stream_destroy(raw);
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A wrapped device default stream cannot join a capture: refused before
  * CUDA sees it, and the capture goes on. */
 START_TEST(test_default_stream_cannot_join) {
@@ -873,6 +959,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_module_released_during_capture);
   tcase_add_test(tc, test_release_graph_and_event_with_replays_queued);
   tcase_add_test(tc, test_join_during_launch);
+  tcase_add_test(tc, test_join_races_launch_through_another_wrapper);
   tcase_add_test(tc, test_default_stream_cannot_join);
 #endif
   suite_add_tcase(s, tc);
