@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "cusafe_dlpack.h"
 #endif
 #ifdef CUSAFE_TEST_FAKE
+#include "cuda_api.h"
 #include "fakecuda.h"
 #include "fakeutil.h"
 #else
@@ -292,6 +294,1170 @@ START_TEST(test_export_deleted_while_consumer_captures) {
 END_TEST
 #endif
 
+/* ------------------------------------------------------------------------ */
+/* A capture against each other feature: one scenario per row of a table   */
+/* ------------------------------------------------------------------------ */
+
+/* Every scenario runs the same way (run_scenario): its row makes what it
+ * needs, a capture begins (on s, or where the row says), the row queues
+ * its captured work and releases what it releases meanwhile, the capture
+ * ends (unless a release of the row ended it), the graph is replayed on
+ * the streams the row names and released before any synchronisation
+ * (unless the row keeps it: cusafe must order what it frees after the
+ * replays), and every buffer the test still holds is compared, byte by
+ * byte, with a model kept on the host: each captured operation applied
+ * once per replay, each other one at once.  Then everything is released:
+ * on the fake, nothing is left alive then, nor after cusafe_shutdown(),
+ * and every deleter and give-back ran exactly once.  On the fake (paused,
+ * so that work runs only when a synchronisation needs it) a VIOLATION is
+ * the first oracle: work on freed memory, a stream or event used after its
+ * destruction, a library unloaded under a graph. */
+
+enum slot_id { SX, SY, SB, SP, SIN, SZ, SA, SH, SV, NSLOTS };
+static const char *const slot_names[NSLOTS] = {
+    "x",          "y", "the exported buffer",  "the producer's buffer",
+    "the import", "z", "the consumer's alias", "the pinned buffer",
+    "the view"};
+enum { MAX_OPS = 16, IMPORT_AT = 64, IMPORT_BYTES = 128 };
+
+/* A buffer of a scenario and the model of its bytes.  The model of a
+ * buffer over another's memory (an import, an alias) is a part of that
+ * one's. */
+struct slot {
+  cusafe_buffer h; /* the test's reference; NULL once released */
+  unsigned char *want;
+  size_t size;
+  bool unchecked; /* its memory may be gone when the check comes */
+  unsigned char own[N];
+};
+
+/* One operation of the model: a byte fill, a copy, a scale of the floats
+ * (cusafe_scale_f32) or a fill of them (cusafe_fill_f32). */
+struct model_op {
+  char kind; /* 'f', 'c', 's', 'k' */
+  int dst, src;
+  size_t dst_off, src_off, len;
+  unsigned char byte;
+  float a;
+};
+
+struct world;
+struct scenario {
+  const char *name;
+  int devices; /* the devices it needs (0: one) */
+  /* What the row makes before the capture (it may set w->origin). */
+  void (*before)(struct world *w);
+  /* The captured work, and the releases during the capture. */
+  void (*during)(struct world *w);
+  /* Once the capture has ended, before the replays. */
+  void (*ended)(struct world *w);
+  /* The streams of the replays, in order: 'o' the origin of the
+   * capture, 's', 't', 'u' cusafe's streams, 'd' the default stream of
+   * the graph's context, 'w', 'v' the row's wrappers.  NULL: a release
+   * of the row ended the capture. */
+  const char *replays;
+  /* After the replays, before the graph's release. */
+  void (*after)(struct world *w);
+  bool keep_graph; /* released after the comparison, not before */
+  /* After the comparison. */
+  void (*check)(struct world *w);
+};
+
+#ifdef CUSAFE_HAVE_DLPACK
+static const DLDataType dl_u8 = {kDLUInt, 8, 1};
+static const DLDataType dl_f32 = {kDLFloat, 32, 1};
+
+/* A producer's tensor over bytes [IMPORT_AT, IMPORT_AT + IMPORT_BYTES) of
+ * the producer's buffer, whose deleter counts its calls and keeps what the
+ * memory held then. */
+struct producer {
+  DLManagedTensorVersioned tensor;
+  int64_t shape[1];
+  int deleted;
+  unsigned char seen[IMPORT_BYTES];
+};
+#endif
+
+struct world {
+  const struct scenario *sc;
+  cusafe_context ctx1; /* of device 1, for peer copies */
+  cusafe_stream s1;    /* of ctx1 */
+  cusafe_module mod1;  /* of ctx1 */
+  cusafe_kernel kscale1;
+  cusafe_stream s, t, u, wrap1, wrap2;
+  cusafe_stream origin; /* where the capture begins */
+  void *foreign;        /* a stream of another library, or NULL */
+  cusafe_module mod;
+  cusafe_kernel kfill, kscale;
+  cusafe_event ev[3];
+  cusafe_buffer pinned;
+  cusafe_graph g;
+  bool capturing;
+  bool outside; /* the next operations run outside the capture */
+  int replays;
+  struct slot buf[NSLOTS];
+  struct model_op ops[MAX_OPS];
+  size_t nops;
+  int given_back, given_back_want; /* of the consumer's alias */
+  int *deleted, deleted_want;      /* the producer's deleter */
+#ifdef CUSAFE_HAVE_DLPACK
+  DLManagedTensorVersioned *tensor; /* exported, until its deleter */
+  struct producer prod;
+#endif
+#ifdef CUSAFE_TEST_FAKE
+  size_t allocations;
+#endif
+};
+
+/* ---- the model ---------------------------------------------------- */
+
+static void model_apply(struct world *w, const struct model_op *m) {
+  unsigned char *d = w->buf[m->dst].want + m->dst_off;
+  switch (m->kind) {
+  case 'f': memset(d, m->byte, m->len); break;
+  case 'c': memmove(d, w->buf[m->src].want + m->src_off, m->len); break;
+  default:
+    for (size_t i = 0; i + sizeof(float) <= m->len; i += sizeof(float)) {
+      float f;
+      memcpy(&f, d + i, sizeof f);
+      f = m->kind == 's' ? f * m->a : m->a;
+      memcpy(d + i, &f, sizeof f);
+    }
+  }
+}
+
+/* Captured: applied once per replay, later; else now. */
+static void model(struct world *w, struct model_op m) {
+  if (!w->capturing || w->outside) {
+    model_apply(w, &m);
+    return;
+  }
+  TU_ASSERT(w->nops < MAX_OPS, "%s: more than %d captured operations",
+            w->sc->name, MAX_OPS);
+  w->ops[w->nops++] = m;
+}
+
+/* ---- operations, each with its model ----------------------------- */
+
+static void do_fill(struct world *w, int id, size_t off, size_t len,
+                    unsigned char byte, cusafe_stream s) {
+  TU_OK(cusafe_buffer_fill(w->buf[id].h, off, len, byte, s));
+  model(w, (struct model_op){'f', id, 0, off, 0, len, byte, 0});
+}
+
+static void do_copy(struct world *w, int dst, size_t dst_off, int src,
+                    size_t src_off, size_t len, cusafe_stream s) {
+  TU_OK(cusafe_buffer_copy(w->buf[dst].h, dst_off, w->buf[src].h, src_off, len,
+                           s));
+  model(w, (struct model_op){'c', dst, src, dst_off, src_off, len, 0, 0});
+}
+
+/* A built-in kernel over all the floats of buffer id: k, of kind 's'
+ * (cusafe_scale_f32) or 'k' (cusafe_fill_f32). */
+static void do_kernel(struct world *w, cusafe_kernel k, char kind, int id,
+                      float a, cusafe_stream s) {
+  size_t n = w->buf[id].size / sizeof(float);
+  cusafe_launch_config c = {{1, 1, 1}, {256, 1, 1}, 0, s};
+  cusafe_arg args[] = {CUSAFE_ARG_BUF(w->buf[id].h), CUSAFE_ARG_F32V(a),
+                       CUSAFE_ARG_U64V(n)};
+  TU_OK(cusafe_kernel_launch(k, &c, args, 3));
+  model(w, (struct model_op){kind, id, 0, 0, 0, w->buf[id].size, 0, a});
+}
+
+static void do_scale(struct world *w, int id, float a, cusafe_stream s) {
+  do_kernel(w, w->kscale, 's', id, a, s);
+}
+
+/* Work that other code queues by address on a CUDA stream. */
+static void *address(struct world *w, int id, size_t off) {
+  void *p = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&p, w->buf[id].h));
+  return (char *)p + off;
+}
+
+static void raw_fill(struct world *w, int id, size_t off, size_t len,
+                     unsigned char byte, void *stream) {
+#ifdef CUSAFE_TEST_FAKE
+  cudaError_t err =
+      cs_cu->memset_async(address(w, id, off), byte, len, (cudaStream_t)stream);
+#else
+  cudaError_t err =
+      cudaMemsetAsync(address(w, id, off), byte, len, (cudaStream_t)stream);
+#endif
+  TU_ASSERT(err == cudaSuccess, "%s: cudaMemsetAsync gave %d", w->sc->name,
+            (int)err);
+  model(w, (struct model_op){'f', id, 0, off, 0, len, byte, 0});
+}
+
+static void raw_copy(struct world *w, int dst, size_t dst_off, int src,
+                     size_t src_off, size_t len, void *stream) {
+#ifdef CUSAFE_TEST_FAKE
+  cudaError_t err =
+      cs_cu->memcpy_async(address(w, dst, dst_off), address(w, src, src_off),
+                          len, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+#else
+  cudaError_t err =
+      cudaMemcpyAsync(address(w, dst, dst_off), address(w, src, src_off), len,
+                      cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+#endif
+  TU_ASSERT(err == cudaSuccess, "%s: cudaMemcpyAsync gave %d", w->sc->name,
+            (int)err);
+  model(w, (struct model_op){'c', dst, src, dst_off, src_off, len, 0, 0});
+}
+
+/* ---- the world of a scenario -------------------------------------- */
+
+/* A new buffer of N bytes of c in slot id, filled with `byte` on s
+ * (pinned memory: written). */
+static void slot_alloc_kind(struct world *w, int id, cusafe_context c,
+                            cusafe_memory kind, unsigned char byte,
+                            cusafe_stream s) {
+  struct slot *sl = &w->buf[id];
+  TU_OK(cusafe_buffer_alloc(&sl->h, c, kind, N));
+  sl->want = sl->own;
+  sl->size = N;
+  if (kind == CUSAFE_MEMORY_DEVICE) {
+    do_fill(w, id, 0, N, byte, s);
+    return;
+  }
+  memset(sl->own, byte, N);
+  TU_OK(cusafe_buffer_write(sl->h, 0, sl->own, N));
+}
+
+static void slot_alloc(struct world *w, int id, cusafe_context c,
+                       unsigned char byte, cusafe_stream s) {
+  slot_alloc_kind(w, id, c, CUSAFE_MEMORY_DEVICE, byte, s);
+}
+
+/* Compares buffer id with its model. */
+static void check_slot(struct world *w, int id, const char *when) {
+  struct slot *sl = &w->buf[id];
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(sl->h, 0, got, sl->size));
+  for (size_t i = 0; i < sl->size; i++)
+    TU_ASSERT(got[i] == sl->want[i],
+              "%s: byte %zu of %zu of %s is 0x%02x %s, expected 0x%02x",
+              w->sc->name, i, sl->size, slot_names[id], got[i], when,
+              sl->want[i]);
+}
+
+/* Buffer h, over bytes [off, off + size) of slot parent's memory. */
+static void slot_over(struct world *w, int id, cusafe_buffer h, int parent,
+                      size_t off, size_t size) {
+  struct slot *sl = &w->buf[id];
+  sl->h = h;
+  sl->want = w->buf[parent].want + off;
+  sl->size = size;
+}
+
+static void slot_release(struct world *w, int id) {
+  TU_OK(cusafe_buffer_release(w->buf[id].h));
+  w->buf[id].h = CUSAFE_NULL_HANDLE;
+}
+
+static void expect_capturing(struct world *w, cusafe_stream s, int want,
+                             const char *which) {
+  int on = -1;
+  TU_OK(cusafe_stream_is_capturing(&on, s));
+  TU_ASSERT(on == want, "%s: %s captures: %d, expected %d", w->sc->name, which,
+            on, want);
+}
+
+static cusafe_stream wrap_raw(void *raw) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_wrap(&s, ctx, raw));
+  return s;
+}
+
+/* A CUDA stream of another library. */
+static void *foreign_stream(void) {
+#ifdef CUSAFE_TEST_FAKE
+  return fake_foreign_stream(0);
+#else
+  cudaStream_t raw = NULL;
+  TU_ASSERT(cudaSetDevice(0) == cudaSuccess &&
+                cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking) ==
+                    cudaSuccess,
+            "cudaStreamCreateWithFlags failed");
+  return raw;
+#endif
+}
+
+static void foreign_stream_destroy(void *raw) {
+#ifdef CUSAFE_TEST_FAKE
+  fake_foreign_stream_destroy(raw);
+#else
+  TU_ASSERT(cudaStreamDestroy(raw) == cudaSuccess, "cudaStreamDestroy failed");
+#endif
+}
+
+static void world_make(struct world *w, const struct scenario *sc) {
+  memset(w, 0, sizeof *w);
+  w->sc = sc;
+  ctx = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&ctx, 0));
+  w->s = new_stream();
+  w->t = new_stream();
+  w->u = new_stream();
+  w->origin = w->s;
+  TU_OK(cusafe_module_load_builtin(&w->mod, ctx));
+  w->kfill = tu_get_kernel(w->mod, "cusafe_fill_f32");
+  w->kscale = tu_get_kernel(w->mod, "cusafe_scale_f32");
+  /* Their latest work on t: the replays on other streams must wait. */
+  slot_alloc(w, SX, ctx, 0x11, w->t);
+  slot_alloc(w, SY, ctx, 0x12, w->t);
+}
+
+static cusafe_stream replay_stream(struct world *w, char role) {
+  switch (role) {
+  case 'o': return w->origin;
+  case 's': return w->s;
+  case 't': return w->t;
+  case 'u': return w->u;
+  case 'd': return CUSAFE_STREAM_DEFAULT; /* the graph's context's */
+  case 'w': return w->wrap1;
+  default: return w->wrap2;
+  }
+}
+
+/* Compares every buffer the test holds with its model. */
+static void check_contents(struct world *w) {
+  char when[64];
+  snprintf(when, sizeof when, "after %d replays", w->replays);
+  for (int id = 0; id < NSLOTS; id++)
+    if (w->buf[id].h && !w->buf[id].unchecked)
+      check_slot(w, id, when);
+}
+
+static void world_release(struct world *w) {
+  TU_OK(cusafe_graph_release(w->g));
+  for (int id = 0; id < NSLOTS; id++)
+    TU_OK(cusafe_buffer_release(w->buf[id].h));
+  TU_OK(cusafe_buffer_release(w->pinned));
+  for (int i = 0; i < 3; i++)
+    TU_OK(cusafe_event_release(w->ev[i]));
+  cusafe_handle rest[] = {w->kfill, w->kscale, w->mod,    w->wrap1,
+                          w->wrap2, w->u,      w->t,      w->s,
+                          w->s1,    w->mod1,   w->kscale1};
+  for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+    TU_OK(cusafe_release(rest[i]));
+  /* The other library's stream is its own, destroyed once cusafe holds
+   * nothing over it, before that library lets go of the device. */
+  if (w->foreign)
+    foreign_stream_destroy(w->foreign);
+  TU_OK(cusafe_release(w->ctx1));
+  TU_OK(cusafe_release(ctx));
+  ctx = CUSAFE_NULL_HANDLE;
+}
+
+static void check_deleters(struct world *w, const char *when) {
+  TU_ASSERT(w->given_back == w->given_back_want,
+            "%s: the consumer's alias given back %d times %s, expected %d",
+            w->sc->name, w->given_back, when, w->given_back_want);
+  int deleted = w->deleted ? *w->deleted : 0;
+  TU_ASSERT(deleted == w->deleted_want,
+            "%s: the producer's deleter ran %d times %s, expected %d",
+            w->sc->name, deleted, when, w->deleted_want);
+}
+
+static void run_scenario(const struct scenario *sc) {
+#ifdef CUSAFE_TEST_FAKE
+  fake_set_device_count(sc->devices > 1 ? sc->devices : 1);
+  fake_set_paused(1);
+#endif
+  int devices = 0;
+  TU_OK(cusafe_device_count(&devices));
+  if (devices < sc->devices) { /* only where CUDA has fewer */
+    printf("%s: skipped: %d device(s), %d needed\n", sc->name, devices,
+           sc->devices);
+    return;
+  }
+  struct world w;
+  world_make(&w, sc);
+  if (sc->before)
+    sc->before(&w);
+  TU_OK(cusafe_stream_begin_capture(w.origin));
+  w.capturing = true;
+  sc->during(&w);
+  if (sc->replays) {
+    TU_OK(cusafe_stream_end_capture(&w.g, w.origin));
+    w.capturing = false;
+    if (sc->ended)
+      sc->ended(&w);
+    for (const char *r = sc->replays; *r; r++, w.replays++)
+      TU_OK(cusafe_graph_launch(w.g, replay_stream(&w, *r)));
+    if (sc->after)
+      sc->after(&w);
+    if (!sc->keep_graph) {
+      TU_OK(cusafe_graph_release(w.g));
+      w.g = CUSAFE_NULL_HANDLE;
+    }
+    cusafe_stream last =
+        replay_stream(&w, sc->replays[strlen(sc->replays) - 1]);
+    TU_OK(cusafe_stream_synchronize(last));
+  }
+  TU_ASSERT(!w.capturing, "%s: the capture did not end", sc->name);
+  for (int i = 0; i < w.replays; i++)
+    for (size_t k = 0; k < w.nops; k++)
+      model_apply(&w, &w.ops[k]);
+  check_contents(&w);
+  if (sc->check)
+    sc->check(&w);
+  world_release(&w);
+  check_deleters(&w, "after the last release");
+#ifdef CUSAFE_TEST_FAKE
+  char when[160];
+  snprintf(when, sizeof when, "%s, after the last release", sc->name);
+  TU_NOTHING_LIVE_AT(when);
+  TU_OK(cusafe_shutdown());
+  snprintf(when, sizeof when, "%s, after the shutdown", sc->name);
+  TU_NOTHING_LIVE_AT(when);
+  check_deleters(&w, "after the shutdown");
+#endif
+}
+
+/* ---- the rows ---------------------------------------------------- */
+
+/* Wrappers of cusafe's own stream: a capture begun on one of the two
+ * cusafe streams over one CUDA stream takes the other's work too, and
+ * cannot begin again there. */
+static void wrap_s(struct world *w) {
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, w->s));
+  w->wrap1 = wrap_raw(raw);
+}
+
+static void wrap_s_origin(struct world *w) {
+  wrap_s(w);
+  w->origin = w->wrap1;
+}
+
+static void captures_already(struct world *w, cusafe_stream other) {
+  TU_ERR(cusafe_stream_begin_capture(other), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx captures already", TU_HX(other));
+  expect_capturing(w, other, 1, "the other stream over the CUDA stream");
+}
+
+static void during_work_through_wrapper(struct world *w) {
+  captures_already(w, w->wrap1);
+  do_fill(w, SX, 0, N / 2, 0x21, w->wrap1);
+  do_scale(w, SX, 2.0f, w->s);
+  do_fill(w, SY, N / 2, N / 2, 0x22, w->wrap1);
+  do_scale(w, SY, 2.0f, w->wrap1);
+}
+
+static void during_work_through_stream(struct world *w) {
+  captures_already(w, w->s);
+  do_fill(w, SX, 0, N / 2, 0x23, w->s);
+  do_scale(w, SX, 2.0f, w->wrap1);
+  do_scale(w, SY, 2.0f, w->s);
+  /* Only the wrapper, where it began, ends it. */
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_STATUS(cusafe_stream_end_capture(&g, w->s), CUSAFE_ERROR_CAPTURING);
+  TU_ASSERT(g == CUSAFE_NULL_HANDLE, "%s: a failed end gave a graph",
+            w->sc->name);
+  do_fill(w, SY, 0, 8, 0x24, w->s);
+}
+
+/* Two wrappers of one stream of another library. */
+static void two_wrappers(struct world *w) {
+  w->foreign = foreign_stream();
+  w->wrap1 = wrap_raw(w->foreign);
+  w->wrap2 = wrap_raw(w->foreign);
+  w->origin = w->wrap1;
+}
+
+static void during_two_wrappers(struct world *w) {
+  captures_already(w, w->wrap2);
+  do_fill(w, SX, 0, N / 2, 0x25, w->wrap2);
+  do_scale(w, SX, 2.0f, w->wrap1);
+  do_copy(w, SY, 0, SX, N / 2, N / 4, w->wrap2);
+  do_scale(w, SY, 2.0f, w->wrap1);
+}
+
+#ifdef CUSAFE_HAVE_DLPACK
+/* DLPack.  The consumer of an export works on its own stream, a wrapper
+ * of another library's stream, where the capture begins. */
+static void consumer_stream(struct world *w) {
+  w->foreign = foreign_stream();
+  w->wrap1 = wrap_raw(w->foreign);
+  w->origin = w->wrap1;
+}
+
+static void count_give_back(void *user) {
+  ((struct world *)user)->given_back++;
+}
+
+/* The consumer's work on a tensor's memory by address, through an alias:
+ * a wrap of the tensor's data, whose give-backs are counted. */
+static void make_alias(struct world *w) {
+  cusafe_buffer alias = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_wrap(&alias, ctx, CUSAFE_MEMORY_DEVICE,
+                           w->tensor->dl_tensor.data, N, count_give_back, w));
+  slot_over(w, SA, alias, SB, 0, N);
+  w->given_back_want = 1;
+}
+
+static void export_then_capture(struct world *w) {
+  consumer_stream(w);
+  slot_alloc(w, SB, ctx, 0x13, w->t);
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&w->tensor, w->buf[SB].h, 0, dl_u8, 1, &n, NULL,
+                                w->wrap1));
+  slot_release(w, SB); /* the tensor holds it */
+  make_alias(w);
+  w->buf[SA].unchecked = true;          /* freed during the scenario */
+  do_fill(w, SA, 0, N, 0x31, w->wrap1); /* the consumer's, before */
+}
+
+/* The deleter runs while the consumer captures: the memory is freed
+ * after the consumer's work before the capture, and the capture holds
+ * nothing of the tensor's. */
+static void during_deleter(struct world *w) {
+  do_scale(w, SY, 2.0f, w->wrap1);
+#ifdef CUSAFE_TEST_FAKE
+  w->allocations = fake_live_allocations(-1);
+#endif
+  w->tensor->deleter(w->tensor);
+  w->tensor = NULL;
+  do_fill(w, SX, 0, N / 2, 0x32, w->wrap1);
+}
+
+static void after_deleter(struct world *w) {
+  TU_OK(cusafe_context_synchronize(ctx));
+#ifndef CUSAFE_TEST_FAKE
+  (void)w;
+#else
+  TU_ASSERT(fake_live_allocations(-1) == w->allocations - 1,
+            "%s: %zu allocations alive with the graph, expected %zu: the "
+            "exported memory is not freed",
+            w->sc->name, fake_live_allocations(-1), w->allocations - 1);
+#endif
+}
+
+static void before_export_in_capture(struct world *w) {
+  consumer_stream(w);
+  slot_alloc(w, SB, ctx, 0x13, w->t);
+}
+
+/* The export is made while the consumer's stream captures: the graph holds
+ * the buffer (the export's point on that stream is a captured use), also
+ * after the caller's release and the deleter, which comes after the
+ * replays. */
+static void during_export(struct world *w) {
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&w->tensor, w->buf[SB].h, 0, dl_u8, 1, &n, NULL,
+                                w->wrap1));
+  slot_release(w, SB);
+  make_alias(w);
+  do_fill(w, SA, 0, N / 2, 0x33, w->wrap1);
+  do_scale(w, SY, 2.0f, w->wrap1);
+}
+
+static void after_replays_delete(struct world *w) {
+  w->tensor->deleter(w->tensor);
+  w->tensor = NULL;
+}
+
+static void before_export_to_wrapper(struct world *w) {
+  wrap_s(w);
+  slot_alloc(w, SB, ctx, 0x13, w->t);
+}
+
+/* The consumer's stream is a wrapper of the capturing stream, released
+ * during the capture, and the deleter runs during it too: the graph holds
+ * the memory its replays use. */
+static void during_export_to_wrapper(struct world *w) {
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&w->tensor, w->buf[SB].h, 0, dl_u8, 1, &n, NULL,
+                                w->wrap1));
+  TU_OK(cusafe_stream_release(w->wrap1)); /* the tensor holds it */
+  w->wrap1 = CUSAFE_NULL_HANDLE;
+  slot_release(w, SB);
+  make_alias(w);
+  do_fill(w, SA, N / 4, N / 2, 0x2a, w->s);
+  do_scale(w, SY, 2.0f, w->s);
+  w->tensor->deleter(w->tensor);
+  w->tensor = NULL;
+}
+
+/* An import used in a capture and released during it: the producer's
+ * deleter runs once, when the graph that holds it goes, after its
+ * replays. */
+static void producer_deleter(DLManagedTensorVersioned *t) {
+  struct producer *p = t->manager_ctx;
+  p->deleted++;
+  char *data = (char *)t->dl_tensor.data + t->dl_tensor.byte_offset;
+#ifdef CUSAFE_TEST_FAKE
+  memcpy(p->seen, data, IMPORT_BYTES); /* the fake's memory is the host's */
+#else
+  if (cudaMemcpy(p->seen, data, IMPORT_BYTES, cudaMemcpyDeviceToHost) !=
+      cudaSuccess)
+    memset(p->seen, 0, sizeof p->seen);
+#endif
+}
+
+static void before_import(struct world *w) {
+  slot_alloc(w, SP, ctx, 0x14, w->t);
+  TU_OK(cusafe_stream_synchronize(w->t)); /* the producer's, done */
+  struct producer *p = &w->prod;
+  p->shape[0] = IMPORT_BYTES / sizeof(float);
+  p->tensor =
+      (DLManagedTensorVersioned){.version = {1, 0},
+                                 .manager_ctx = p,
+                                 .deleter = producer_deleter,
+                                 .dl_tensor = {.data = address(w, SP, 0),
+                                               .device = {kDLCUDA, 0},
+                                               .ndim = 1,
+                                               .dtype = dl_f32,
+                                               .shape = p->shape,
+                                               .byte_offset = IMPORT_AT}};
+  cusafe_buffer in = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_from_dlpack(&in, ctx, &p->tensor));
+  slot_over(w, SIN, in, SP, IMPORT_AT, IMPORT_BYTES);
+  w->deleted = &p->deleted;
+  w->deleted_want = 1;
+}
+
+static void expect_not_deleted(struct world *w, const char *when) {
+  TU_ASSERT(w->prod.deleted == 0, "%s: the producer's deleter ran %s",
+            w->sc->name, when);
+}
+
+static void during_import(struct world *w) {
+  do_fill(w, SIN, 0, IMPORT_BYTES / 2, 0x34, w->s);
+  do_scale(w, SIN, 2.0f, w->s);
+  do_scale(w, SX, 2.0f, w->s);
+  slot_release(w, SIN);
+  expect_not_deleted(w, "during the capture that uses its memory");
+}
+
+static void after_import_replays(struct world *w) {
+  expect_not_deleted(w, "while the graph that holds the import lives");
+}
+
+static void check_import(struct world *w) {
+  TU_ASSERT(w->prod.deleted == 1,
+            "%s: the producer's deleter ran %d times once the graph went",
+            w->sc->name, w->prod.deleted);
+  const unsigned char *want = w->buf[SP].own + IMPORT_AT;
+  for (size_t i = 0; i < IMPORT_BYTES; i++)
+    TU_ASSERT(w->prod.seen[i] == want[i],
+              "%s: byte %zu of the import was 0x%02x when the producer's "
+              "deleter ran, expected 0x%02x after %d replays",
+              w->sc->name, i, w->prod.seen[i], want[i], w->replays);
+}
+
+/* An import used in a capture that its stream's release discards: the
+ * producer's deleter runs then, once, and the memory holds what it held
+ * before the capture. */
+static void during_import_discarded(struct world *w) {
+  do_fill(w, SIN, 0, IMPORT_BYTES / 2, 0x34, w->s);
+  do_scale(w, SX, 2.0f, w->s);
+  slot_release(w, SIN);
+  expect_not_deleted(w, "during the capture that uses its memory");
+  TU_OK(cusafe_stream_release(w->s));
+  w->s = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false;
+  TU_ASSERT(w->prod.deleted == 1,
+            "%s: the producer's deleter ran %d times when the capture that "
+            "held the import was discarded",
+            w->sc->name, w->prod.deleted);
+}
+#endif
+
+/* Foreign work recorded during a capture: the graph holds its buffers. */
+static void during_use_buffers(struct world *w) {
+  cusafe_buffer both[2] = {w->buf[SX].h, w->buf[SY].h};
+  TU_OK(cusafe_stream_use_buffers(w->s, both, 2));
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, w->s));
+  raw_fill(w, SX, 0, N / 2, 0x35, raw);
+  raw_copy(w, SY, 0, SX, 0, N / 2, raw);
+  slot_release(w, SX);
+  do_scale(w, SY, 2.0f, w->s);
+}
+
+/* Peer copies in a capture, between device memory of two devices.  On
+ * the real runtime they fail (known defect): cusafe queues them with
+ * cudaMemcpyPeerAsync, which CUDA refuses in every capture, invalidating
+ * it; the fake does not model that refusal. */
+#if defined(CUSAFE_TEST_FAKE) || defined(CUSAFE_MEET_KNOWN_DEFECTS)
+static void before_peer(struct world *w) {
+  TU_OK(cusafe_context_create(&w->ctx1, 1));
+  slot_alloc(w, SZ, w->ctx1, 0x15, CUSAFE_STREAM_DEFAULT);
+  TU_OK(cusafe_buffer_alloc(&w->pinned, ctx, CUSAFE_MEMORY_HOST_PINNED, N));
+}
+
+static void peer_copies(struct world *w) {
+  do_copy(w, SX, 0, SZ, 0, N / 2, w->s);
+  do_copy(w, SZ, N / 2, SX, N / 2, N / 2, w->s);
+  do_scale(w, SX, 2.0f, w->s);
+}
+
+static void during_peer(struct world *w) {
+  peer_copies(w);
+  /* Pinned memory from another device's memory: a copy there, which a
+   * capture cannot take. */
+  TU_ERR(cusafe_buffer_copy(w->pinned, 0, w->buf[SZ].h, 0, N, w->s),
+         CUSAFE_ERROR_CAPTURING,
+         "a copy that runs on another device's stream cannot be done while "
+         "stream 0x%016llx captures",
+         TU_HX(w->s));
+}
+
+static void during_peer_released(struct world *w) {
+  peer_copies(w);
+  slot_release(w, SZ);
+  TU_OK(cusafe_context_release(w->ctx1));
+  w->ctx1 = CUSAFE_NULL_HANDLE;
+}
+
+/* The capture is on device 1's stream: its graph holds device 0's
+ * buffer. */
+static void before_peer_on_1(struct world *w) {
+  TU_OK(cusafe_context_create(&w->ctx1, 1));
+  slot_alloc(w, SZ, w->ctx1, 0x15, CUSAFE_STREAM_DEFAULT);
+  TU_OK(cusafe_stream_create(&w->s1, w->ctx1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_module_load_builtin(&w->mod1, w->ctx1));
+  w->kscale1 = tu_get_kernel(w->mod1, "cusafe_scale_f32");
+  w->origin = w->s1;
+}
+
+static void during_peer_on_1(struct world *w) {
+  do_copy(w, SZ, 0, SX, 0, N / 2, w->s1);
+  do_kernel(w, w->kscale1, 's', SZ, 2.0f, w->s1);
+  do_copy(w, SX, N / 2, SZ, N / 2, N / 2, w->s1);
+  TU_OK(cusafe_context_release(ctx)); /* x, its buffer, holds it */
+  ctx = CUSAFE_NULL_HANDLE;
+}
+#endif
+
+/* Work outside the capture on buffers whose latest work was on its
+ * stream before it (synchronous reads too): it follows that work, sees
+ * nothing of the captured work, and pulls no stream into the capture. */
+static void before_outside(struct world *w) {
+  do_fill(w, SY, 0, N, 0x16, w->s);
+}
+
+static void during_outside(struct world *w) {
+  do_scale(w, SX, 2.0f, w->s);
+  w->outside = true;
+  check_slot(w, SY, "during the capture, last filled on s before it");
+  do_fill(w, SY, 0, N / 2, 0x17, w->u);
+  expect_capturing(w, w->u, 0, "u, which followed s's work before the capture");
+  check_slot(w, SY, "during the capture, after a fill outside it");
+  check_slot(w, SX, "during the capture that scales it");
+  w->outside = false;
+  do_scale(w, SY, 2.0f, w->s);
+}
+
+/* Events: a stream that waits for an event recorded in the capture joins
+ * it; the capture waits for an event recorded outside at each replay. */
+static void make_events(struct world *w) {
+  for (int i = 0; i < 3; i++)
+    TU_OK(cusafe_event_create(&w->ev[i], ctx, CUSAFE_EVENT_DISABLE_TIMING));
+}
+
+/* `member` joins the capture begun on s, works there, and s waits for
+ * it. */
+static void fork_join(struct world *w, cusafe_stream member) {
+  do_scale(w, SX, 2.0f, w->s);
+  TU_OK(cusafe_event_record(w->ev[0], w->s));
+  TU_OK(cusafe_stream_wait_event(member, w->ev[0]));
+  expect_capturing(w, member, 1, "the stream that waited for its event");
+  do_scale(w, SX, 2.0f, member);
+  do_fill(w, SY, 0, N / 2, 0x36, member);
+  TU_OK(cusafe_event_record(w->ev[1], member));
+  TU_OK(cusafe_stream_wait_event(w->s, w->ev[1]));
+}
+
+static void during_join(struct world *w) {
+  fork_join(w, w->t);
+  do_scale(w, SY, 2.0f, w->s);
+  TU_ERR(cusafe_event_query(w->ev[0]), CUSAFE_ERROR_CAPTURING,
+         "querying event 0x%016llx cannot be done: it was recorded in a "
+         "capture that is still open",
+         TU_HX(w->ev[0]));
+}
+
+static void after_join(struct world *w) {
+  expect_capturing(w, w->t, 0, "t, once the capture ended");
+}
+
+static void event_outside(struct world *w) {
+  make_events(w);
+  do_fill(w, SX, N / 2, N / 2, 0x37, w->u);
+  TU_OK(cusafe_event_record(w->ev[2], w->u));
+}
+
+static void during_wait_outside(struct world *w) {
+  TU_OK(cusafe_stream_wait_event(w->s, w->ev[2]));
+  do_scale(w, SX, 2.0f, w->s);
+  expect_capturing(w, w->u, 0, "u, whose event the capture waited for");
+}
+
+static void during_events_released(struct world *w) {
+  fork_join(w, w->t);
+  TU_OK(cusafe_stream_wait_event(w->s, w->ev[2]));
+  do_scale(w, SY, 2.0f, w->s);
+  for (int i = 0; i < 3; i++) {
+    TU_OK(cusafe_event_release(w->ev[i]));
+    w->ev[i] = CUSAFE_NULL_HANDLE;
+  }
+}
+
+/* The stream the capture began on: the capture ends, discarded, its
+ * member (t) leaves it, and what it held goes. */
+static void during_origin_released(struct world *w) {
+  fork_join(w, w->t);
+  do_fill(w, SY, N / 2, N / 2, 0x39, w->s);
+  slot_release(w, SX);
+#ifdef CUSAFE_TEST_FAKE
+  TU_ASSERT(fake_live_captures(-1) == 1, "%s: no capture open", w->sc->name);
+#endif
+  cusafe_stream s = w->s;
+  TU_OK(cusafe_stream_release(s));
+  w->s = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false; /* discarded: its work never runs */
+  TU_STALE(s);
+#ifdef CUSAFE_TEST_FAKE
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "%s: the capture outlived the stream it began on", w->sc->name);
+#endif
+  expect_capturing(w, w->t, 0, "t, which had joined the discarded capture");
+  do_fill(w, SY, N / 2, N / 4, 0x3a, w->t);
+}
+
+/* A member of the capture: u, which nothing else holds (no buffer's work
+ * was chained there). */
+static void during_member_released(struct world *w) {
+  fork_join(w, w->u);
+  TU_OK(cusafe_stream_release(w->u)); /* the capture holds it */
+  w->u = CUSAFE_NULL_HANDLE;
+  do_scale(w, SX, 2.0f, w->s);
+  do_copy(w, SX, 0, SY, 0, N / 4, w->s);
+}
+
+/* A wrapper of the capturing stream, which the capture does not hold. */
+static void during_wrapper_released(struct world *w) {
+  do_fill(w, SX, 0, N, 0x3b, w->wrap1);
+  TU_OK(cusafe_stream_release(w->wrap1));
+  w->wrap1 = CUSAFE_NULL_HANDLE;
+  do_fill(w, SX, 0, N / 2, 0x3c, w->s);
+  do_scale(w, SY, 2.0f, w->s);
+}
+
+/* One of two wrappers of another library's stream, the one the capture
+ * did not begin on. */
+static void during_foreign_wrapper_released(struct world *w) {
+  do_fill(w, SX, 0, N / 2, 0x26, w->wrap2);
+  TU_OK(cusafe_stream_release(w->wrap2));
+  w->wrap2 = CUSAFE_NULL_HANDLE;
+  do_scale(w, SX, 2.0f, w->wrap1);
+  do_fill(w, SY, 0, N / 2, 0x27, w->wrap1);
+}
+
+/* s, whose CUDA stream the capturing wrapper holds. */
+static void during_wrapped_released(struct world *w) {
+  do_fill(w, SX, 0, N / 2, 0x3d, w->s);
+  TU_OK(cusafe_stream_release(w->s));
+  w->s = CUSAFE_NULL_HANDLE;
+  expect_capturing(w, w->wrap1, 1, "the wrapper");
+  do_scale(w, SX, 2.0f, w->wrap1);
+}
+
+/* The stream a capturing wrapper holds, then the wrapper: the capture
+ * ends, discarded, before the CUDA stream goes. */
+static void during_wrapped_then_wrapper_released(struct world *w) {
+  do_fill(w, SX, 0, N / 2, 0x41, w->s);
+  TU_OK(cusafe_stream_release(w->s));
+  w->s = CUSAFE_NULL_HANDLE;
+  do_scale(w, SX, 2.0f, w->wrap1);
+  TU_OK(cusafe_stream_release(w->wrap1));
+  w->wrap1 = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false;
+#ifdef CUSAFE_TEST_FAKE
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "%s: the capture outlived its stream and wrapper", w->sc->name);
+#endif
+  do_fill(w, SX, N / 2, 8, 0x42, w->t);
+}
+
+/* The wrapper the capture began on: the capture ends, discarded. */
+static void during_wrapper_origin_released(struct world *w) {
+  do_scale(w, SX, 2.0f, w->wrap1);
+  do_fill(w, SY, 0, N / 2, 0x3e, w->s);
+  TU_OK(cusafe_stream_release(w->wrap1));
+  w->wrap1 = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false; /* discarded */
+#ifdef CUSAFE_TEST_FAKE
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "%s: the capture outlived the wrapper it began on", w->sc->name);
+#endif
+  expect_capturing(w, w->s, 0, "s, once its wrapper's capture ended");
+  do_fill(w, SY, N / 2, N / 2, 0x3f, w->s);
+}
+
+/* The last handle of the stream the capture began on goes while a wrapper
+ * holds the stream: the capture ends, discarded, and the wrapper works on
+ * outside it. */
+static void during_origin_released_wrapper_holds(struct world *w) {
+  do_scale(w, SX, 2.0f, w->wrap1);
+  do_fill(w, SY, 0, N / 2, 0x28, w->s);
+  TU_OK(cusafe_stream_release(w->s));
+  w->s = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false; /* discarded */
+#ifdef CUSAFE_TEST_FAKE
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "%s: the capture outlived the last handle of its stream",
+            w->sc->name);
+#endif
+  expect_capturing(w, w->wrap1, 0, "the wrapper, once the capture ended");
+  do_fill(w, SY, N / 2, N / 2, 0x29, w->wrap1);
+}
+
+/* A buffer, a view of it and pinned memory, released during the capture
+ * that uses them. */
+static void before_buffers(struct world *w) {
+  cusafe_buffer v = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_view(&v, w->buf[SX].h, N / 2, N / 2));
+  slot_over(w, SV, v, SX, N / 2, N / 2);
+  slot_alloc_kind(w, SH, ctx, CUSAFE_MEMORY_HOST_PINNED, 0x18, w->t);
+}
+
+static void during_buffer_released(struct world *w) {
+  do_scale(w, SX, 2.0f, w->s);
+  do_copy(w, SY, 0, SX, 0, N, w->s);
+  do_copy(w, SV, 0, SH, 0, N / 2, w->s);
+  do_copy(w, SH, N / 2, SY, 0, N / 2, w->s);
+  slot_release(w, SX);
+  slot_release(w, SV);
+  slot_release(w, SH);
+  do_scale(w, SY, 2.0f, w->s);
+}
+
+/* The kernels of captured launches and their module; released during
+ * the capture, the module goes with the context (no device can be
+ * synchronised meanwhile); released after it, at once, unless a graph
+ * holds one of its kernels. */
+static void during_kernels_released(struct world *w) {
+  do_scale(w, SX, 2.0f, w->s);
+  do_kernel(w, w->kfill, 'k', SY, 5.0f, w->s);
+  TU_OK(cusafe_kernel_release(w->kscale));
+  TU_OK(cusafe_kernel_release(w->kfill));
+  w->kscale = w->kfill = CUSAFE_NULL_HANDLE;
+}
+
+static void release_module(struct world *w) {
+  TU_OK(cusafe_module_release(w->mod));
+  w->mod = CUSAFE_NULL_HANDLE;
+}
+
+static void during_kernel_released(struct world *w) {
+  during_kernels_released(w);
+  release_module(w);
+}
+
+/* The context's handle: its children, and the graph, hold the context. */
+static void during_context_released(struct world *w) {
+  do_scale(w, SX, 2.0f, w->s);
+  cusafe_context c = ctx;
+  TU_OK(cusafe_context_release(c)); /* its children hold it */
+  ctx = CUSAFE_NULL_HANDLE;
+  TU_STALE(c);
+  do_scale(w, SY, 2.0f, w->s);
+}
+
+static void wrap_s_events(struct world *w) {
+  wrap_s(w);
+  make_events(w);
+}
+
+/* All but y, the origin s and t: the graph holds the rest for its
+ * replays. */
+static void during_all_but_released(struct world *w) {
+  fork_join(w, w->u);
+  do_copy(w, SY, N / 2, SX, 0, N / 2, w->wrap1);
+  do_scale(w, SY, 2.0f, w->s);
+  TU_OK(cusafe_context_release(ctx));
+  ctx = CUSAFE_NULL_HANDLE;
+  cusafe_handle all[] = {w->ev[0], w->ev[1], w->ev[2], w->kscale,   w->kfill,
+                         w->mod,   w->wrap1, w->u,     w->buf[SX].h};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    TU_OK(cusafe_release(all[i]));
+  w->ev[0] = w->ev[1] = w->ev[2] = CUSAFE_NULL_HANDLE;
+  w->kscale = w->kfill = w->mod = CUSAFE_NULL_HANDLE;
+  w->buf[SX].h = w->wrap1 = w->u = CUSAFE_NULL_HANDLE;
+}
+
+/* Everything the capture uses is released during it, the stream it began
+ * on last: the capture ends, discarded, and with it goes all. */
+static void during_all_released(struct world *w) {
+  fork_join(w, w->u);
+  do_fill(w, SY, N / 2, N / 2, 0x40, w->wrap1);
+  do_scale(w, SY, 2.0f, w->s);
+  TU_OK(cusafe_context_release(ctx));
+  ctx = CUSAFE_NULL_HANDLE;
+  cusafe_handle all[] = {w->ev[0], w->ev[1], w->ev[2],     w->kscale,
+                         w->kfill, w->mod,   w->buf[SX].h, w->buf[SY].h,
+                         w->wrap1, w->u,     w->t};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    TU_OK(cusafe_release(all[i]));
+  w->ev[0] = w->ev[1] = w->ev[2] = CUSAFE_NULL_HANDLE;
+  w->kscale = w->kfill = w->mod = CUSAFE_NULL_HANDLE;
+  w->buf[SX].h = w->buf[SY].h = CUSAFE_NULL_HANDLE;
+  w->wrap1 = w->u = w->t = CUSAFE_NULL_HANDLE;
+  expect_capturing(w, w->s, 1, "s, whose capture holds what was released");
+  TU_OK(cusafe_stream_release(w->s));
+  w->s = w->origin = CUSAFE_NULL_HANDLE;
+  w->capturing = false;
+#ifdef CUSAFE_TEST_FAKE
+  char when[128];
+  snprintf(when, sizeof when, "%s, once the stream the capture began on went",
+           w->sc->name);
+  TU_NOTHING_LIVE_AT(when);
+#endif
+}
+
+static const struct scenario scenarios[] = {
+    /* A wrapper of cusafe's own stream; two wrappers of another's. */
+    {.name = "wrapper_capture_on_stream",
+     .before = wrap_s,
+     .during = during_work_through_wrapper,
+     .replays = "owt"},
+    {.name = "wrapper_capture_on_wrapper",
+     .before = wrap_s_origin,
+     .during = during_work_through_stream,
+     .replays = "ost"},
+    {.name = "foreign_stream_wrapped_twice",
+     .before = two_wrappers,
+     .during = during_two_wrappers,
+     .replays = "ovt"},
+#ifdef CUSAFE_HAVE_DLPACK
+    /* DLPack exports and imports. */
+    {.name = "export_deleted_during_capture",
+     .before = export_then_capture,
+     .during = during_deleter,
+     .replays = "oto",
+     .after = after_deleter},
+    {.name = "export_made_during_capture",
+     .before = before_export_in_capture,
+     .during = during_export,
+     .replays = "oto",
+     .after = after_replays_delete,
+     .keep_graph = true},
+    {.name = "export_to_wrapper_of_capturing_stream",
+     .before = before_export_to_wrapper,
+     .during = during_export_to_wrapper,
+     .replays = "oto",
+     .keep_graph = true},
+    {.name = "import_released_during_capture",
+     .before = before_import,
+     .during = during_import,
+     .replays = "oto",
+     .after = after_import_replays,
+     .check = check_import},
+    {.name = "import_released_capture_discarded",
+     .before = before_import,
+     .during = during_import_discarded,
+     .check = check_import},
+#endif
+    /* Foreign work; peer copies; work outside the capture. */
+    {.name = "use_buffers_during_capture",
+     .during = during_use_buffers,
+     .replays = "oto"},
+#if defined(CUSAFE_TEST_FAKE) || defined(CUSAFE_MEET_KNOWN_DEFECTS)
+    {.name = "peer_copy_during_capture",
+     .devices = 2,
+     .before = before_peer,
+     .during = during_peer,
+     .replays = "oto"},
+    {.name = "peer_copy_released_during_capture",
+     .devices = 2,
+     .before = before_peer,
+     .during = during_peer_released,
+     .replays = "oto"},
+    {.name = "peer_copy_captured_on_device_1",
+     .devices = 2,
+     .before = before_peer_on_1,
+     .during = during_peer_on_1,
+     .replays = "odo"},
+#endif
+    {.name = "work_outside_during_capture",
+     .before = before_outside,
+     .during = during_outside,
+     .replays = "oto"},
+    /* Events. */
+    {.name = "event_joins_capture",
+     .before = make_events,
+     .during = during_join,
+     .ended = after_join,
+     .replays = "oto"},
+    {.name = "event_recorded_outside",
+     .before = event_outside,
+     .during = during_wait_outside,
+     .replays = "oto"},
+    {.name = "events_released_during_capture",
+     .before = event_outside,
+     .during = during_events_released,
+     .replays = "oto"},
+    /* Releases of each participant during the capture. */
+    {.name = "origin_released_during_capture",
+     .before = make_events,
+     .during = during_origin_released},
+    {.name = "member_released_during_capture",
+     .before = make_events,
+     .during = during_member_released,
+     .replays = "oto"},
+    {.name = "wrapper_released_during_capture",
+     .before = wrap_s,
+     .during = during_wrapper_released,
+     .replays = "oto"},
+    {.name = "foreign_wrapper_released_during_capture",
+     .before = two_wrappers,
+     .during = during_foreign_wrapper_released,
+     .replays = "oto"},
+    {.name = "wrapped_stream_released_during_capture",
+     .before = wrap_s_origin,
+     .during = during_wrapped_released,
+     .replays = "oto"},
+    {.name = "wrapper_origin_released_during_capture",
+     .before = wrap_s_origin,
+     .during = during_wrapper_origin_released},
+    {.name = "origin_released_wrapper_holds_it",
+     .before = wrap_s,
+     .during = during_origin_released_wrapper_holds},
+    {.name = "buffers_released_during_capture",
+     .before = before_buffers,
+     .during = during_buffer_released,
+     .replays = "oto"},
+    {.name = "wrapped_stream_then_wrapper_released_during_capture",
+     .before = wrap_s_origin,
+     .during = during_wrapped_then_wrapper_released},
+    {.name = "all_but_origin_released_during_capture",
+     .before = wrap_s_events,
+     .during = during_all_but_released,
+     .replays = "oto"},
+    {.name = "all_released_during_capture",
+     .before = wrap_s_events,
+     .during = during_all_released},
+    {.name = "kernel_and_module_released_during_capture",
+     .during = during_kernel_released,
+     .replays = "oto"},
+    {.name = "kernels_released_during_capture_module_after",
+     .during = during_kernels_released,
+     .ended = release_module,
+     .replays = "oto"},
+    {.name = "context_handle_released_during_capture",
+     .during = during_context_released,
+     .replays = "oto"},
+};
+enum { NSCENARIOS = sizeof scenarios / sizeof scenarios[0] };
+
+START_TEST(test_scenario) { run_scenario(&scenarios[_i]); }
+END_TEST
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -307,6 +1473,13 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
 #endif
   suite_add_tcase(s, tc);
+  /* One case per scenario, named after it (CK_RUN_CASE=<name>). */
+  for (int i = 0; i < NSCENARIOS; i++) {
+    tc = tcase_create(scenarios[i].name);
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_scenario, i, i + 1);
+    suite_add_tcase(s, tc);
+  }
   return s;
 }
 
