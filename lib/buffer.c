@@ -7,6 +7,7 @@
  * (stream-ordered), so the free runs after everything queued before it.
  * Work on the same stream as the last costs one pointer comparison; moving
  * to another stream costs an event record and a stream wait. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,114 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   return CUSAFE_SUCCESS;
 }
 
+/* ---- follows parked while the legacy stream cannot be touched ------------ */
+
+/* While a blocking stream of a device captures (cusafe's capture or
+ * another library's), CUDA refuses any use of the device's legacy default
+ * stream and invalidates that capture (cudaErrorStreamCaptureImplicit):
+ * no record, wait or synchronisation there.  A follow of such a stream
+ * (a DLPack deleter, cusafe_stream_use_buffers(), which the Python
+ * package's finalizers call, whenever they run) waits here instead,
+ * holding the buffer and the stream, and is done once the stream can be
+ * touched again: when a capture of cusafe's ends, and before each new
+ * follow.  The memory lives meanwhile -- freed later, never earlier. */
+struct parked {
+  struct cs_buffer *b; /* referenced */
+  struct cs_stream *s; /* referenced */
+  struct parked *next;
+};
+static pthread_mutex_t parked_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct parked *parked_head;
+static _Atomic int parked_any;
+
+/* Whether q is a device's legacy default stream that CUDA refuses to
+ * touch now (q's device current). */
+static bool untouchable(struct cs_queue *q) {
+  cudaStream_t st = q->stream;
+  if (st != NULL && st != cudaStreamLegacy)
+    return false;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  return cs_cu->stream_is_capturing(cudaStreamLegacy, &cs) ==
+         cudaErrorStreamCaptureImplicit;
+}
+
+/* Parks the follow of b after q, a stream's queue, that cannot be done
+ * now: the caller's references on neither are taken. */
+static cusafe_status park(struct cs_buffer *b, struct cs_queue *q) {
+  struct parked *p = malloc(sizeof *p);
+  if (!p)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  cs_ref(&b->hdr);
+  cs_ref(q->owner);
+  p->b = b;
+  p->s = (struct cs_stream *)q->owner;
+  pthread_mutex_lock(&parked_lock);
+  p->next = parked_head;
+  parked_head = p;
+  atomic_store(&parked_any, 1);
+  pthread_mutex_unlock(&parked_lock);
+  return CUSAFE_SUCCESS;
+}
+
+static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q);
+
+void cs_parked_drain(void) {
+  if (!atomic_load(&parked_any))
+    return;
+  pthread_mutex_lock(&parked_lock);
+  struct parked *all = parked_head;
+  parked_head = NULL;
+  atomic_store(&parked_any, 0);
+  pthread_mutex_unlock(&parked_lock);
+  struct parked *keep = NULL;
+  while (all) {
+    struct parked *p = all;
+    all = p->next;
+    struct cs_queue *q = &p->s->queue;
+    int saved;
+    bool done = false;
+    if (cs_device_enter(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
+      done = !untouchable(q);
+      cs_device_leave(saved);
+    }
+    /* A failure past this point leaves only the thread's message: the
+     * memory's free still comes after the stream's work it could see. */
+    if (done && follow_now(p->b, q) == CS_RETRY)
+      done = false;
+    if (!done) {
+      p->next = keep;
+      keep = p;
+      continue;
+    }
+    cs_unref(&p->s->hdr);
+    cs_unref(&p->b->hdr);
+    free(p);
+  }
+  if (keep) {
+    pthread_mutex_lock(&parked_lock);
+    struct parked *last = keep;
+    while (last->next)
+      last = last->next;
+    last->next = parked_head;
+    parked_head = keep;
+    atomic_store(&parked_any, 1);
+    pthread_mutex_unlock(&parked_lock);
+  }
+}
+
+void cs_parked_forget(void) {
+  pthread_mutex_lock(&parked_lock);
+  struct parked *all = parked_head;
+  parked_head = NULL;
+  atomic_store(&parked_any, 0);
+  pthread_mutex_unlock(&parked_lock);
+  while (all) {
+    struct parked *p = all;
+    all = p->next;
+    free(p);
+  }
+}
+
 /* cs_buffer_follow() once gated, root's lock held. */
 static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
                                    struct cs_queue *to,
@@ -97,7 +206,8 @@ static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
   return st;
 }
 
-cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
+/* The follow, once q can be touched. */
+static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q) {
   struct cs_buffer *root = b->root;
   struct cs_thread *self = cs_thread_self();
   for (;;) {
@@ -113,6 +223,32 @@ cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
       return st;
     cs_capture_yield(); /* a capture begins or ends on q */
   }
+}
+
+/* Parks the follow where q is a legacy stream that cannot be touched now
+ * (*parked: true), else leaves it to the caller. */
+static cusafe_status park_if_untouchable(struct cs_buffer *b,
+                                         struct cs_queue *q, bool *parked) {
+  *parked = false;
+  if (q->owner->type != CS_STREAM ||
+      !cs_stream_wraps_default((struct cs_stream *)q->owner))
+    return CUSAFE_SUCCESS;
+  int saved;
+  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  *parked = untouchable(q);
+  cs_device_leave(saved);
+  return *parked ? park(b, q) : CUSAFE_SUCCESS;
+}
+
+cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
+  cs_parked_drain();
+  bool parked;
+  cusafe_status st = park_if_untouchable(b, q, &parked);
+  if (st != CUSAFE_SUCCESS || parked)
+    return st;
+  return follow_now(b, q);
 }
 
 /* An operation has few buffers: an insertion sort beats qsort's calls
@@ -923,6 +1059,15 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     }
     roots[i] = bufs[i]->root;
   }
+  /* Work that other code queued on a legacy stream that cannot be touched
+   * now was queued before the capture that forbids it: the buffers follow
+   * it once it can be (see "parked" above). */
+  cs_parked_drain();
+  bool parked = false;
+  for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
+    st = park_if_untouchable(bufs[i], q, &parked);
+  if (parked || st != CUSAFE_SUCCESS)
+    goto out;
   struct cs_thread *self = cs_thread_self();
   do {
     size_t nroots = n, ndrops = 0;

@@ -80,6 +80,13 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
  * deleters' "the consumer is done with it" (the thread neither gated nor
  * pinned). */
 cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q);
+/* Follows of a device's legacy default stream wait while CUDA forbids
+ * touching it (a blocking stream of the device captures): done once it
+ * can be touched, checked when a capture ends and before each follow
+ * (the thread neither gated nor pinned).  The shutdown forgets them, with
+ * the objects they hold. */
+void cs_parked_drain(void);
+void cs_parked_forget(void);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

@@ -67,6 +67,7 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
   cs_handle_foreach(CS_##TYPE, shut_##name);
   CS_TYPE_MAP(CS_TYPE_SHUTDOWN)
 #undef CS_TYPE_SHUTDOWN
+  cs_parked_forget(); /* what they held went with the rest */
   cs_unrelax(relaxed, mode);
   return CUSAFE_SUCCESS;
 }

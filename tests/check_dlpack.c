@@ -614,6 +614,59 @@ START_TEST(test_export_leaves_consumer_stream) {
 }
 END_TEST
 
+/* A tensor whose consumer's stream is the legacy default stream, deleted
+ * while a blocking stream captures (when CUDA forbids any use of the
+ * legacy stream): the capture goes on unharmed, and the memory is freed
+ * once the capture has ended, after the consumer's work on the legacy
+ * stream.  cusafe_stream_use_buffers() on the legacy stream meanwhile
+ * (what the Python package's finalizers call) waits the same way. */
+START_TEST(test_deleter_on_legacy_stream_during_capture) {
+  cusafe_buffer b = CUSAFE_NULL_HANDLE, alias = CUSAFE_NULL_HANDLE;
+  cusafe_buffer c = CUSAFE_NULL_HANDLE, d = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = 256;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 256));
+  TU_OK(cusafe_buffer_alloc(&c, ctx, CUSAFE_MEMORY_DEVICE, 256));
+  TU_OK(cusafe_buffer_alloc(&d, ctx, CUSAFE_MEMORY_DEVICE, 256));
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, legacy));
+  TU_OK(cusafe_buffer_release(b));
+  fake_set_paused(1);
+  /* The consumer's work by address, on the legacy stream. */
+  TU_OK(cusafe_buffer_wrap(&alias, ctx, CUSAFE_MEMORY_DEVICE, t->dl_tensor.data,
+                           256, NULL, NULL));
+  TU_OK(cusafe_buffer_fill(alias, 0, 256, 9, legacy));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(c, 0, 256, 2, s));
+  size_t before = fake_live_allocations(-1);
+  t->deleter(t);
+  TU_OK(cusafe_stream_use_buffers(legacy, &d, 1));
+  TU_OK(cusafe_buffer_release(d));
+  TU_ASSERT(fake_live_allocations(-1) == before,
+            "%zu allocations alive during the capture, expected %zu",
+            fake_live_allocations(-1), before);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, s));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_ASSERT(fake_live_allocations(-1) == before - 2,
+            "%zu allocations alive after the capture, expected %zu",
+            fake_live_allocations(-1), before - 2);
+  unsigned char got[256];
+  TU_OK(cusafe_buffer_read(c, 0, got, 256));
+  for (int i = 0; i < 256; i++)
+    TU_ASSERT(got[i] == 2, "byte %d of the graph's buffer is %u", i, got[i]);
+  fake_set_paused(0);
+  TU_OK(cusafe_buffer_release(alias));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 /* cusafe_shutdown() with an import alive calls its deleter, once, before
  * the runtime's teardown; an export's deleter afterwards does nothing but
  * free the tensor. */
@@ -749,6 +802,7 @@ static Suite *dlpack_suite(void) {
   tc = tcase_create("lifecycle");
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_import_release_waits_for_work);
+  tcase_add_test(tc, test_deleter_on_legacy_stream_during_capture);
   tcase_add_test(tc, test_export_orders_consumer_stream);
   tcase_add_test(tc, test_export_leaves_consumer_stream);
   tcase_add_test(tc, test_shutdown_with_tensors);

@@ -106,3 +106,26 @@ def test_begin_and_end_by_hand(ctx):
     g.launch(t)
     with pytest.raises(TypeError, match="Stream.capture"):
         cusafe.Graph()
+
+
+def test_array_dropped_while_a_blocking_stream_captures(ctx):
+    # An Array made with the defaults lends its memory on the legacy
+    # default stream; dropped while a blocking stream captures (when CUDA
+    # forbids any use of the legacy stream), its finalizer leaves the
+    # capture unharmed, and the buffer goes once the capture has ended.
+    s = ctx.stream()  # blocking
+    buf = ctx.alloc(256)
+    other = ctx.alloc(256)
+    arr = buf.as_array("u1")
+    buf.close()
+    with s.capture() as graph:
+        other.fill(2, stream=s)
+        arr.close()
+    graph.launch(s)
+    s.synchronize()
+    got = bytearray(256)
+    other.read(got)
+    assert got == b"\x02" * 256
+    graph.close()
+    other.close()
+    s.close()
