@@ -238,8 +238,10 @@ static void last_user_release(struct cs_object *obj) {
   if (obj->type != CS_STREAM)
     return;
   struct cs_queue *q = &((struct cs_stream *)obj)->queue;
-  if (atomic_load(&q->capture))
+  if (atomic_load(&q->capture)) {
     discard_on_device(q);
+    cs_parked_drain(); /* the legacy stream may be touched again */
+  }
 }
 
 /* Records q's entry event (making it at the first capture), so that work
@@ -387,7 +389,9 @@ bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
 
 bool cs_queue_end_leftover(struct cs_queue *q) {
   struct cs_queue *origin = atomic_load(&q->leftover_origin);
-  if (origin) /* only the end of the stream it began on ends a capture */
+  /* Only the end of the stream it began on ends a capture -- unless the
+   * shutdown destroyed that one first, which ended it then. */
+  if (origin && !atomic_load(&origin->gone))
     cs_capture_leftover(origin->stream, origin->ctx);
   if (!cs_capture_leftover(q->stream, q->ctx))
     return false;
@@ -686,9 +690,11 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     discard_graph(q->ctx, g);
     drop_held(c->held, c->nheld);
     capture_free(c);
-    return st;
+  } else {
+    st = graph_new(out, c, g);
   }
-  return graph_new(out, c, g);
+  cs_parked_drain(); /* the legacy stream may be touched again */
+  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_stream_is_capturing(int *out,

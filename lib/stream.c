@@ -335,7 +335,9 @@ static cudaError_t queue_fini(void *obj) {
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
   if (!s->borrowed && atomic_load(&s->queue.capture_leftover))
     cs_queue_end_leftover(&s->queue);
-  return cs_queue_fini(&s->queue, !s->borrowed);
+  cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
+  atomic_store(&s->queue.gone, true);
+  return err;
 }
 
 cusafe_status cs_stream_fini(struct cs_object *obj) {

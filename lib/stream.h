@@ -36,6 +36,9 @@ struct cs_queue {
    * whose end alone can end it (its owner referenced, until this queue's
    * owner goes). */
   _Atomic(struct cs_queue *) leftover_origin;
+  /* The CUDA stream is destroyed: the ordered shutdown destroys every
+   * stream, the one a leftover capture began on too, whatever holds it. */
+  _Atomic bool gone;
   cs_spinlock capture_lock;
   /* While the queue is marked joining a capture: in the list of joining
    * queues (graph.c, under its open_lock), so that other cusafe streams

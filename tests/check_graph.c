@@ -552,6 +552,28 @@ START_TEST(test_failed_end_drops_what_it_held) {
   TU_NOTHING_LIVE();
 }
 END_TEST
+/* A capture whose end fails twice (its streams may still capture, into
+ * nothing) is ended again when its streams go; the shutdown destroys the
+ * stream it began on before a stream that joined it (in slot order),
+ * whose end then touches nothing of the one already gone. */
+START_TEST(test_shutdown_after_failed_ends_with_joined_stream) {
+  struct world w;
+  world_make(&w);
+  cusafe_event fork_ev;
+  TU_OK(cusafe_event_create(&fork_ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(fork_ev, w.s));
+  TU_OK(cusafe_stream_wait_event(w.t, fork_ev)); /* t joins */
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g;
+  TU_STATUS(cusafe_stream_end_capture(&g, w.s), CUSAFE_ERROR_CUDA);
+  fake_fail_clear();
+  TU_ASSERT(fake_live_captures(-1) == 1, "the capture did not outlive its end");
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A capture that another thread begins or ends while a launch on its
  * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
  * before the kernel is queued) waits for the launch: the kernel is
@@ -952,6 +974,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_release_with_replays_queued);
   tcase_add_test(tc, test_shutdown_with_capture_and_replays);
   tcase_add_test(tc, test_failed_end_drops_what_it_held);
+  tcase_add_test(tc, test_shutdown_after_failed_ends_with_joined_stream);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);
