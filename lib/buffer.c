@@ -967,8 +967,10 @@ static cusafe_status copy_gated(struct cs_buffer *dst, char *d,
     return st;
   if (run != q)
     st = cs_queue_handoff(q, run);
+  /* CUDA captures no cudaMemcpyPeerAsync, in any mode (it invalidates the
+   * capture), but captures a cudaMemcpyAsync of the same memory. */
   if (st == CUSAFE_SUCCESS)
-    st = copy_run(dst, d, src, s, size, run, peer, drops);
+    st = copy_run(dst, d, src, s, size, run, peer && !c, drops);
   /* Later work on the caller's stream comes after the copy. */
   if (st == CUSAFE_SUCCESS && run != q)
     st = cs_queue_handoff(run, q);

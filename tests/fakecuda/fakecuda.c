@@ -2258,6 +2258,13 @@ static cudaError_t fk_memcpy_peer_async(void *dst, int dst_device,
       (e = sticky(dst_device)) != cudaSuccess ||
       (e = sticky(src_device)) != cudaSuccess)
     return leave(e);
+  /* Measured on H100 and H200 (CUDA 13.0): refused in every capture
+   * mode, which it invalidates; cudaMemcpyAsync (cudaMemcpyDefault) of the
+   * same memory is captured. */
+  if (s->capture) {
+    s->capture->invalidated = 1;
+    return leave(cudaErrorStreamCaptureUnsupported);
+  }
   if (size == 0)
     return leave(cudaSuccess);
   if (!valid_range(dst, size) || !valid_range(src, size))

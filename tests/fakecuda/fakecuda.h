@@ -294,7 +294,8 @@ void fake_set_sticky_error(int device, cudaError_t err);
  *   - any use of the legacy stream while a blocking stream of the device
  *     captures: cudaErrorStreamCaptureImplicit (cudaStreamIsCapturing of
  *     the legacy stream answers it without invalidating);
- *   - cudaGraphLaunch onto a capturing stream:
+ *   - cudaGraphLaunch onto a capturing stream, and cudaMemcpyPeerAsync on
+ *     one (cudaMemcpyAsync of the same memory is captured):
  *     cudaErrorStreamCaptureUnsupported.
  * cudaFreeAsync on a capturing stream of memory allocated outside the
  * graph answers cudaErrorInvalidValue and the capture goes on;
