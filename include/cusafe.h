@@ -1258,12 +1258,15 @@ CUSAFE_API void cusafe_python_release(void *object);
  * on unchanged): synchronizing or querying a capturing stream, or the
  * context of one; an allocation on it (cusafe_buffer_alloc_async); a
  * transfer between it and pageable host memory (a replay would read or
- * write that memory again, long after the call); a synchronous read or
- * write whose buffer's latest work is on it; a copy that runs on another
- * stream than the capturing one; a graph replay onto it; waiting for,
- * querying or timing an event recorded in a capture still open.  Work of
- * other streams and threads goes on as usual meanwhile: cusafe captures in
- * CUDA's relaxed mode and keeps its own bookkeeping out of captures.
+ * write that memory again, long after the call); a copy that runs on
+ * another stream than the capturing one; a graph replay onto it; waiting
+ * for, querying or timing an event recorded in a capture still open.  Work
+ * of other streams and threads goes on as usual meanwhile: cusafe captures
+ * in CUDA's relaxed mode and keeps its own bookkeeping out of captures.
+ * Work outside the capture on a buffer whose latest work was queued on the
+ * capturing stream before the capture (a synchronous read, a fill on
+ * another stream) comes after that work and sees the buffer as it left
+ * it: the captured work runs only in replays.
  *
  * Captures of other code.  A capture that other code begins (on a stream
  * of cusafe_stream_interop_handle(), or on its own) is not cusafe's:

@@ -91,6 +91,18 @@ struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
   return found;
 }
 
+/* The handle of the stream on which the open capture over `stream` began,
+ * or CUSAFE_NULL_HANDLE. */
+static cusafe_handle origin_over(cudaStream_t stream) {
+  pthread_mutex_lock(&open_lock);
+  cusafe_handle h = CUSAFE_NULL_HANDLE;
+  for (struct cs_capture *c = open_captures; c && !h; c = c->next)
+    if (queue_over(c, stream))
+      h = c->origin->owner->handle;
+  pthread_mutex_unlock(&open_lock);
+  return h;
+}
+
 cudaEvent_t cs_queue_entry(struct cs_queue *q) {
   if (atomic_load(&q->capture))
     return q->entry;
@@ -660,6 +672,11 @@ CUSAFE_API cusafe_status cusafe_stream_end_capture(cusafe_graph *out,
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx joined a capture that began on stream "
                    "0x%016llx: end it there",
+                   (unsigned long long)stream, (unsigned long long)origin);
+  if (!c && (origin = origin_over(q->stream)) != CUSAFE_NULL_HANDLE)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx shares its CUDA stream with a capture "
+                   "that began on stream 0x%016llx: end it there",
                    (unsigned long long)stream, (unsigned long long)origin);
   if (!c)
     return cs_fail(CUSAFE_ERROR_CAPTURING, "stream 0x%016llx does not capture",

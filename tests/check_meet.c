@@ -100,6 +100,27 @@ START_TEST(test_capture_use_through_released_wrapper) {
 }
 END_TEST
 
+/* A capture is ended on the stream it began on: another cusafe stream
+ * over the same CUDA stream (the wrapped stream, here) is told where. */
+START_TEST(test_end_capture_through_other_stream) {
+  cusafe_stream s = new_stream();
+  cusafe_stream w = wrap_of(s);
+  TU_OK(cusafe_stream_begin_capture(w));
+  int on = 0;
+  TU_OK(cusafe_stream_is_capturing(&on, s));
+  TU_ASSERT(on == 1, "the wrapped stream does not capture");
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx shares its CUDA stream with a capture that began "
+         "on stream 0x%016llx: end it there",
+         TU_HX(s), TU_HX(w));
+  TU_OK(cusafe_stream_end_capture(&g, w));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_stream_release(w));
+}
+END_TEST
+
 #ifdef CUSAFE_TEST_FAKE
 /* Two threads release the last two handles of a stream at once while a
  * capture that began on it holds a buffer that holds the stream: one of
@@ -1464,6 +1485,7 @@ static Suite *meet_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_capture_use_through_released_wrapper);
+  tcase_add_test(tc, test_end_capture_through_other_stream);
 #ifdef CUSAFE_TEST_FAKE
   tcase_add_test(tc, test_concurrent_last_releases_end_capture);
   tcase_add_test(tc, test_capture_begins_during_last_release);
