@@ -567,6 +567,9 @@ def _index(value: Any, what: str) -> int:
                         % (what, type(value).__name__)) from None
 
 
+_U64_MAX = 2**64 - 1
+
+
 def _unsigned(value: Any, what: str, bits: int = 64) -> int:
     """value as an int for an unsigned C type of `bits` bits (size_t,
     a handle, a cudaStream_t: 64; unsigned int: 32): TypeError for a
@@ -641,7 +644,14 @@ def retain_handle(handle: int) -> None:
     (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
     null handle, SHUTDOWN after shutdown(); TypeError, ValueError or
     OverflowError for a value that is not a 64-bit unsigned int."""
-    st = library().raw.cusafe_retain(c_handle(_unsigned(handle, "handle")))
+    try:  # ctypes converts (the common case costs one comparison) ...
+        c = c_handle(handle)
+    except TypeError:
+        _unsigned(handle, "handle")  # ... and what it refuses, or cuts
+        raise  # down silently, _unsigned explains
+    if c.value != handle:
+        _unsigned(handle, "handle")
+    st = library().raw.cusafe_retain(c)
     if st:
         library().check(st)
 
@@ -654,6 +664,13 @@ def release_handle(handle: int) -> None:
     (0), and any release after shutdown(), is a no-op.  A value that is
     not a 64-bit unsigned int raises TypeError, ValueError or
     OverflowError, and releases nothing."""
-    st = library().raw.cusafe_release(c_handle(_unsigned(handle, "handle")))
+    try:  # ctypes converts (the common case costs one comparison) ...
+        c = c_handle(handle)
+    except TypeError:
+        _unsigned(handle, "handle")  # ... and what it refuses, or cuts
+        raise  # down silently, _unsigned explains
+    if c.value != handle:
+        _unsigned(handle, "handle")
+    st = library().raw.cusafe_release(c)
     if st:
         library().check(st)

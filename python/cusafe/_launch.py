@@ -126,6 +126,8 @@ _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
 
 
 _configs: Dict[Tuple[Tuple[int, ...], Tuple[int, ...], int], LaunchConfig] = {}
+# The same, by the exact ints a launch gave (grid, block, shared).
+_int_configs: Dict[Tuple[_Dim, _Dim, int], LaunchConfig] = {}
 
 
 def _launch_config(grid: _Dim, block: _Dim, shared: int,
@@ -134,16 +136,26 @@ def _launch_config(grid: _Dim, block: _Dim, shared: int,
     with the same shape: the library reads it during the call only, and
     nobody writes it.  Every value is checked first, so that a value that
     merely equals a cached one (1.0 for 1) is refused as well."""
+    # Exact ints (no float, bool or other type that merely equals one)
+    # find their checked configuration first, by the values given.
+    exact = (stream is None and type(grid) is int and type(block) is int
+             and type(shared) is int)
+    if exact:
+        config = _int_configs.get((grid, block, shared))
+        if config is not None:
+            return config
     g, b = _dims(grid, "grid"), _dims(block, "block")
-    shared = _unsigned(shared, "shared")
-    key = (g, b, shared)
+    checked = _unsigned(shared, "shared")
+    key = (g, b, checked)
     if stream is None:
         config = _configs.get(key)
         if config is not None:
             return config
-    config = LaunchConfig(g, b, shared, _stream_handle(stream))
+    config = LaunchConfig(g, b, checked, _stream_handle(stream))
     if len(_configs) < 256 and stream is None:
         _configs[key] = config
+        if exact:
+            _int_configs[(grid, block, shared)] = config
     return config
 
 
