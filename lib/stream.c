@@ -333,7 +333,9 @@ static cudaError_t queue_fini(void *obj) {
   if (!s->borrowed)
     owned_leave(s);
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
-  if (!s->borrowed && atomic_load(&s->queue.capture_leftover))
+  /* So does one of cusafe's whose end failed, also on a stream of another
+   * library's: its owner could not end it, nor begin one of its own. */
+  if (atomic_load(&s->queue.capture_leftover))
     cs_queue_end_leftover(&s->queue);
   cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
   atomic_store(&s->queue.gone, true);

@@ -574,6 +574,31 @@ START_TEST(test_shutdown_after_failed_ends_with_joined_stream) {
 }
 END_TEST
 
+/* The same on a stream of another library, wrapped: the capture is
+ * cusafe's, and ends when the wrapper goes, before the context. */
+START_TEST(test_failed_ends_on_wrapped_stream) {
+  struct world w;
+  world_make(&w);
+  cudaStream_t raw = fake_foreign_stream(0);
+  cusafe_stream wr;
+  TU_OK(cusafe_stream_wrap(&wr, w.ctx, raw));
+  TU_OK(cusafe_stream_begin_capture(wr));
+  TU_OK(cusafe_buffer_fill(w.x, 0, 64, 1, wr));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g;
+  TU_STATUS(cusafe_stream_end_capture(&g, wr), CUSAFE_ERROR_CUDA);
+  fake_fail_clear();
+  TU_ASSERT(fake_live_captures(-1) == 1, "the capture did not outlive its end");
+  TU_OK(cusafe_release(wr));
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "the capture outlived the wrapper it began on");
+  fake_foreign_stream_destroy(raw);
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A capture that another thread begins or ends while a launch on its
  * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
  * before the kernel is queued) waits for the launch: the kernel is
@@ -975,6 +1000,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_shutdown_with_capture_and_replays);
   tcase_add_test(tc, test_failed_end_drops_what_it_held);
   tcase_add_test(tc, test_shutdown_after_failed_ends_with_joined_stream);
+  tcase_add_test(tc, test_failed_ends_on_wrapped_stream);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);
