@@ -469,7 +469,7 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
       return cs_capturing("an allocation (cusafe_buffer_alloc_async)",
                           &s->queue);
     }
-    if (CS_UNLIKELY(atomic_load(&s->queue.capture_leftover)) &&
+    if (cs_queue_has_leftover(&s->queue) &&
         (st = cs_queue_leftover(&s->queue)) != CUSAFE_SUCCESS) {
       cs_ungate(cs_call_);
       return st;

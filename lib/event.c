@@ -82,7 +82,7 @@ static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
   if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
   /* A record captured into nothing would pull its waiters in. */
-  if (!c && CS_UNLIKELY(atomic_load(&q->capture_leftover)) &&
+  if (!c && cs_queue_has_leftover(q) &&
       (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS)
     return st;
   int saved;

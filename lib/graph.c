@@ -367,6 +367,46 @@ static void discard_graph(struct cs_context *ctx, cudaGraph_t g) {
     cs_context_orphan_graph(ctx, g, NULL);
 }
 
+/* The CUDA streams on which a capture of cusafe's may still run, CUDA
+ * having failed to end it (mark_leftover), so that every cusafe stream
+ * over one of them -- a wrapper too -- ends it before it queues work there
+ * (cs_queue_has_leftover); under open_lock. */
+static cudaStream_t *leftover_streams;
+static size_t nleftover, cap_leftover;
+_Atomic size_t cs_leftover_streams;
+
+bool cs_stream_leftover(cudaStream_t stream) {
+  pthread_mutex_lock(&open_lock);
+  bool found = false;
+  for (size_t i = 0; i < nleftover && !found; i++)
+    found = leftover_streams[i] == stream;
+  pthread_mutex_unlock(&open_lock);
+  return found;
+}
+
+/* (open_lock held; without host memory the queues' own marks remain.) */
+static void leftover_add(cudaStream_t stream) {
+  for (size_t i = 0; i < nleftover; i++)
+    if (leftover_streams[i] == stream)
+      return;
+  if (!grow((void **)&leftover_streams, nleftover, &cap_leftover,
+            sizeof *leftover_streams))
+    return;
+  leftover_streams[nleftover++] = stream;
+  atomic_store(&cs_leftover_streams, nleftover);
+}
+
+static void leftover_remove(cudaStream_t stream) {
+  pthread_mutex_lock(&open_lock);
+  for (size_t i = 0; i < nleftover; i++)
+    if (leftover_streams[i] == stream) {
+      leftover_streams[i] = leftover_streams[--nleftover];
+      break;
+    }
+  atomic_store(&cs_leftover_streams, nleftover);
+  pthread_mutex_unlock(&open_lock);
+}
+
 /* A stream that CUDA says captures although cusafe began nothing on it:
  * one of its own whose capture could not be ended (a failed
  * cudaStreamEndCapture) is ended now, discarding; a wrapped one is being
@@ -378,7 +418,7 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
     return cs_fail_cuda(err, "cudaStreamIsCapturing");
   if (cs == cudaStreamCaptureStatusNone)
     return CUSAFE_SUCCESS;
-  if (s->borrowed)
+  if (s->borrowed && !cs_stream_leftover(s->queue.stream))
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx is being captured by other code",
                    (unsigned long long)s->hdr.handle);
@@ -390,13 +430,16 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
 bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
   /* (Only after an end that failed: a destroy costs no query otherwise.) */
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cs_cu->stream_is_capturing(stream, &cs) == cudaSuccess &&
-      cs == cudaStreamCaptureStatusNone)
-    return true;
-  cudaGraph_t g = NULL;
-  cudaError_t err = cs_cu->stream_end_capture(stream, &g);
-  discard_graph(ctx, g);
-  return err == cudaSuccess;
+  bool ended = cs_cu->stream_is_capturing(stream, &cs) == cudaSuccess &&
+               cs == cudaStreamCaptureStatusNone;
+  if (!ended) {
+    cudaGraph_t g = NULL;
+    ended = cs_cu->stream_end_capture(stream, &g) == cudaSuccess;
+    discard_graph(ctx, g);
+  }
+  if (ended && atomic_load(&cs_leftover_streams))
+    leftover_remove(stream);
+  return ended;
 }
 
 bool cs_queue_end_leftover(struct cs_queue *q) {
@@ -561,6 +604,11 @@ static void claim_end(struct cs_queue *q, struct cs_capture **out,
 /* CUDA could not end c (twice): its queues may all still capture, into
  * nothing (see cs_queue_leftover). */
 static void mark_leftover(struct cs_capture *c) {
+  pthread_mutex_lock(&open_lock);
+  leftover_add(c->origin->stream);
+  for (size_t i = 0; i < c->nmembers; i++)
+    leftover_add(c->members[i]->stream);
+  pthread_mutex_unlock(&open_lock);
   atomic_store(&c->origin->capture_leftover, true);
   for (size_t i = 0; i < c->nmembers; i++) {
     struct cs_queue *m = c->members[i];

@@ -72,8 +72,7 @@ static cusafe_status queue_point(struct cs_queue *q, bool record,
     *entry = cs_queue_entry(q);
     return CUSAFE_SUCCESS;
   }
-  if (record && CS_UNLIKELY(atomic_load_explicit(&q->capture_leftover,
-                                                 memory_order_relaxed)))
+  if (record && cs_queue_has_leftover(q))
     return cs_queue_leftover(q);
   return CUSAFE_SUCCESS;
 }
@@ -335,7 +334,7 @@ static cudaError_t queue_fini(void *obj) {
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
   /* So does one of cusafe's whose end failed, also on a stream of another
    * library's: its owner could not end it, nor begin one of its own. */
-  if (atomic_load(&s->queue.capture_leftover))
+  if (cs_queue_has_leftover(&s->queue))
     cs_queue_end_leftover(&s->queue);
   cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
   atomic_store(&s->queue.gone, true);

@@ -94,6 +94,20 @@ static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
   }
   return CS_UNLIKELY((uintptr_t)c & CS_CAPTURE_MARKS) ? CS_CAPTURE_BUSY : c;
 }
+/* How many CUDA streams a capture of cusafe's may still run on, its end
+ * having failed (graph.c), and whether `stream` is one of them. */
+extern _Atomic size_t cs_leftover_streams;
+bool cs_stream_leftover(cudaStream_t stream);
+/* Whether q's CUDA stream may still capture into nothing, a capture of
+ * cusafe's there having failed to end -- also one that began through
+ * another cusafe stream over it: then cs_queue_leftover() before work. */
+static inline bool cs_queue_has_leftover(struct cs_queue *q) {
+  return CS_UNLIKELY(atomic_load_explicit(&q->capture_leftover,
+                                          memory_order_relaxed)) ||
+         (CS_UNLIKELY(atomic_load_explicit(&cs_leftover_streams,
+                                           memory_order_relaxed)) &&
+          cs_stream_leftover(q->stream));
+}
 /* Yields to a capture that begins or ends on another thread, before an
  * operation that met it is tried again (its gate or pin ended). */
 void cs_capture_yield(void);

@@ -599,6 +599,38 @@ START_TEST(test_failed_ends_on_wrapped_stream) {
 }
 END_TEST
 
+/* A capture whose end failed leaves its CUDA stream capturing; another
+ * cusafe stream over it (a wrapper that holds the stream it began on,
+ * whose last handle went) ends it before it queues work there. */
+START_TEST(test_failed_discard_seen_through_wrapper) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream s, wr;
+  void *raw = NULL;
+  TU_OK(cusafe_stream_create(&s, w.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_interop_handle(&raw, s));
+  TU_OK(cusafe_stream_wrap(&wr, w.ctx, raw)); /* holds s */
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  TU_OK(cusafe_release(s)); /* the capture is discarded, and fails to end */
+  fake_fail_clear();
+  TU_ASSERT(fake_live_captures(-1) == 1, "the capture did not outlive its end");
+  cusafe_buffer b;
+  TU_OK(cusafe_buffer_alloc_async(&b, wr, 256));
+  TU_ASSERT(fake_live_captures(-1) == 0,
+            "work was queued on a stream still capturing");
+  TU_OK(cusafe_buffer_fill(b, 0, 256, 3, wr));
+  unsigned char got[256];
+  TU_OK(cusafe_buffer_read(b, 0, got, 256));
+  TU_ASSERT(got[0] == 3 && got[255] == 3, "the fill did not run");
+  TU_OK(cusafe_release(b));
+  TU_OK(cusafe_release(wr));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A capture that another thread begins or ends while a launch on its
  * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
  * before the kernel is queued) waits for the launch: the kernel is
@@ -1001,6 +1033,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_failed_end_drops_what_it_held);
   tcase_add_test(tc, test_shutdown_after_failed_ends_with_joined_stream);
   tcase_add_test(tc, test_failed_ends_on_wrapped_stream);
+  tcase_add_test(tc, test_failed_discard_seen_through_wrapper);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);
