@@ -12,7 +12,8 @@ a valid input: if the decoder changes, the seeds become less targeted, never
 invalid.  The bytes below follow the order in which each op_* function of
 fuzz_api.c reads them.
 
-Inputs that once failed are kept in the corpus as they were found, as
+Inputs that once failed are kept in the corpus as they were found (or as
+converted when the decoder changed, so that they keep their scenario), as
 regress-* files next to the generated seeds; this script leaves them
 alone."""
 
@@ -509,8 +510,20 @@ def release(kind, i=0):
     return rec(RELEASE_OR_SHUTDOWN, 0, kind, i)
 
 
-SHUTDOWN = rec(RELEASE_OR_SHUTDOWN, 7)  # with header bit 5 (MAY_SHUT_DOWN)
+# The shutdown happens with header bit 5 in inputs whose length is a
+# multiple of 8 (shutdown_seed() pads the record to that).
+SHUTDOWN = rec(RELEASE_OR_SHUTDOWN, 7)
 MAY_SHUT_DOWN = 32
+
+
+def shutdown_seed(*records, header=0):
+    """seed() of records that include SHUTDOWN, padded so that it
+    happens."""
+    data = seed(*records, header=header | MAY_SHUT_DOWN)
+    pad = -len(data) % 8
+    i = records.index(SHUTDOWN)
+    return seed(*records[:i], rec(RELEASE_OR_SHUTDOWN, 7, *[0] * pad),
+                *records[i + 1:], header=header | MAY_SHUT_DOWN)
 
 
 def fill(buf=None, stream=None, value=0x11):
@@ -600,7 +613,7 @@ SEEDS["dlpack-import"] = seed(
     tensor(0, MEMSET), release(R_BUF, 0), release(R_BUF, 0),
     rec(READ, held(2)), release(R_CTX, 0), tensor(0, NOW), header=16)
 
-SEEDS["shutdown"] = seed(
+SEEDS["shutdown"] = shutdown_seed(
     rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC, held(), 1), rec(EVENT),
     foreign_stream(7, twice=True), import_(), wrap_stream(held(0)),
     export(held(0), held(0)), export(held(1), held(1)), export(held(2)),
@@ -608,16 +621,16 @@ SEEDS["shutdown"] = seed(
     rec(FOREIGN, 3), SHUTDOWN,
     fill(held(0), held(1)), tensor(0, HELPER), tensor(0, NOW),
     release(R_BUF, 0), rec(ALLOC), end(held(0)), rec(STREAM_OP, held(0), 0),
-    rec(REFS, 3, 0, 1), header=MAY_SHUT_DOWN)
+    rec(REFS, 3, 0, 1))
 
-SEEDS["shutdown-paused"] = seed(
+SEEDS["shutdown-paused"] = shutdown_seed(
     rec(CTX), rec(CTX, 1), rec(STREAM), rec(STREAM, held(1)), rec(ALLOC),
     rec(ALLOC, held(1)), import_(held(1)), foreign_stream(7),
     rec(COPY, held(0), 0, held(1)), fill(held(0), held(2)),
     export(held(0), held(1), work=0), release(R_BUF, 0),
     rec(MODULE), rec(GET_KERNEL), launch(),
     begin(held(0)), join(held(0), held(0), held(2)),
-    SHUTDOWN, tensor(0, NOW), header=2 | MAY_SHUT_DOWN)
+    SHUTDOWN, tensor(0, NOW), header=2)
 
 SEEDS["two-threads-meet"] = bytes([1, 40]) + seed(
     export(held(0), held(0)), tensor(0, HELPER_NEXT), fill(held(0), held(1)),
