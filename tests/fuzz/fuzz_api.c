@@ -1948,6 +1948,10 @@ static void op_tensor(struct th *t) { (void)t; }
 static void helper_join(struct th *t) { (void)t; }
 #endif
 
+static int is_default_stream(const void *raw) {
+  return !raw || raw == cudaStreamLegacy || raw == cudaStreamPerThread;
+}
+
 /* Other libraries' streams and work: a device's default stream wrapped
  * (which lives for ever, so the wrapper joins the pool), a held stream's
  * raw stream wrapped and used while the stream is held, and buffers
@@ -1988,8 +1992,9 @@ static void op_foreign(struct th *t) {
       break;
     }
     cusafe_stream w = 42;
-    /* The raw stream of a wrapped default stream is NULL: any device's. */
-    int same = !raw || ce.dev == se.dev;
+    /* The raw stream of a wrapped default stream (NULL, cudaStreamLegacy,
+     * cudaStreamPerThread) is any device's. */
+    int same = is_default_stream(raw) || ce.dev == se.dev;
     cusafe_status st = check_out(cusafe_stream_wrap(&w, c, raw), w, T_STREAM,
                                  "cusafe_stream_wrap");
     if (st == CUSAFE_SUCCESS) {
@@ -3004,10 +3009,6 @@ static cusafe_stream choose_capturing(struct th *t, struct ent *e, int *held) {
   return hs[k % nc];
 }
 
-static int is_default_stream(const void *raw) {
-  return !raw || raw == cudaStreamLegacy || raw == cudaStreamPerThread;
-}
-
 /* A wrapper of the CUDA stream of a stream of the pool -- of cusafe's own
  * (the wrapper holds it), of a wrapper (one more wrapper of the same CUDA
  * stream), of another library -- often of one that captures, or of a
@@ -3537,6 +3538,10 @@ static void check_nothing_alive(int handles) {
  * held goes), then every handle is released -- the library must cope with
  * CUDA answering cudaErrorCudartUnloading -- and the fake starts afresh. */
 static void finish_tainted(struct th *t, int reverse, int deleters_last) {
+  /* Captures end first, while CUDA works: what waits for their end (a
+   * follow of a legacy stream parked during one) would otherwise outlive
+   * the fake's reset into the next input. */
+  end_captures();
   fake_set_strict_teardown(0);
   fake_teardown_now();
   in_teardown = 1;
