@@ -129,10 +129,12 @@ static cusafe_status park(struct cs_buffer *b, struct cs_queue *q) {
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q);
+static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
 
 void cs_parked_drain(void) {
-  if (!atomic_load(&parked_any))
+  /* (Not in the ordered shutdown, which destroys everything in order and
+   * forgets them, nor in a forked child.) */
+  if (!atomic_load(&parked_any) || atomic_load(&cs_hot.state) != CS_RUNNING)
     return;
   pthread_mutex_lock(&parked_lock);
   struct parked *all = parked_head;
@@ -152,8 +154,8 @@ void cs_parked_drain(void) {
     }
     /* A failure past this point leaves only the thread's message: the
      * memory's free still comes after the stream's work it could see. */
-    if (done && follow_now(p->b, q) == CS_RETRY)
-      done = false;
+    if (done)
+      (void)follow_or_wait(p->b, q);
     if (!done) {
       p->next = keep;
       keep = p;
@@ -225,6 +227,22 @@ static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q) {
   }
 }
 
+/* The follow, or where it cannot be queued (a record or wait that CUDA
+ * refuses), the host's wait for q's work instead: nothing later on b's
+ * memory, its free included, may come before that work.  The failure is
+ * returned all the same. */
+static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q) {
+  cusafe_status st = follow_now(b, q);
+  if (st != CUSAFE_SUCCESS && cs_queue_wait(q) != cudaSuccess) {
+    int saved; /* a broken stream: its device's work, if it can */
+    if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
+      cs_cu->device_synchronize();
+      cs_device_leave(saved);
+    }
+  }
+  return st;
+}
+
 /* Parks the follow where q is a legacy stream that cannot be touched now
  * (*parked: true), else leaves it to the caller. */
 static cusafe_status park_if_untouchable(struct cs_buffer *b,
@@ -248,7 +266,7 @@ cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
   cusafe_status st = park_if_untouchable(b, q, &parked);
   if (st != CUSAFE_SUCCESS || parked)
     return st;
-  return follow_now(b, q);
+  return follow_or_wait(b, q);
 }
 
 /* An operation has few buffers: an insertion sort beats qsort's calls

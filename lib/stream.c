@@ -338,6 +338,9 @@ static cudaError_t queue_fini(void *obj) {
     cs_queue_end_leftover(&s->queue);
   cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
   atomic_store(&s->queue.gone, true);
+  /* A capture that ended here may have been what kept the legacy stream
+   * untouchable: the follows parked meanwhile are done now. */
+  cs_parked_drain();
   return err;
 }
 
