@@ -55,6 +55,7 @@ const struct cs_cuda cs_cuda_table = {
     .stream_begin_capture = cudaStreamBeginCapture,
     .stream_end_capture = cudaStreamEndCapture,
     .stream_is_capturing = cudaStreamIsCapturing,
+    .stream_get_capture_info = cudaStreamGetCaptureInfo,
     .thread_exchange_stream_capture_mode = cudaThreadExchangeStreamCaptureMode,
     .graph_instantiate = cudaGraphInstantiate,
     .graph_launch = cudaGraphLaunch,

@@ -367,90 +367,119 @@ static void discard_graph(struct cs_context *ctx, cudaGraph_t g) {
     cs_context_orphan_graph(ctx, g, NULL);
 }
 
+/* CUDA's id of the capture running on `stream` (cudaStreamGetCaptureInfo):
+ * 0 if none; CS_LEFTOVER_ANY for one whose id CUDA gives as 0. */
+static cudaError_t cuda_capture_id(cudaStream_t stream,
+                                   unsigned long long *id) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  unsigned long long v = 0;
+  cudaError_t err = cs_cu->stream_get_capture_info(stream, &cs, &v, NULL, NULL,
+                                                   NULL, NULL);
+  *id = err != cudaSuccess || cs == cudaStreamCaptureStatusNone ? 0
+        : v                                                   ? v
+                                                              : CS_LEFTOVER_ANY;
+  return err;
+}
+
 /* The CUDA streams on which a capture of cusafe's may still run, CUDA
- * having failed to end it (mark_leftover), so that every cusafe stream
- * over one of them -- a wrapper too -- ends it before it queues work there
- * (cs_queue_has_leftover); under open_lock. */
-static cudaStream_t *leftover_streams;
+ * having failed to end it (mark_leftover), each with CUDA's id of that
+ * capture, so that every cusafe stream over one of them -- a wrapper too
+ * -- ends it before it queues work there (cs_queue_has_leftover), and
+ * ends nothing else: not a capture that began there since, through
+ * another cusafe stream or by other code; under open_lock. */
+static struct leftover {
+  cudaStream_t stream;
+  unsigned long long id;
+} *leftovers;
 static size_t nleftover, cap_leftover;
 _Atomic size_t cs_leftover_streams;
 
-bool cs_stream_leftover(cudaStream_t stream) {
+/* (open_lock held) */
+static struct leftover *leftover_find(cudaStream_t stream) {
+  for (size_t i = 0; i < nleftover; i++)
+    if (leftovers[i].stream == stream)
+      return &leftovers[i];
+  return NULL;
+}
+
+unsigned long long cs_stream_leftover(cudaStream_t stream) {
   pthread_mutex_lock(&open_lock);
-  bool found = false;
-  for (size_t i = 0; i < nleftover && !found; i++)
-    found = leftover_streams[i] == stream;
+  struct leftover *l = leftover_find(stream);
+  unsigned long long id = l ? l->id : 0;
   pthread_mutex_unlock(&open_lock);
-  return found;
+  return id;
 }
 
 /* (open_lock held; without host memory the queues' own marks remain.) */
-static void leftover_add(cudaStream_t stream) {
-  for (size_t i = 0; i < nleftover; i++)
-    if (leftover_streams[i] == stream)
-      return;
-  if (!grow((void **)&leftover_streams, nleftover, &cap_leftover,
-            sizeof *leftover_streams))
+static void leftover_add(cudaStream_t stream, unsigned long long id) {
+  struct leftover *l = leftover_find(stream);
+  if (l) {
+    l->id = id;
     return;
-  leftover_streams[nleftover++] = stream;
+  }
+  if (!grow((void **)&leftovers, nleftover, &cap_leftover, sizeof *leftovers))
+    return;
+  leftovers[nleftover++] = (struct leftover){stream, id};
   atomic_store(&cs_leftover_streams, nleftover);
 }
 
-static void leftover_remove(cudaStream_t stream) {
+/* `stream` runs the capture of CUDA's id `now` (0: none): its entry goes,
+ * unless that capture is the one it names. */
+static void leftover_settle(cudaStream_t stream, unsigned long long now) {
   pthread_mutex_lock(&open_lock);
-  for (size_t i = 0; i < nleftover; i++)
-    if (leftover_streams[i] == stream) {
-      leftover_streams[i] = leftover_streams[--nleftover];
-      break;
-    }
-  atomic_store(&cs_leftover_streams, nleftover);
+  struct leftover *l = leftover_find(stream);
+  if (l && (now == 0 || (l->id != now && l->id != CS_LEFTOVER_ANY))) {
+    *l = leftovers[--nleftover];
+    atomic_store(&cs_leftover_streams, nleftover);
+  }
   pthread_mutex_unlock(&open_lock);
 }
 
-/* A stream that CUDA says captures although cusafe began nothing on it:
- * one of its own whose capture could not be ended (a failed
- * cudaStreamEndCapture) is ended now, discarding; a wrapped one is being
- * captured by its owner. */
-static cusafe_status leftover_capture(struct cs_stream *s) {
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaError_t err = cs_cu->stream_is_capturing(s->queue.stream, &cs);
-  if (err != cudaSuccess)
-    return cs_fail_cuda(err, "cudaStreamIsCapturing");
-  if (cs == cudaStreamCaptureStatusNone)
-    return CUSAFE_SUCCESS;
-  if (s->borrowed && !cs_stream_leftover(s->queue.stream))
-    return cs_fail(CUSAFE_ERROR_CAPTURING,
-                   "stream 0x%016llx is being captured by other code",
-                   (unsigned long long)s->hdr.handle);
-  if (cs_capture_leftover(s->queue.stream, s->queue.ctx))
-    atomic_store(&s->queue.capture_leftover, false);
-  return CUSAFE_SUCCESS;
+/* The leftover capture that q's stream may still run: q's own mark, or
+ * the mark of any cusafe stream over the same CUDA stream; 0 if none. */
+static unsigned long long queue_leftover_id(struct cs_queue *q) {
+  unsigned long long id = atomic_load(&q->capture_leftover);
+  if (!id && atomic_load(&cs_leftover_streams))
+    id = cs_stream_leftover(q->stream);
+  return id;
 }
 
-bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx) {
+/* q's mark goes once the capture it names runs no more. */
+static void queue_settle(struct cs_queue *q, unsigned long long id) {
+  atomic_compare_exchange_strong(&q->capture_leftover, &id, 0);
+}
+
+bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx,
+                         unsigned long long id) {
   /* (Only after an end that failed: a destroy costs no query otherwise.) */
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  bool ended = cs_cu->stream_is_capturing(stream, &cs) == cudaSuccess &&
-               cs == cudaStreamCaptureStatusNone;
-  if (!ended) {
+  unsigned long long now;
+  if (cuda_capture_id(stream, &now) != cudaSuccess)
+    return false; /* what runs there is not known: nothing is ended */
+  if (now != 0 && (now == id || id == CS_LEFTOVER_ANY)) {
     cudaGraph_t g = NULL;
-    ended = cs_cu->stream_end_capture(stream, &g) == cudaSuccess;
+    if (cs_cu->stream_end_capture(stream, &g) == cudaSuccess)
+      now = 0;
     discard_graph(ctx, g);
+    if (now)
+      return false;
   }
-  if (ended && atomic_load(&cs_leftover_streams))
-    leftover_remove(stream);
-  return ended;
+  if (atomic_load(&cs_leftover_streams))
+    leftover_settle(stream, now);
+  return true;
 }
 
 bool cs_queue_end_leftover(struct cs_queue *q) {
+  unsigned long long id = queue_leftover_id(q);
+  if (!id)
+    return true;
   struct cs_queue *origin = atomic_load(&q->leftover_origin);
   /* Only the end of the stream it began on ends a capture -- unless the
    * shutdown destroyed that one first, which ended it then. */
   if (origin && !atomic_load(&origin->gone))
-    cs_capture_leftover(origin->stream, origin->ctx);
-  if (!cs_capture_leftover(q->stream, q->ctx))
+    cs_capture_leftover(origin->stream, origin->ctx, id);
+  if (!cs_capture_leftover(q->stream, q->ctx, id))
     return false;
-  atomic_store(&q->capture_leftover, false);
+  queue_settle(q, id);
   return true;
 }
 
@@ -461,6 +490,33 @@ cusafe_status cs_queue_leftover(struct cs_queue *q) {
                  "stream 0x%016llx may still capture: ending its capture "
                  "failed, and so does ending it again",
                  (unsigned long long)q->owner->handle);
+}
+
+/* Before a capture begins on s: a capture that CUDA runs there although
+ * cusafe began none on it is one of its own whose end failed (a
+ * leftover), ended now, discarding -- or one that other code began, which
+ * is left alone. */
+static cusafe_status leftover_capture(struct cs_stream *s) {
+  struct cs_queue *q = &s->queue;
+  unsigned long long now;
+  cudaError_t err = cuda_capture_id(q->stream, &now);
+  if (err != cudaSuccess)
+    return cs_fail_cuda(err, "cudaStreamGetCaptureInfo");
+  unsigned long long id = queue_leftover_id(q);
+  if (now == 0) { /* any leftover there is over */
+    if (id) {
+      leftover_settle(q->stream, 0);
+      queue_settle(q, id);
+    }
+    return CUSAFE_SUCCESS;
+  }
+  if (!id || (id != now && id != CS_LEFTOVER_ANY))
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx is being captured by other code",
+                   (unsigned long long)s->hdr.handle);
+  if (!cs_queue_end_leftover(q))
+    return cs_queue_leftover(q);
+  return CUSAFE_SUCCESS;
 }
 
 static void capture_close(struct cs_capture *c);
@@ -525,6 +581,8 @@ CUSAFE_API cusafe_status cusafe_stream_begin_capture(cusafe_stream stream) {
         cs_cu->stream_begin_capture(q->stream, cudaStreamCaptureModeRelaxed);
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaStreamBeginCapture");
+    else /* (if CUDA cannot tell it now, a failed end asks again) */
+      cuda_capture_id(q->stream, &c->cuda_id);
   }
   if (st == CUSAFE_SUCCESS)
     atomic_store(&q->capture, c);
@@ -604,15 +662,20 @@ static void claim_end(struct cs_queue *q, struct cs_capture **out,
 /* CUDA could not end c (twice): its queues may all still capture, into
  * nothing (see cs_queue_leftover). */
 static void mark_leftover(struct cs_capture *c) {
+  unsigned long long id = c->cuda_id;
+  if (!id) /* not known since the beginning: asked now */
+    cuda_capture_id(c->origin->stream, &id);
+  if (!id) /* CUDA cannot tell: whatever captures there is taken as it */
+    id = CS_LEFTOVER_ANY;
   pthread_mutex_lock(&open_lock);
-  leftover_add(c->origin->stream);
+  leftover_add(c->origin->stream, id);
   for (size_t i = 0; i < c->nmembers; i++)
-    leftover_add(c->members[i]->stream);
+    leftover_add(c->members[i]->stream, id);
   pthread_mutex_unlock(&open_lock);
-  atomic_store(&c->origin->capture_leftover, true);
+  atomic_store(&c->origin->capture_leftover, id);
   for (size_t i = 0; i < c->nmembers; i++) {
     struct cs_queue *m = c->members[i];
-    atomic_store(&m->capture_leftover, true);
+    atomic_store(&m->capture_leftover, id);
     struct cs_queue *none = NULL;
     /* (The origin may be going already: then its own teardown ends it.) */
     if (!atomic_load(&m->leftover_origin) && cs_try_ref(c->origin->owner) &&

@@ -14,6 +14,9 @@
  * while it lasts. */
 struct cs_capture {
   uint64_t id; /* unique, never 0: what an event recorded in it keeps */
+  /* CUDA's id of it (cudaStreamGetCaptureInfo), 0 if CUDA could not tell:
+   * what a failed end marks as left over (cs_queue_leftover). */
+  unsigned long long cuda_id;
   /* Set (under `lock`) once a thread has claimed its end: no queue joins
    * it any more. */
   _Atomic bool ending;
@@ -108,10 +111,13 @@ struct cs_capture *cs_capture_find(uint64_t id);
  * current; the thread neither gated nor pinned).  A capture beginning on
  * another thread meanwhile is waited for. */
 void cs_capture_discard(struct cs_queue *q);
-/* Ends a CUDA capture still running on `stream`, one of the library's own
- * whose end failed before, discarding it (ctx: the stream's); true if the
- * stream captures no more. */
-bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx);
+/* Ends the capture of CUDA's id `id` if it still runs on `stream`, one of
+ * the library's own whose end failed before, discarding it (ctx: the
+ * stream's; id CS_LEFTOVER_ANY: whatever captures there); true if that
+ * capture runs there no more.  A capture that began there since is left
+ * alone. */
+bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx,
+                         unsigned long long id);
 /* For q, whose capture's end failed (capture_leftover): ends what CUDA
  * may still capture on it, or fails with CUSAFE_ERROR_CAPTURING -- work
  * recorded on it then would be captured into nothing, and a stream that

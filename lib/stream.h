@@ -29,9 +29,9 @@ struct cs_queue {
   /* Recorded to hand work over to another stream; created on first need. */
   _Atomic(cudaEvent_t) handoff;
   cudaEvent_t entry; /* created at the queue's first capture */
-  /* An end of its capture failed: CUDA may still capture it
-   * (cs_queue_leftover). */
-  _Atomic bool capture_leftover;
+  /* An end of its capture failed: CUDA may still run that capture, of
+   * CUDA's id capture_leftover (cs_queue_leftover); 0 if none. */
+  _Atomic unsigned long long capture_leftover;
   /* For a queue that had joined such a capture: the queue it began on,
    * whose end alone can end it (its owner referenced, until this queue's
    * owner goes). */
@@ -95,9 +95,11 @@ static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
   return CS_UNLIKELY((uintptr_t)c & CS_CAPTURE_MARKS) ? CS_CAPTURE_BUSY : c;
 }
 /* How many CUDA streams a capture of cusafe's may still run on, its end
- * having failed (graph.c), and whether `stream` is one of them. */
+ * having failed (graph.c), and CUDA's id of the one that may still run on
+ * `stream` (0 if none; CS_LEFTOVER_ANY if CUDA could not tell it). */
 extern _Atomic size_t cs_leftover_streams;
-bool cs_stream_leftover(cudaStream_t stream);
+#define CS_LEFTOVER_ANY (~0ULL)
+unsigned long long cs_stream_leftover(cudaStream_t stream);
 /* Whether q's CUDA stream may still capture into nothing, a capture of
  * cusafe's there having failed to end -- also one that began through
  * another cusafe stream over it: then cs_queue_leftover() before work. */
@@ -106,7 +108,7 @@ static inline bool cs_queue_has_leftover(struct cs_queue *q) {
                                           memory_order_relaxed)) ||
          (CS_UNLIKELY(atomic_load_explicit(&cs_leftover_streams,
                                            memory_order_relaxed)) &&
-          cs_stream_leftover(q->stream));
+          cs_stream_leftover(q->stream) != 0);
 }
 /* Yields to a capture that begins or ends on another thread, before an
  * operation that met it is tried again (its gate or pin ended). */

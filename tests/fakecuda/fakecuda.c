@@ -164,7 +164,8 @@ struct fcapture {
   int device;
   int invalidated;
   int ended;
-  uint64_t seq; /* nodes captured so far */
+  unsigned long long id; /* unique, from 1: cudaStreamGetCaptureInfo's */
+  uint64_t seq;          /* nodes captured so far */
   struct fop *head, *tail;
 };
 
@@ -281,6 +282,7 @@ static struct {
   size_t nlibraries, cap_libraries;
   struct fcapture **captures;
   size_t ncaptures, cap_captures;
+  unsigned long long capture_ids; /* the last capture's id */
   struct fgraph **graphs;
   size_t ngraphs, cap_graphs;
   struct fexec **execs;
@@ -3537,6 +3539,7 @@ static cudaError_t fk_stream_begin_capture(cudaStream_t stream,
   if (!c)
     return leave(cudaErrorMemoryAllocation);
   c->mode = mode;
+  c->id = ++g.capture_ids;
   c->origin = s;
   c->thread = SELF;
   c->device = s->device;
@@ -3627,6 +3630,40 @@ fk_stream_is_capturing(cudaStream_t stream,
   if (s->capture)
     *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
                                       : cudaStreamCaptureStatusActive;
+  return leave(cudaSuccess);
+}
+
+/* The capture's status and id; the rest of what the runtime reports (its
+ * graph, dependencies) is not modelled: NULL and 0. */
+static cudaError_t fk_stream_get_capture_info(
+    cudaStream_t stream, enum cudaStreamCaptureStatus *status,
+    unsigned long long *id, cudaGraph_t *graph,
+    const cudaGraphNode_t **dependencies, const cudaGraphEdgeData **edge_data,
+    size_t *ndependencies) {
+  ENTER_OR_RETURN("cudaStreamGetCaptureInfo", 0);
+  struct fstream *s;
+  cudaError_t e = resolve_stream("cudaStreamGetCaptureInfo", stream, &s);
+  if (e != cudaSuccess)
+    return leave(e);
+  if (!status)
+    return leave(cudaErrorInvalidValue);
+  *status = cudaStreamCaptureStatusNone;
+  if (s->builtin) /* as cudaStreamIsCapturing */
+    return leave(legacy_call(s, 0));
+  if (s->capture) {
+    *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+    if (id)
+      *id = s->capture->id;
+  }
+  if (graph)
+    *graph = NULL;
+  if (dependencies)
+    *dependencies = NULL;
+  if (edge_data)
+    *edge_data = NULL;
+  if (ndependencies)
+    *ndependencies = 0;
   return leave(cudaSuccess);
 }
 
@@ -3838,6 +3875,7 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .stream_begin_capture = fk_stream_begin_capture,
     .stream_end_capture = fk_stream_end_capture,
     .stream_is_capturing = fk_stream_is_capturing,
+    .stream_get_capture_info = fk_stream_get_capture_info,
     .thread_exchange_stream_capture_mode =
         fk_thread_exchange_stream_capture_mode,
     .graph_instantiate = fk_graph_instantiate,
