@@ -282,7 +282,12 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   if (st != CUSAFE_SUCCESS)
     return st;
   int device = held ? held->queue.ctx->device : -1;
-  if (!held) {
+  if (stream == NULL || stream == cudaStreamLegacy ||
+      stream == cudaStreamPerThread) {
+    /* The current device's, without asking CUDA: a query of a default
+     * stream would invalidate a blocking stream's capture. */
+    device = ctx->device;
+  } else if (!held) {
     cudaError_t err = cs_cu->stream_get_device(stream, &device);
     if (err != cudaSuccess)
       return cs_fail_cuda(err, "cudaStreamGetDevice");
