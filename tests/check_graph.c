@@ -631,6 +631,80 @@ START_TEST(test_failed_discard_seen_through_wrapper) {
 }
 END_TEST
 
+/* A capture that CUDA ended although its end failed (invalidated by other
+ * code's use of the legacy stream) is marked as left over; a capture that
+ * begins there later, through a wrapper, is another one: the release of a
+ * second wrapper of that CUDA stream leaves it running, and its graph
+ * holds the work queued through either wrapper. */
+START_TEST(test_leftover_mark_spares_later_capture) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream s, wr, wr2;
+  void *raw = NULL;
+  TU_OK(cusafe_stream_create(&s, w.ctx, 0, 0)); /* blocking */
+  TU_OK(cusafe_stream_interop_handle(&raw, s));
+  TU_OK(cusafe_stream_wrap(&wr, w.ctx, raw)); /* holds s */
+  TU_OK(cusafe_stream_begin_capture(s));
+  void *mem = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&mem, w.x));
+  /* Other code's use of the legacy stream invalidates the capture. */
+  TU_ASSERT(cs_cu->memset_async(mem, 0, 4, cudaStreamLegacy) ==
+                cudaErrorStreamCaptureImplicit,
+            "the legacy stream's use was not refused");
+  TU_OK(cusafe_release(s)); /* its end fails: the capture was invalidated */
+  TU_ASSERT(fake_live_captures(-1) == 0, "the invalidated capture runs");
+  TU_OK(cusafe_stream_begin_capture(wr));
+  TU_OK(cusafe_stream_wrap(&wr2, w.ctx, raw));
+  TU_OK(cusafe_buffer_fill(w.x, 0, 8, 5, wr2));
+  TU_OK(cusafe_release(wr2));
+  TU_ASSERT(fake_live_captures(-1) == 1,
+            "a wrapper's release ended the capture of another wrapper");
+  TU_OK(cusafe_buffer_fill(w.x, 8, 8, 6, wr));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, wr));
+  TU_OK(cusafe_graph_launch(g, wr));
+  unsigned char got[16];
+  TU_OK(cusafe_buffer_read(w.x, 0, got, sizeof got));
+  for (size_t i = 0; i < sizeof got; i++)
+    TU_ASSERT(got[i] == (i < 8 ? 5 : 6), "byte %zu is %u", i, got[i]);
+  TU_OK(cusafe_release(g));
+  TU_OK(cusafe_release(wr));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* A wrap of a default stream does not query it: a query would invalidate
+ * the capture of a blocking stream of the device. */
+START_TEST(test_wrap_default_during_blocking_capture) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream s;
+  TU_OK(cusafe_stream_create(&s, w.ctx, 0, 0)); /* blocking */
+  TU_OK(cusafe_stream_begin_capture(s));
+  void *const defaults[] = {NULL, cudaStreamLegacy, cudaStreamPerThread};
+  for (size_t i = 0; i < 3; i++) {
+    cusafe_stream d;
+    TU_OK(cusafe_stream_wrap(&d, w.ctx, defaults[i]));
+    TU_OK(cusafe_release(d));
+  }
+  TU_OK(cusafe_buffer_fill(w.x, 0, 8, 7, s));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, s));
+  unsigned char got[8];
+  TU_OK(cusafe_buffer_read(w.x, 0, got, sizeof got));
+  for (size_t i = 0; i < sizeof got; i++)
+    TU_ASSERT(got[i] == 7, "byte %zu is %u", i, got[i]);
+  TU_OK(cusafe_release(g));
+  TU_OK(cusafe_release(s));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A capture that another thread begins or ends while a launch on its
  * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
  * before the kernel is queued) waits for the launch: the kernel is
@@ -1034,6 +1108,8 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_shutdown_after_failed_ends_with_joined_stream);
   tcase_add_test(tc, test_failed_ends_on_wrapped_stream);
   tcase_add_test(tc, test_failed_discard_seen_through_wrapper);
+  tcase_add_test(tc, test_leftover_mark_spares_later_capture);
+  tcase_add_test(tc, test_wrap_default_during_blocking_capture);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);
