@@ -261,6 +261,45 @@ END_TEST
 
 /* A capture depends on other streams only through events recorded in it:
  * a stream that waits for one joins the capture and must be joined back. */
+/* Each capture has its own id, which a stream that joined it reports too,
+ * and an invalidated capture is ended by its failed end: what a failed
+ * end's leftover mark relies on (lib/graph.c). */
+static unsigned long long capture_id(cudaStream_t s,
+                                     enum cudaStreamCaptureStatus want) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  CU(cs_cu->stream_get_capture_info(s, &st, &id, NULL, NULL, NULL, NULL));
+  ck_assert_int_eq(st, want);
+  return id;
+}
+
+START_TEST(test_capture_ids) {
+  capture_id(w.s, cudaStreamCaptureStatusNone);
+  CU(cs_cu->stream_begin_capture(w.s, cudaStreamCaptureModeRelaxed));
+  unsigned long long first = capture_id(w.s, cudaStreamCaptureStatusActive);
+  ck_assert_uint_ne(first, 0);
+  CU(cs_cu->event_record(w.ev, w.s));
+  CU(cs_cu->stream_wait_event(w.t, w.ev, 0));
+  ck_assert_uint_eq(capture_id(w.t, cudaStreamCaptureStatusActive), first);
+  CU(cs_cu->event_record(w.ev, w.t));
+  CU(cs_cu->stream_wait_event(w.s, w.ev, 0));
+  end_with(w.s, cudaSuccess);
+  capture_id(w.t, cudaStreamCaptureStatusNone);
+  CU(cs_cu->stream_begin_capture(w.t, cudaStreamCaptureModeRelaxed));
+  unsigned long long second = capture_id(w.t, cudaStreamCaptureStatusActive);
+  ck_assert_uint_ne(second, 0);
+  ck_assert_uint_ne(second, first);
+  CU_IS(cs_cu->stream_wait_event(w.t, w.outside, 0),
+        cudaErrorStreamCaptureIsolation);
+  cs_cu->get_last_error();
+  ck_assert_uint_eq(capture_id(w.t, cudaStreamCaptureStatusInvalidated),
+                    second);
+  end_with(w.t, cudaErrorStreamCaptureInvalidated);
+  cs_cu->get_last_error();
+  capture_id(w.t, cudaStreamCaptureStatusNone);
+}
+END_TEST
+
 START_TEST(test_waits) {
   /* On work outside the capture: isolation, unless it is an event wait
    * node; on an event never recorded: nothing. */
@@ -508,6 +547,7 @@ static Suite *capture_suite(void) {
   tcase_add_test(tc, test_begin_and_end_errors);
   tcase_add_test(tc, test_unsafe_calls_by_mode);
   tcase_add_test(tc, test_conflicting_calls);
+  tcase_add_test(tc, test_capture_ids);
   tcase_add_test(tc, test_waits);
   tcase_add_test(tc, test_legacy_stream);
   tcase_add_test(tc, test_free_of_outside_memory);
