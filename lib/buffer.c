@@ -91,9 +91,13 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
  * holding the buffer and the stream, and is done once the stream can be
  * touched again: when a capture of cusafe's ends, and before each new
  * follow.  The memory lives meanwhile -- freed later, never earlier. */
+struct memory_end;
 struct parked {
-  struct cs_buffer *b; /* referenced */
+  struct cs_buffer *b; /* referenced; NULL for an end */
   struct cs_stream *s; /* referenced */
+  /* Or the end of a released root's memory (its free or give-back), whose
+   * latest work was queued there: its context referenced. */
+  struct memory_end *end;
   struct parked *next;
 };
 static pthread_mutex_t parked_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -130,6 +134,7 @@ static cusafe_status park(struct cs_buffer *b, struct cs_queue *q) {
 }
 
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
+static void end_parked(struct parked *p);
 
 void cs_parked_drain(void) {
   /* (Not in the ordered shutdown, which destroys everything in order and
@@ -154,13 +159,16 @@ void cs_parked_drain(void) {
     }
     /* A failure past this point leaves only the thread's message: the
      * memory's free still comes after the stream's work it could see. */
-    if (done)
-      (void)follow_or_wait(p->b, q);
     if (!done) {
       p->next = keep;
       keep = p;
       continue;
     }
+    if (p->end) {
+      end_parked(p);
+      continue;
+    }
+    (void)follow_or_wait(p->b, q);
     cs_unref(&p->s->hdr);
     cs_unref(&p->b->hdr);
     free(p);
@@ -177,7 +185,9 @@ void cs_parked_drain(void) {
   }
 }
 
-void cs_parked_forget(void) {
+static void memory_end_run(const struct memory_end *m);
+
+void cs_parked_shutdown(void) {
   pthread_mutex_lock(&parked_lock);
   struct parked *all = parked_head;
   parked_head = NULL;
@@ -186,6 +196,10 @@ void cs_parked_forget(void) {
   while (all) {
     struct parked *p = all;
     all = p->next;
+    if (p->end) { /* ordered as well as it can be, as every release */
+      memory_end_run(p->end);
+      free(p->end);
+    }
     free(p);
   }
 }
@@ -637,11 +651,24 @@ CUSAFE_API cusafe_status cusafe_buffer_wrap(
 
 /* ---- release ------------------------------------------------------------- */
 
-/* Queues the free of b's device memory after the work on fq, the latest
+/* What the end of a root's memory needs -- its free, or its give-back to
+ * its owner -- taken from the root at its release, so that the end can
+ * wait (parked) after the buffer object is gone. */
+struct memory_end {
+  struct cs_context *ctx;
+  struct cs_queue *q; /* of the memory's latest work, or NULL */
+  char *ptr;
+  cusafe_memory kind;
+  bool wrapped;
+  cusafe_release_fn release;
+  void *user;
+};
+
+/* Queues the free of m's device memory after the work on fq, the latest
  * queue it was used on (the thread gated). */
-static cusafe_status free_device_gated(struct cs_buffer *b, struct cs_queue *fq,
-                                       cudaError_t *err) {
-  struct cs_context *ctx = b->ctx;
+static cusafe_status free_device_gated(const struct memory_end *m,
+                                       struct cs_queue *fq, cudaError_t *err) {
+  struct cs_context *ctx = m->ctx;
   /* Last used by a peer copy on another device, or on a stream that now
    * captures (where a free cannot be queued): freed on the context's own
    * stream after that work. */
@@ -657,11 +684,11 @@ static cusafe_status free_device_gated(struct cs_buffer *b, struct cs_queue *fq,
       cs_cu->stream_synchronize(fq->stream);
     fq = &ctx->queue;
   }
-  *err = cs_cu->free_async(b->ptr, fq->stream);
+  *err = cs_cu->free_async(m->ptr, fq->stream);
   if (*err != cudaSuccess && *err != cudaErrorCudartUnloading) {
     /* A free that cannot be queued is done synchronously instead. */
     cs_cu->device_synchronize();
-    if (cs_cu->free(b->ptr) == cudaSuccess)
+    if (cs_cu->free(m->ptr) == cudaSuccess)
       *err = cudaSuccess;
   }
   return st;
@@ -670,17 +697,16 @@ static cusafe_status free_device_gated(struct cs_buffer *b, struct cs_queue *fq,
 /* Frees root memory after the work queued on it: device memory on the
  * stream of its latest operation (in its own context), pinned and managed
  * memory, which CUDA frees synchronously, once that stream is idle. */
-static cusafe_status free_memory(struct cs_buffer *b) {
-  struct cs_context *ctx = b->ctx;
-  struct cs_queue *q = atomic_load_explicit(b->last, memory_order_relaxed);
+static cusafe_status free_memory(const struct memory_end *m) {
+  struct cs_queue *q = m->q;
   cudaError_t err = cudaSuccess;
   const char *fn = NULL;
   cusafe_status st = CUSAFE_SUCCESS;
-  if (b->kind == CUSAFE_MEMORY_DEVICE) {
+  if (m->kind == CUSAFE_MEMORY_DEVICE) {
     struct cs_thread *self = cs_thread_self();
     do {
       cs_gate(self);
-      st = free_device_gated(b, q ? q : &ctx->queue, &err);
+      st = free_device_gated(m, q ? q : &m->ctx->queue, &err);
       cs_ungate(self);
       if (st == CS_RETRY)
         cs_capture_yield();
@@ -691,12 +717,12 @@ static cusafe_status free_memory(struct cs_buffer *b) {
       err = cs_queue_wait(q);
       fn = "cudaStreamSynchronize";
     }
-    cudaError_t ferr = b->kind == CUSAFE_MEMORY_HOST_PINNED
-                           ? cs_cu->free_host(b->ptr)
-                           : cs_cu->free(b->ptr);
+    cudaError_t ferr = m->kind == CUSAFE_MEMORY_HOST_PINNED
+                           ? cs_cu->free_host(m->ptr)
+                           : cs_cu->free(m->ptr);
     if (ferr != cudaSuccess && err == cudaSuccess) {
       err = ferr;
-      fn = b->kind == CUSAFE_MEMORY_HOST_PINNED ? "cudaFreeHost" : "cudaFree";
+      fn = m->kind == CUSAFE_MEMORY_HOST_PINNED ? "cudaFreeHost" : "cudaFree";
     }
   }
   if (err != cudaSuccess && st == CUSAFE_SUCCESS)
@@ -710,8 +736,8 @@ static cusafe_status free_memory(struct cs_buffer *b) {
  * may call cusafe.  Where neither the stream nor the device can be waited
  * for, the device is broken and its work will not run: the memory goes
  * back all the same. */
-static cusafe_status give_back(struct cs_buffer *b) {
-  struct cs_queue *q = atomic_load_explicit(b->last, memory_order_relaxed);
+static cusafe_status give_back(const struct memory_end *m) {
+  struct cs_queue *q = m->q;
   cusafe_status st = CUSAFE_SUCCESS;
   if (q) {
     int saved;
@@ -723,36 +749,110 @@ static cusafe_status give_back(struct cs_buffer *b) {
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
     cs_device_leave(saved);
   }
-  if (b->release)
-    b->release(b->user);
+  if (m->release)
+    m->release(m->user);
   return st;
 }
 
-/* Frees root memory, also when its device cannot be made current: memory
- * left behind would outlive its context.  Stream-ordered like any release
- * (also in the ordered shutdown, in case the synchronisation of the
- * devices that came first failed).  A view holds no memory of its own, nor
- * does a root of 0 bytes. */
+/* The end of m, also when its device cannot be made current: memory left
+ * behind would outlive its context. */
+static cusafe_status memory_end_do(const struct memory_end *m) {
+  if (m->wrapped)
+    return give_back(m);
+  int saved;
+  cusafe_status st = cs_device_enter_teardown(m->ctx->device, &saved);
+  st = cs_first(st, free_memory(m));
+  cs_device_leave(saved);
+  return st;
+}
+
+/* The same, in relaxed capture mode where it waits or frees synchronously
+ * (the give-back, pinned and managed memory), as every teardown
+ * (handle.c); device memory's cudaFreeAsync is the program's free, made
+ * in its own mode, as the call it stands for would be. */
+static void memory_end_run(const struct memory_end *m) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  bool relaxed =
+      (m->wrapped || m->kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
+  (void)memory_end_do(m);
+  cs_unrelax(relaxed, mode);
+}
+
+/* A parked end, once its legacy stream can be touched: done, and what it
+ * held let go.  A failure leaves only the thread's message, as a release
+ * of the buffer itself would have. */
+static void end_parked(struct parked *p) {
+  struct memory_end *m = p->end;
+  memory_end_run(m);
+  cs_unref(&p->s->hdr);
+  cs_unref(&m->ctx->hdr);
+  free(m);
+  free(p);
+}
+
+/* Parks m's end where its latest work is on a legacy default stream that
+ * cannot be touched now (a blocking stream of the device captures): no
+ * free, wait or give-back could be ordered after that work, which may
+ * still be queued.  *parked: whether it did. */
+static cusafe_status park_end(const struct memory_end *m, bool *parked) {
+  *parked = false;
+  struct cs_queue *q = m->q;
+  if (!q || q->owner->type != CS_STREAM ||
+      !cs_stream_wraps_default((struct cs_stream *)q->owner))
+    return CUSAFE_SUCCESS;
+  int saved;
+  cusafe_status st = cs_device_enter_teardown(q->ctx->device, &saved);
+  bool later = st == CUSAFE_SUCCESS && untouchable(q);
+  cs_device_leave(saved);
+  if (!later)
+    return CUSAFE_SUCCESS;
+  struct parked *p = malloc(sizeof *p);
+  struct memory_end *copy = malloc(sizeof *copy);
+  if (!p || !copy) {
+    free(p);
+    free(copy);
+    return CUSAFE_SUCCESS; /* ended now, as well as it can be */
+  }
+  *copy = *m;
+  cs_ref(&m->ctx->hdr);
+  cs_ref(q->owner);
+  *p = (struct parked){.s = (struct cs_stream *)q->owner, .end = copy};
+  pthread_mutex_lock(&parked_lock);
+  p->next = parked_head;
+  parked_head = p;
+  atomic_store(&parked_any, 1);
+  pthread_mutex_unlock(&parked_lock);
+  *parked = true;
+  return CUSAFE_SUCCESS;
+}
+
+/* Frees root memory, or gives it back, after the work queued on it (see
+ * memory_end_do), also in the ordered shutdown, in case the
+ * synchronisation of the devices that came first failed.  A view holds no
+ * memory of its own, nor does a root of 0 bytes. */
 cusafe_status cs_buffer_fini(struct cs_object *obj) {
   struct cs_buffer *b = (struct cs_buffer *)obj;
   if (b->root != b || (b->size == 0 && !b->wrapped))
     return CUSAFE_SUCCESS;
-  /* The waits of a give-back and the frees of pinned and managed memory
-   * in relaxed capture mode, as every teardown (handle.c); device memory's
-   * cudaFreeAsync is the program's free, made in its own mode, as the
-   * call it stands for would be. */
+  struct memory_end m = {
+      .ctx = b->ctx,
+      .q = atomic_load_explicit(b->last, memory_order_relaxed),
+      .ptr = b->ptr,
+      .kind = b->kind,
+      .wrapped = b->wrapped,
+      .release = b->release,
+      .user = b->user};
+  bool parked = false;
+  if (atomic_load(&cs_hot.state) == CS_RUNNING) {
+    cs_parked_drain(); /* ends parked before come first */
+    cusafe_status st = park_end(&m, &parked);
+    if (st != CUSAFE_SUCCESS || parked)
+      return st;
+  }
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   bool relaxed =
-      (b->wrapped || b->kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
-  cusafe_status st;
-  if (b->wrapped) {
-    st = give_back(b);
-  } else {
-    int saved;
-    st = cs_device_enter_teardown(b->ctx->device, &saved);
-    st = cs_first(st, free_memory(b));
-    cs_device_leave(saved);
-  }
+      (m.wrapped || m.kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
+  cusafe_status st = memory_end_do(&m);
   cs_unrelax(relaxed, mode);
   return st;
 }

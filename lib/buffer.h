@@ -80,13 +80,15 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
  * deleters' "the consumer is done with it" (the thread neither gated nor
  * pinned). */
 cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q);
-/* Follows of a device's legacy default stream wait while CUDA forbids
+/* Follows of a device's legacy default stream, and the ends (frees,
+ * give-backs) of released memory last used there, wait while CUDA forbids
  * touching it (a blocking stream of the device captures): done once it
- * can be touched, checked when a capture ends and before each follow
- * (the thread neither gated nor pinned).  The shutdown forgets them, with
- * the objects they hold. */
+ * can be touched, checked when a capture ends, before each follow and
+ * each end (the thread neither gated nor pinned).  The shutdown does the
+ * ends, as well as it can, before any object goes, and forgets the
+ * follows, with the objects they hold. */
 void cs_parked_drain(void);
-void cs_parked_forget(void);
+void cs_parked_shutdown(void);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

@@ -63,11 +63,12 @@ CUSAFE_API cusafe_status cusafe_shutdown(void) {
   /* Open captures end first: no device can be synchronised during one. */
   cs_captures_abort_all();
   cs_handle_foreach(CS_CONTEXT, cs_context_settle);
+  cs_parked_shutdown(); /* the ends of memory first; the follows' objects go
+                           with the rest */
 #define CS_TYPE_SHUTDOWN(TYPE, name, article, peeked)                          \
   cs_handle_foreach(CS_##TYPE, shut_##name);
   CS_TYPE_MAP(CS_TYPE_SHUTDOWN)
 #undef CS_TYPE_SHUTDOWN
-  cs_parked_forget(); /* what they held went with the rest */
   cs_unrelax(relaxed, mode);
   return CUSAFE_SUCCESS;
 }
