@@ -285,6 +285,82 @@ START_TEST(test_failed_join_lets_go_of_stream) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+static int given_back;
+static void count_back(void *user) {
+  (void)user;
+  given_back++;
+}
+
+/* Memory of every kind, and another owner's, last used on the legacy
+ * default stream, released while a blocking stream captures (when CUDA
+ * forbids any use of the legacy stream, a wait or free ordered after it
+ * included): nothing is freed or given back, and the capture goes on
+ * unharmed; once it ends, each is freed or given back after that work.
+ * With `shut`, the shutdown comes instead of the end, and does the same. */
+static void release_after_legacy_work(bool shut) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_buffer b[4], owned = new_buffer(), c = new_buffer();
+  TU_OK(cusafe_buffer_alloc(&b[0], ctx, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_alloc(&b[1], ctx, CUSAFE_MEMORY_HOST_PINNED, N));
+  TU_OK(cusafe_buffer_alloc(&b[2], ctx, CUSAFE_MEMORY_MANAGED, N));
+  void *mem = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&mem, owned));
+  given_back = 0;
+  TU_OK(cusafe_buffer_wrap(&b[3], ctx, CUSAFE_MEMORY_DEVICE, mem, N,
+                           count_back, NULL));
+  unsigned char src[N];
+  memset(src, 0x5a, sizeof src);
+  for (int i = 0; i < 4; i++) /* queued, not run: the fake is paused */
+    TU_OK(cusafe_buffer_write_async(b[i], 0, src, N, legacy));
+  size_t before = fake_live_allocations(-1);
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(c, 0, N, 3, s));
+  for (int i = 0; i < 4; i++)
+    TU_OK(cusafe_buffer_release(b[i]));
+  TU_ASSERT(fake_live_allocations(-1) == before,
+            "%zu allocations alive during the capture, expected %zu",
+            fake_live_allocations(-1), before);
+  TU_ASSERT(given_back == 0, "memory given back during the capture");
+  if (shut) {
+    TU_OK(cusafe_shutdown());
+    TU_ASSERT(given_back == 1, "given back %d times, expected once",
+              given_back);
+    TU_NOTHING_LIVE();
+    return;
+  }
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s)); /* the capture was unharmed */
+  TU_ASSERT(given_back == 1, "given back %d times, expected once", given_back);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_ASSERT(fake_live_allocations(-1) == before - 3,
+            "%zu allocations alive after the capture, expected %zu",
+            fake_live_allocations(-1), before - 3);
+  TU_OK(cusafe_graph_launch(g, s));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(c, 0, got, N));
+  for (int i = 0; i < N; i++)
+    TU_ASSERT(got[i] == 3, "byte %d of the graph's buffer is %u", i, got[i]);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_buffer_release(owned));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+
+START_TEST(test_release_after_legacy_work_during_capture) {
+  release_after_legacy_work(false);
+}
+END_TEST
+
+START_TEST(test_shutdown_after_legacy_work_during_capture) {
+  release_after_legacy_work(true);
+}
+END_TEST
+#endif
+
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
 static const DLDataType u8 = {kDLUInt, 8, 1};
 
@@ -1490,6 +1566,8 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_concurrent_last_releases_end_capture);
   tcase_add_test(tc, test_capture_begins_during_last_release);
   tcase_add_test(tc, test_failed_join_lets_go_of_stream);
+  tcase_add_test(tc, test_release_after_legacy_work_during_capture);
+  tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
