@@ -123,8 +123,7 @@ static cusafe_status park(struct cs_buffer *b, struct cs_queue *q) {
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   cs_ref(&b->hdr);
   cs_ref(q->owner);
-  p->b = b;
-  p->s = (struct cs_stream *)q->owner;
+  *p = (struct parked){.b = b, .s = (struct cs_stream *)q->owner};
   pthread_mutex_lock(&parked_lock);
   p->next = parked_head;
   parked_head = p;

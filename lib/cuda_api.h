@@ -114,11 +114,13 @@ struct cs_cuda {
   cudaError_t (*stream_end_capture)(cudaStream_t stream, cudaGraph_t *graph);
   cudaError_t (*stream_is_capturing)(cudaStream_t stream,
                                      enum cudaStreamCaptureStatus *status);
-  cudaError_t (*stream_get_capture_info)(
-      cudaStream_t stream, enum cudaStreamCaptureStatus *status,
-      unsigned long long *id, cudaGraph_t *graph,
-      const cudaGraphNode_t **dependencies,
-      const cudaGraphEdgeData **edge_data, size_t *ndependencies);
+  cudaError_t (*stream_get_capture_info)(cudaStream_t stream,
+                                         enum cudaStreamCaptureStatus *status,
+                                         unsigned long long *id,
+                                         cudaGraph_t *graph,
+                                         const cudaGraphNode_t **dependencies,
+                                         const cudaGraphEdgeData **edge_data,
+                                         size_t *ndependencies);
   cudaError_t (*thread_exchange_stream_capture_mode)(
       enum cudaStreamCaptureMode *mode);
   cudaError_t (*graph_instantiate)(cudaGraphExec_t *exec, cudaGraph_t graph,

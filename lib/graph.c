@@ -373,11 +373,11 @@ static cudaError_t cuda_capture_id(cudaStream_t stream,
                                    unsigned long long *id) {
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   unsigned long long v = 0;
-  cudaError_t err = cs_cu->stream_get_capture_info(stream, &cs, &v, NULL, NULL,
-                                                   NULL, NULL);
+  cudaError_t err =
+      cs_cu->stream_get_capture_info(stream, &cs, &v, NULL, NULL, NULL, NULL);
   *id = err != cudaSuccess || cs == cudaStreamCaptureStatusNone ? 0
-        : v                                                   ? v
-                                                              : CS_LEFTOVER_ANY;
+        : v                                                     ? v
+            : CS_LEFTOVER_ANY;
   return err;
 }
 
@@ -390,7 +390,7 @@ static cudaError_t cuda_capture_id(cudaStream_t stream,
 static struct leftover {
   cudaStream_t stream;
   unsigned long long id;
-} *leftovers;
+} * leftovers;
 static size_t nleftover, cap_leftover;
 _Atomic size_t cs_leftover_streams;
 

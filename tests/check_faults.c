@@ -279,7 +279,10 @@ static const char *const absorbable[] = {
     "cudaDeviceGetMemPool", "cudaMemPoolSetAccess",
     /* A graph destroyed in the thread's own capture mode: the destruction
      * is retried before its context goes if that makes it fail. */
-    "cudaThreadExchangeStreamCaptureMode"};
+    "cudaThreadExchangeStreamCaptureMode",
+    /* CUDA's id of a capture, asked when it begins, for a failed end's
+     * mark: that end asks again. */
+    "cudaStreamGetCaptureInfo"};
 
 static int is_absorbable(const char *name) {
   for (size_t i = 0; i < sizeof absorbable / sizeof absorbable[0]; i++)

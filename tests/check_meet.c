@@ -309,8 +309,8 @@ static void release_after_legacy_work(bool shut) {
   void *mem = NULL;
   TU_OK(cusafe_buffer_interop_pointer(&mem, owned));
   given_back = 0;
-  TU_OK(cusafe_buffer_wrap(&b[3], ctx, CUSAFE_MEMORY_DEVICE, mem, N,
-                           count_back, NULL));
+  TU_OK(cusafe_buffer_wrap(&b[3], ctx, CUSAFE_MEMORY_DEVICE, mem, N, count_back,
+                           NULL));
   unsigned char src[N];
   memset(src, 0x5a, sizeof src);
   for (int i = 0; i < 4; i++) /* queued, not run: the fake is paused */
