@@ -1,45 +1,145 @@
 /* fuzz_api.c -- a libFuzzer target for the whole public API of cusafe,
  * against the fake CUDA (tests/fakecuda, two devices).
  *
- * Each input is decoded into a sequence of calls: contexts, streams, events,
- * buffers of each kind and views, modules (built-in, images from memory --
- * well-formed and malformed FAKECUBIN text, fat binary and ELF magic, PTX,
- * garbage --, files, NVRTC sources), kernels, launches with right and wrong
- * argument lists, transfers, copies and fills at odd and overflowing sizes
- * and offsets, events, stream waits, retain and release (typed and generic),
- * labels, queries, and the fake's controls (paused streams, injected
- * failures, sticky errors, memory limits).  Handles come from a pool of the
- * ones the harness holds, from released (stale) ones, from forged values and
- * from handles of the wrong type.  A header bit runs part of the input on a
- * second thread against the same pool.
+ * Each input is decoded into a sequence of calls that share one pool of
+ * objects, so that every operation meets every kind of object the API can
+ * make (defects hide where features meet: a capture and a wrapper stream, a
+ * capture and a DLPack deleter).
  *
- * Every call must return a valid status, with a message on failure; results
- * are checked where the harness can know them (types, sizes, view
- * addresses, a write read back, double releases).  At the end of each input
- * the harness releases everything it still holds and then requires the fake
- * to report nothing alive: no allocation, stream, event, library or NVRTC
- * program, and no primary context retained.  The fake itself aborts on any
- * lifetime violation; ASan, UBSan and LeakSanitizer catch the rest.
+ * What lives in the pool (struct ent), and so what every operation that
+ * takes an object of its type may pick:
+ *   contexts of both devices;
+ *   streams of four kinds (ent.skind), all equal in every operation that
+ *     takes a stream -- copies, fills, transfers, launches, event records
+ *     and waits, captures, replays, DLPack consumers, use_buffers:
+ *       SK_OWN      cusafe_stream_create();
+ *       SK_WRAP     cusafe_stream_wrap() of the interop handle of any stream
+ *                   of the pool: a wrapper of a stream of cusafe's (which
+ *                   holds its owner), or a second wrapper of a foreign one;
+ *       SK_FOREIGN  a wrapper of a stream of another library
+ *                   (fake_foreign_stream(), see "Another library" below),
+ *                   often wrapped twice;
+ *       SK_DEFAULT  a wrapped default stream: NULL, cudaStreamLegacy or
+ *                   cudaStreamPerThread;
+ *   events, recorded anywhere (also inside captures, where a wait of
+ *     another stream joins it to the capture);
+ *   buffers of every kind: allocations (device, pinned, managed, stream-
+ *     ordered), views, wrapped memory of another library, tensors imported
+ *     through DLPack (cusafe's own exports, and memory of another library
+ *     with a deleter the harness checks);
+ *   modules and kernels;
+ *   graphs, instantiated or not, with replays queued or not.
+ * Besides the pool: DLPack tensors exported (with or without a consumer
+ * stream, either ABI) whose deleters are pending (struct pending): later
+ * operations queue the consumer's work on their memory and run their
+ * deleters -- now, on a helper thread (joined at once, or after the next
+ * operation), during captures, and after cusafe_shutdown().
  *
- * The library's state is process-wide and cusafe_shutdown() cannot be
- * undone, so the harness never calls it: every input must leave the library
- * with nothing alive, after which the fake is reset for the next input
- * (fake_reset(), meant for after a shutdown: the library holds no CUDA
- * object then either, as the check just before shows), so that the fake's
- * log and its records of destroyed objects do not grow without end.
+ * Every operation picks its objects from the pool by the input's bytes:
+ * mostly held ones of the right type (any kind), sometimes NULL, stale,
+ * forged or of another type, or of the other device.  Releases pick any
+ * held object, so every participant goes in any order: streams while they
+ * capture, wrappers before or after their owner, buffers used by captures,
+ * graphs with replays queued, buffers exported or imported.  A header bit
+ * runs part of the input on a second thread against the same pool.
+ *
+ * The operations (run_ops(): the operation byte modulo 32) and what they
+ * pick, besides NULL, stale, forged and wrong-type handles:
+ *   create        contexts; streams, events, allocations on any context;
+ *                 views of any buffer; stream-ordered allocations on any
+ *                 stream;
+ *   transfers, copies, fills
+ *                 any buffer, at any offset and size, on any stream or the
+ *                 default one; copies between the two devices (peer);
+ *   events        records and waits on any stream, queries, timing;
+ *   streams       synchronize, query, wait, interop handle, begin and end
+ *                 a capture, replay or instantiate any graph, on any
+ *                 stream;
+ *   modules, kernels, launches
+ *                 any kernel with any buffers, on any stream;
+ *   references    retain and release (typed, generic) of anything held;
+ *                 labels, types;
+ *   foreign       memory of another library wrapped; a default stream
+ *                 wrapped; the CUDA stream of any stream wrapped, used and
+ *                 released; exports imported back; use_buffers of any
+ *                 buffers on any stream;
+ *   stream_wrap   the CUDA stream of any stream (often one that captures)
+ *                 or a default stream, wrapped on any context, kept or
+ *                 used at once (a fill) and released;
+ *   foreign_stream
+ *                 the other library's streams, wrapped once or twice;
+ *   export        any buffer, for any stream or none, either ABI, maybe
+ *                 with the consumer's work at once;
+ *   tensor        any pending export: its deleter now, on the helper
+ *                 thread, or after the next operation; the consumer's work
+ *                 on its memory (a memset on its CUDA stream, a fill
+ *                 through its own wrapper of the memory);
+ *   import        the other library's memory, as right and wrong tensors,
+ *                 on any context;
+ *   capture       begin and end on any stream (often one that captures);
+ *                 joins between any two streams, with work on the joined
+ *                 one, joined back or not; replays of any graph on any
+ *                 stream, the graph released with its replays queued;
+ *   release_or_shutdown
+ *                 a release of a held object of a chosen type, or the
+ *                 shutdown (below);
+ *   control       the fake's controls: paused streams, injected failures,
+ *                 sticky errors, memory limits.
+ *
+ * Another library.  The harness plays a library that shares the process:
+ * it holds each device's primary context while it has objects there (as
+ * the runtime does), makes streams (wrapped by cusafe) and allocations
+ * (imported into cusafe as DLPack tensors).  Its deleter of an imported
+ * tensor checks that it runs exactly once, never while the harness holds
+ * the buffer, and frees the memory at once, ordered after no stream but
+ * its own: work that cusafe queued on that memory and that has not run is
+ * then a VIOLATION of the fake's when it runs.
+ *
+ * Checks.  Every call must return a valid status, with a message on
+ * failure; results are checked where the harness can know them (types,
+ * sizes, view addresses, a write read back, double releases, what a
+ * capture refuses).  At the end of each input the harness runs the
+ * pending deleters, releases everything it still holds and requires the
+ * fake to report nothing alive: no allocation, stream, event, library,
+ * NVRTC program, graph or capture, no primary context retained, and every
+ * imported tensor's deleter run exactly once.  The fake itself aborts on
+ * any lifetime violation (a free before the work queued on the memory
+ * ran, among others); ASan, UBSan and LeakSanitizer catch the rest.
+ *
+ * Shutdown.  The library's state is process-wide and cusafe_shutdown()
+ * cannot be undone, so the operation that shuts down forks first: the
+ * child undoes the library's fork mark (the fake, being host memory,
+ * survives a fork, which the real runtime would not), calls
+ * cusafe_shutdown(), runs the rest of the input against the shut-down
+ * library, runs the pending deleters (some on another thread), and
+ * requires the fake to report nothing alive and every deleter of an
+ * import run exactly once; the parent waits for it, fails if it failed,
+ * and goes on with the input as if nothing happened.  The parent never
+ * shuts down: every input leaves the library with nothing alive, after
+ * which the fake is reset for the next input (fake_reset(), meant for
+ * after a shutdown: the library holds no CUDA object then either, as the
+ * check just before shows), so that the fake's log and its records of
+ * destroyed objects do not grow without end.
  *
  * Input: a header byte (bit 0: two threads, the next byte giving the second
  * thread's share; bit 1: paused streams; bit 2: unpaused before the
- * cleanup; bit 3: cleanup in reverse order), then records of an operation
- * byte, a length byte and the operation's parameters (see run_ops() and
- * make-corpus.py, which writes the seeds).  CUSAFE_FUZZ_TRACE=1 prints every
- * call and its result on stderr, =2 the CUDA calls the fake saw too.
+ * cleanup; bit 3: cleanup in reverse order; bit 4: pending deleters run
+ * after the cleanup's releases instead of before; bit 5: the operation
+ * that shuts down does, instead of a release, in inputs whose length is a
+ * multiple of 8 -- a fork of a sanitized process costs some thirty
+ * inputs, and so only one in eight of the inputs that ask for it may
+ * have one), then records of an
+ * operation byte, a length byte and the operation's parameters (see
+ * run_ops() and make-corpus.py, which writes the seeds).
+ * CUSAFE_FUZZ_TRACE=1 prints every call and its result on stderr, =2 the
+ * CUDA calls the fake saw too.
  *
  * Injected failures of the calls that destroy or free CUDA objects leave
  * those objects alive in the fake (the library cannot free what CUDA
  * refused to free).  An input where such a failure happened ends with the
  * fake's teardown instead of the leak check: see finish_tainted().  Set
  * CUSAFE_FUZZ_STRICT_FAULTS=1 to check those inputs like the others. */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -48,8 +148,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "calls.h" /* cs_hot: the shutdown's child undoes the fork mark */
 #include "cuda_api.h"
 #include "cusafe.h"
 #ifdef CUSAFE_HAVE_DLPACK
@@ -103,6 +205,9 @@ enum {
   T_LAST = T_GRAPH
 };
 
+/* The kinds of streams (see the top of this file). */
+enum { SK_OWN, SK_WRAP, SK_FOREIGN, SK_DEFAULT };
+
 #define MAXP 48 /* parameters of a kernel the harness knows */
 #define MAXK 6  /* kernels of a module the harness knows */
 #define MAXE 96 /* entries in the pool */
@@ -129,7 +234,9 @@ struct ent {
   int dev;      /* device of its context, -1 unknown */
   size_t size;  /* buffers */
   int skew;     /* buffers: address modulo 8 (roots are aligned) */
-  int wrapped;  /* streams: a device's default stream (raw stream NULL) */
+  int wrapped;  /* streams: a device's default stream (raw stream NULL,
+                 * cudaStreamLegacy or cudaStreamPerThread) */
+  int skind;    /* streams: SK_OWN, SK_WRAP, SK_FOREIGN or SK_DEFAULT */
   int nk;       /* modules: kernels in ks; kernels: 1 */
   struct kspec ks[MAXK];
 };
@@ -249,14 +356,38 @@ static struct ent ent_get(cusafe_handle h) {
 #define HOST_BYTES (65536 + 64) /* the largest buffer, plus an odd start */
 #define MAX_ALLOC 65536
 
+#ifdef CUSAFE_HAVE_DLPACK
+/* An exported tensor whose deleter has not run: its consumer (the
+ * harness) may still queue work on its memory, on its stream. */
+struct pending {
+  void *tensor; /* DLManagedTensorVersioned *, or DLManagedTensor * */
+  int legacy;
+  cusafe_stream consumer; /* the harness's handle, which may go stale */
+  void *raw;              /* its CUDA stream */
+  int raw_known;
+  int dev;             /* the buffer's device, -1 if unknown */
+  int kind;            /* its memory */
+  char *data;          /* the tensor's data */
+  size_t reach;        /* bytes from data within the buffer (0: unknown) */
+  cusafe_buffer alias; /* the consumer's wrapper of that memory, or 0 */
+};
+#endif
+
 struct th {
   struct rd r;
-  int strict;  /* single thread: exact answers are known */
-  int control; /* may use the fake's controls */
+  int strict;         /* single thread: exact answers are known */
+  int may_shut_down;  /* op_shutdown() may fork (see the top) */
+  int shut_down_once; /* it did */
+  int control;        /* may use the fake's controls */
   unsigned char *host;
   uint32_t block, grid; /* the last suggestion */
   char image[8192];     /* module images and sources */
   char label[400];
+#ifdef CUSAFE_HAVE_DLPACK
+  pthread_t helper; /* a deleter on another thread (op_tensor) */
+  int helper_on;
+  struct pending job; /* its tensor */
+#endif
 };
 
 /* Fault state, written by the controlling thread only (faults are
@@ -270,6 +401,18 @@ static const char *fail_fn_names[16];
 static int sticky[2];     /* sticky error set on a device */
 static int maybe_sticky;  /* a built-in kernel ran: may have faulted */
 static int strict_faults; /* CUSAFE_FUZZ_STRICT_FAULTS */
+/* CUSAFE_FUZZ_OPEN=1: also what still leads to defects that are being
+ * fixed, and so stays out of make check's short run (campaigns turn it
+ * on): faults that persist until cleared (fake_fail_function, persistent
+ * fake_fail_after) and the runtime's unloading (cudaErrorCudartUnloading)
+ * mixed with captures, wrappers and DLPack tensors (the library's failure
+ * paths); the legacy default stream wrapped (NULL, cudaStreamLegacy:
+ * frees and give-backs of memory last used there while a blocking stream
+ * captures).  Without it a wrapped default stream is cudaStreamPerThread. */
+static int open_defects;
+static int in_child;      /* the child of op_shutdown() */
+static int shutting;      /* in it, cusafe_shutdown() has begun */
+static int child_tainted; /* in it, the runtime was torn down first */
 
 /* Every change of the injected failures, at its place in the fake's log,
  * to tell afterwards which calls failed. */
@@ -291,8 +434,8 @@ static int nchanges, changes_lost;
  * legacy stream): calls that need CUDA succeed when their arguments are
  * right. */
 static int quiet(void) {
-  return !faults_armed && !sticky[0] && !sticky[1] && !maybe_sticky &&
-         !fake_live_captures(-1);
+  return !faults_armed && !shutting && !sticky[0] && !sticky[1] &&
+         !maybe_sticky && !fake_live_captures(-1);
 }
 
 /* Runs all queued work of both devices (the streams may be paused).
@@ -379,7 +522,7 @@ static void check(cusafe_status st, const char *what) {
         cusafe_status_string(st));
   if (st == CUSAFE_ERROR_FORKED)
     die("%s returned FORKED in a process that never forked", what);
-  if (st == CUSAFE_ERROR_SHUTDOWN && !err4_armed && !in_teardown)
+  if (st == CUSAFE_ERROR_SHUTDOWN && !err4_armed && !in_teardown && !shutting)
     die("%s returned SHUTDOWN but the library was never shut down (%s)", what,
         msg);
   if (st == CUSAFE_ERROR_CUDA && cusafe_last_cuda_error() == 0)
@@ -410,7 +553,7 @@ static cusafe_status check_out(cusafe_status st, cusafe_handle out, int type,
 
 static void expect(cusafe_status st, cusafe_status want, const char *what) {
   check(st, what);
-  if (st != want)
+  if (st != want && !(shutting && st == CUSAFE_ERROR_SHUTDOWN))
     die("%s returned %s, expected %s (%s)", what, cusafe_status_string(st),
         cusafe_status_string(want), cusafe_last_error_message());
 }
@@ -714,7 +857,7 @@ static void op_context_create(struct th *t) {
     struct ent e = {.dev = dev};
     keep(c, T_CTX, &e);
   } else if ((dev < 0 || dev > 1) && st != CUSAFE_ERROR_INVALID_DEVICE &&
-             !faults_armed) {
+             !faults_armed && !shutting) {
     die("cusafe_context_create(%d) returned %s", dev, cusafe_status_string(st));
   }
 }
@@ -1224,22 +1367,396 @@ static void op_wrap(struct th *t) {
   free_foreign(f); /* refused: the memory stays its owner's */
 }
 
+/* ------------------------------------------------------------------------ */
+/* Another library                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The harness as another library of the process (PyTorch, CuPy): it makes
+ * streams that cusafe wraps (fake_foreign_stream()) and memory that cusafe
+ * imports (op_import), and, as the runtime would for it, holds a device's
+ * primary context while it has objects there, so that cusafe's last
+ * release of a context is not the last one.  All of it goes at the end of
+ * the input, after cusafe let go of everything (other_finish()). */
+#define MAXFS 4
+static pthread_mutex_t other_lock = PTHREAD_MUTEX_INITIALIZER;
+static int other_ctx[2];                 /* primary context retained */
+static cudaStream_t other_stream[MAXFS]; /* its streams, wrapped by cusafe */
+static int other_stream_dev[MAXFS];
+static int nother;
+static cudaStream_t other_free[2]; /* the stream of its frees, per device */
+static CUresult (*prim_retain)(CUcontext *, CUdevice);
+static CUresult (*prim_release)(CUdevice);
+
+/* Retains dev's primary context for the other library (other_lock
+ * held); 0 if it cannot (an injected failure). */
+static int other_hold(int dev) {
+  static const char *const names[2] = {"cuDevicePrimaryCtxRetain",
+                                       "cuDevicePrimaryCtxRelease"};
+  void **fns[2] = {(void **)&prim_retain, (void **)&prim_release};
+  if (other_ctx[dev])
+    return 1;
+  for (int i = 0; i < 2; i++) {
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    void *fn = NULL;
+    if (*fns[i])
+      continue;
+    if (cs_cu->get_driver_entry_point(names[i], &fn, 12000, cudaEnableDefault,
+                                      &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn)
+      return 0;
+    *fns[i] = fn;
+  }
+  CUcontext c;
+  if (prim_retain(&c, (CUdevice)dev) != CUDA_SUCCESS)
+    return 0;
+  other_ctx[dev] = 1;
+  return 1;
+}
+
+/* The other library's stream number i if it has one (of either device),
+ * else a new one on dev (NULL if it cannot have one); *sdev is its
+ * device. */
+static cudaStream_t other_stream_get(int dev, int i, int *sdev) {
+  cudaStream_t s = NULL;
+  pthread_mutex_lock(&other_lock);
+  if (i < nother) {
+    s = other_stream[i];
+    *sdev = other_stream_dev[i];
+  } else if (nother < MAXFS && other_hold(dev)) {
+    s = fake_foreign_stream(dev);
+    other_stream[nother] = s;
+    other_stream_dev[nother++] = dev;
+    *sdev = dev;
+  }
+  pthread_mutex_unlock(&other_lock);
+  return s;
+}
+
+/* The other library's end: its streams destroyed, its primary contexts
+ * released -- unless the fake's teardown took everything already. */
+static void other_finish(int torn) {
+  for (int i = 0; i < nother && !torn; i++)
+    fake_foreign_stream_destroy(other_stream[i]);
+  nother = 0;
+  for (int d = 0; d < 2; d++) {
+    if (other_free[d] && !torn && cs_cu->stream_destroy(other_free[d]))
+      die("the other library's stream of device %d could not be destroyed", d);
+    if (other_ctx[d] && !torn && prim_release((CUdevice)d) != CUDA_SUCCESS)
+      die("the other library's primary context of device %d could not be "
+          "released",
+          d);
+    other_free[d] = NULL;
+    other_ctx[d] = 0;
+  }
+}
+
 #ifdef CUSAFE_HAVE_DLPACK
-/* Exported tensors not yet deleted: deleted at random by later ops, and at
- * the end of the input (after a shutdown, if the input made one). */
-static DLManagedTensorVersioned *tensors[16];
+/* ------------------------------------------------------------------------ */
+/* DLPack                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The stream on which the other library frees its memory of dev: its own
+ * and non-blocking, so that a free there waits for no other stream
+ * (other_lock held; NULL if it cannot have one). */
+static cudaStream_t other_free_stream(int dev) {
+  if (!other_free[dev] && other_hold(dev)) {
+    cudaStream_t s = NULL;
+    if (cs_cu->set_device(dev) == cudaSuccess &&
+        cs_cu->stream_create(&s, cudaStreamNonBlocking, 0) == cudaSuccess)
+      other_free[dev] = s;
+  }
+  return other_free[dev];
+}
+
+/* Memory of the other library lent to cusafe as a DLPack tensor
+ * (op_import), until cusafe calls its deleter. */
+struct import {
+  union {
+    DLManagedTensorVersioned v;
+    DLManagedTensor l;
+  } t;
+  int64_t shape[2], strides[1];
+  void *mem;
+  int kind, dev;
+  cudaStream_t fs;   /* other_free_stream(dev) */
+  cusafe_buffer buf; /* what cusafe made of it; 0 if refused */
+  _Atomic int ran;   /* calls of its deleter */
+};
+#define MAXIMP 16
+static struct import *imports[MAXIMP]; /* under other_lock */
+static int nimports;
+
+/* The deleter: once, never while the harness still holds the buffer; the
+ * memory is freed at once (stream-ordered on the other library's own
+ * stream, which is then synchronised): whatever cusafe queued on it and
+ * has not run yet is a VIOLATION of the fake's when it runs. */
+static void import_free(struct import *m) {
+  if (atomic_fetch_add(&m->ran, 1))
+    die("the deleter of imported tensor %p (buffer 0x%016llx) ran twice",
+        m->mem, (unsigned long long)m->buf);
+  if (trace)
+    fprintf(stderr, "fuzz_api: deleter of imported buffer 0x%016llx\n",
+            (unsigned long long)m->buf);
+  if (m->buf && !shutting) {
+    pthread_mutex_lock(&pool_lock);
+    struct ent *e = ent_find(m->buf);
+    int held = e && e->refs + e->pin > 0;
+    pthread_mutex_unlock(&pool_lock);
+    if (held)
+      die("the deleter of imported buffer 0x%016llx ran while the harness "
+          "holds the buffer",
+          (unsigned long long)m->buf);
+  }
+  if (!m->mem)
+    return;
+  if (m->kind == CUSAFE_MEMORY_DEVICE) {
+    if (cs_cu->free_async(m->mem, m->fs) == cudaSuccess)
+      (void)cs_cu->stream_synchronize(m->fs);
+    else
+      (void)cs_cu->free(m->mem);
+  } else if (m->kind == CUSAFE_MEMORY_HOST_PINNED) {
+    (void)cs_cu->free_host(m->mem);
+  } else {
+    (void)cs_cu->free(m->mem);
+  }
+}
+
+static void import_deleter(DLManagedTensorVersioned *t) {
+  import_free(t->manager_ctx);
+}
+
+static void import_deleter_legacy(DLManagedTensor *t) {
+  import_free(t->manager_ctx);
+}
+
+/* Every import's deleter ran exactly once (`check`: once cusafe let go of
+ * everything); the records go. */
+static void imports_finish(int check_ran) {
+  for (int i = 0; i < nimports; i++) {
+    int ran = atomic_load(&imports[i]->ran);
+    if (check_ran && ran != 1)
+      die("the deleter of imported buffer 0x%016llx ran %d times by the end",
+          (unsigned long long)imports[i]->buf, ran);
+    free(imports[i]);
+  }
+  nimports = 0;
+}
+
+/* Memory of the other library (device memory mostly; pinned, managed),
+ * imported as a buffer of a chosen context: whole, as a 2-D tensor, with
+ * a negative stride, with a byte offset, and wrong ones (another device,
+ * read-only, beyond the allocation); an empty tensor.  On success the pool
+ * holds the buffer; refused, the harness calls the deleter itself. */
+static void op_import(struct th *t) {
+  static const size_t sizes[] = {64, 256, 8, 4096, 1, 24, 0};
+  struct ent ce;
+  int held;
+  cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+  size_t n = PICK(&t->r, sizes);
+  uint8_t k = u8(&t->r), how = u8(&t->r) % 8, m = u8(&t->r);
+  int kind = k % 8 == 6   ? CUSAFE_MEMORY_HOST_PINNED
+             : k % 8 == 7 ? CUSAFE_MEMORY_MANAGED
+                          : CUSAFE_MEMORY_DEVICE;
+  int dev = ce.dev >= 0 ? ce.dev : (m >> 7);
+  int legacy = m & 1;
+  struct import *im = calloc(1, sizeof *im);
+  if (!im)
+    die("out of memory");
+  pthread_mutex_lock(&other_lock);
+  cudaStream_t fs = nimports < MAXIMP ? other_free_stream(dev) : NULL;
+  if (fs)
+    imports[nimports++] = im;
+  pthread_mutex_unlock(&other_lock);
+  if (!fs) {
+    free(im);
+    return;
+  }
+  im->kind = kind;
+  im->dev = dev;
+  im->fs = fs;
+  cudaError_t err = cs_cu->set_device(dev);
+  if (err == cudaSuccess && n) {
+    if (kind == CUSAFE_MEMORY_DEVICE)
+      err = cs_cu->malloc_async(&im->mem, n, fs);
+    else if (kind == CUSAFE_MEMORY_HOST_PINNED)
+      err = cs_cu->malloc_host(&im->mem, n);
+    else
+      err = cs_cu->malloc_managed(&im->mem, n, cudaMemAttachGlobal);
+  }
+  if (err != cudaSuccess) {
+    atomic_store(&im->ran, 1); /* nothing made, nothing to delete */
+    return;
+  }
+  static const DLDeviceType types[] = {kDLCUDA, kDLCUDAHost, kDLCUDAManaged};
+  DLTensor dl = {.data = im->mem,
+                 .device = {types[kind], kind ? 0 : dev},
+                 .ndim = 1,
+                 .dtype = {kDLUInt, 8, 1},
+                 .shape = im->shape};
+  im->shape[0] = (int64_t)n;
+  size_t extent = n;
+  int valid = 1;
+  switch (how) {
+  case 1:
+    if (n >= 2) {
+      dl.ndim = 2;
+      im->shape[0] = 2;
+      im->shape[1] = (int64_t)n / 2;
+      extent = n / 2 * 2;
+    }
+    break;
+  case 2:
+    if (n) {
+      im->strides[0] = -1;
+      dl.strides = im->strides;
+      dl.data = (char *)im->mem + n - 1;
+    }
+    break;
+  case 3:
+    if (n > 8) {
+      dl.byte_offset = 8;
+      im->shape[0] = (int64_t)n - 8;
+      extent = n - 8;
+    }
+    break;
+  case 4:
+    dl.device.device_id = !dev;
+    valid = kind != CUSAFE_MEMORY_DEVICE;
+    break;
+  case 5: valid = legacy; break; /* read-only */
+  case 6:
+    im->shape[0] = 0;
+    dl.data = NULL;
+    extent = 0;
+    break;
+  case 7:
+    im->shape[0] = (int64_t)n + 1;
+    valid = 0;
+    break;
+  default: break;
+  }
+  if (legacy) {
+    im->t.l = (DLManagedTensor){dl, im, import_deleter_legacy};
+  } else {
+    im->t.v =
+        (DLManagedTensorVersioned){{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION},
+                                   im,
+                                   import_deleter,
+                                   how == 5 ? DLPACK_FLAG_BITMASK_READ_ONLY : 0,
+                                   dl};
+  }
+  if (trace)
+    fprintf(stderr,
+            "fuzz_api: import %zu bytes of kind %d on device %d (case %d%s)\n",
+            n, kind, dev, how, legacy ? ", legacy" : "");
+  cusafe_buffer b = 42;
+  cusafe_status st = legacy ? cusafe_buffer_from_dlpack_legacy(&b, c, &im->t.l)
+                            : cusafe_buffer_from_dlpack(&b, c, &im->t.v);
+  st = check_out(st, b, T_BUF, "cusafe_buffer_from_dlpack");
+  if (st == CUSAFE_SUCCESS) {
+    im->buf = b;
+    if (held && t->strict && !valid)
+      die("import of a wrong tensor (case %d, kind %d) accepted", how, kind);
+    if (held && t->strict)
+      check_buffer(b, extent, ce.dev);
+    struct ent e = {.dev = ce.dev, .size = extent};
+    keep(b, T_BUF, &e);
+    return;
+  }
+  if (held && t->strict && quiet() && valid)
+    die("import of the other library's memory failed: %s",
+        cusafe_last_error_message());
+  if (legacy) /* refused: the tensor is still the caller's */
+    im->t.l.deleter(&im->t.l);
+  else
+    im->t.v.deleter(&im->t.v);
+}
+
+#define MAXPEND 16
+static struct pending tensors[MAXPEND];
 static int ntensors;
 static pthread_mutex_t tensor_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void delete_tensors(int all) {
+/* The consumer drops its tensor (its deleter), then its own wrapper of
+ * the memory. */
+static void pending_delete(struct pending *p) {
+  if (trace)
+    fprintf(stderr,
+            "fuzz_api: deleter of exported tensor %p (stream "
+            "0x%016llx)\n",
+            p->tensor, (unsigned long long)p->consumer);
+  if (p->legacy)
+    ((DLManagedTensor *)p->tensor)->deleter(p->tensor);
+  else
+    ((DLManagedTensorVersioned *)p->tensor)->deleter(p->tensor);
+  if (p->alias) {
+    cusafe_status st = cusafe_buffer_release(p->alias);
+    check(st, "cusafe_buffer_release (the consumer's wrapper)");
+    if (st == CUSAFE_ERROR_INVALID_HANDLE)
+      die("release of the consumer's wrapper 0x%016llx says stale: %s",
+          (unsigned long long)p->alias, cusafe_last_error_message());
+  }
+}
+
+static void pending_add(const struct pending *p) {
   pthread_mutex_lock(&tensor_lock);
-  while (ntensors > 0) {
-    DLManagedTensorVersioned *d = tensors[--ntensors];
-    d->deleter(d);
-    if (!all)
-      break;
+  int full = ntensors == MAXPEND;
+  if (!full)
+    tensors[ntensors++] = *p;
+  pthread_mutex_unlock(&tensor_lock);
+  if (full) {
+    struct pending q = *p;
+    pending_delete(&q);
+  }
+}
+
+/* Takes pending tensor number k (modulo their count) out; 0 if none. */
+static int pending_take(unsigned k, struct pending *p) {
+  pthread_mutex_lock(&tensor_lock);
+  int n = ntensors;
+  if (n) {
+    *p = tensors[k % n];
+    tensors[k % n] = tensors[--ntensors];
   }
   pthread_mutex_unlock(&tensor_lock);
+  return n > 0;
+}
+
+/* The helper thread: one deleter on a thread of its own, started and
+ * joined by the thread whose input asked for it. */
+static void *helper_main(void *arg) {
+  pending_delete(arg);
+  return NULL;
+}
+
+static void helper_join(struct th *t) {
+  if (t->helper_on) {
+    pthread_join(t->helper, NULL);
+    t->helper_on = 0;
+  }
+}
+
+static void helper_start(struct th *t, const struct pending *p) {
+  helper_join(t);
+  t->job = *p;
+  if (pthread_create(&t->helper, NULL, helper_main, &t->job)) {
+    pending_delete(&t->job);
+    return;
+  }
+  t->helper_on = 1;
+}
+
+/* Every pending deleter, every other one on the helper thread. */
+static void pending_delete_all(struct th *t) {
+  struct pending p;
+  for (int i = 0; pending_take(0, &p); i++) {
+    if (i & 1) {
+      helper_start(t, &p);
+      helper_join(t);
+    } else {
+      pending_delete(&p);
+    }
+  }
 }
 
 /* A buffer exported as a tensor of a chosen shape (in range or not), which
@@ -1282,13 +1799,8 @@ static void op_dlpack(struct th *t) {
   switch (u8(&t->r) % 3) {
   case 0: d->deleter(d); break;
   case 1: {
-    pthread_mutex_lock(&tensor_lock);
-    int full = ntensors == (int)(sizeof tensors / sizeof tensors[0]);
-    if (!full)
-      tensors[ntensors++] = d;
-    pthread_mutex_unlock(&tensor_lock);
-    if (full)
-      d->deleter(d);
+    struct pending p = {.tensor = d, .dev = -1};
+    pending_add(&p);
     break;
   }
   default: {
@@ -1311,10 +1823,186 @@ static void op_dlpack(struct th *t) {
     keep(in, T_BUF, &e);
   }
   }
-  if (u8(&t->r) % 4 == 0)
-    delete_tensors(0);
+  if (u8(&t->r) % 4 == 0) {
+    struct pending p;
+    if (pending_take(0, &p))
+      pending_delete(&p);
+  }
 }
+
+static void consumer_work(struct th *t, struct pending *p, int how);
+
+/* A buffer of the pool exported for a consumer that works on a stream of
+ * the pool (any kind: cusafe's, a wrapper, another library's, a default
+ * stream) or on none, in either ABI, maybe worked on by the consumer at
+ * once; its deleter stays pending (see op_tensor). */
+static void op_export(struct th *t) {
+  struct ent be, se;
+  int held, sheld = 0;
+  cusafe_buffer b = choose(t, T_BUF, -1, &be, &held);
+  uint8_t m = u8(&t->r);
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  memset(&se, 0, sizeof se);
+  se.dev = -1;
+  if (m % 4 != 3)
+    s = choose(t, T_STREAM, be.dev, &se, &sheld);
+  int legacy = m >> 2 & 1;
+  size_t off = rel(t, be.size, 0);
+  size_t room = off <= be.size ? be.size - off : 0;
+  size_t len = rel(t, room, room);
+  int64_t shape[1] = {len > (size_t)INT64_MAX ? -1 : (int64_t)len};
+  DLDataType dt = {kDLUInt, 8, 1};
+  DLManagedTensorVersioned *v = NULL;
+  DLManagedTensor *l = NULL;
+  if (trace)
+    fprintf(stderr,
+            "fuzz_api: export 0x%016llx [%zu, +%zu) for stream 0x%016llx%s\n",
+            (unsigned long long)b, off, len, (unsigned long long)s,
+            legacy ? " (legacy)" : "");
+  cusafe_status st =
+      legacy ? cusafe_buffer_to_dlpack_legacy(&l, b, off, dt, 1, shape, NULL, s)
+             : cusafe_buffer_to_dlpack(&v, b, off, dt, 1, shape, NULL, s);
+  check(st,
+        legacy ? "cusafe_buffer_to_dlpack_legacy" : "cusafe_buffer_to_dlpack");
+  int fits = off <= be.size && len <= room;
+  if (st != CUSAFE_SUCCESS) {
+    if (v || l)
+      die("a refused export gave a tensor");
+    if (held && (sheld || !s) && t->strict && quiet() && fits &&
+        (!s || se.dev == be.dev))
+      die("export of %zu bytes at offset %zu of %zu bytes failed: %s", len, off,
+          be.size, cusafe_last_error_message());
+    return;
+  }
+  if (held && t->strict && !fits)
+    die("export of %zu bytes at offset %zu of %zu bytes accepted", len, off,
+        be.size);
+  if (held && sheld && t->strict && se.dev != be.dev)
+    die("export for a stream of device %d of a buffer of device %d accepted",
+        se.dev, be.dev);
+  DLTensor *dl = legacy ? &l->dl_tensor : &v->dl_tensor;
+  if (held && t->strict && len) {
+    void *a = NULL;
+    expect(cusafe_buffer_interop_pointer(&a, b), CUSAFE_SUCCESS,
+           "cusafe_buffer_interop_pointer");
+    if (dl->data != (char *)a + off)
+      die("tensor exported at offset %zu is at %p, its buffer at %p", off,
+          dl->data, a);
+  }
+  struct pending p = {
+      .tensor = legacy ? (void *)l : (void *)v,
+      .legacy = legacy,
+      .consumer = s,
+      .dev = held    ? be.dev
+             : sheld ? se.dev
+                     : -1,
+      .kind = dl->device.device_type == kDLCUDAHost ? CUSAFE_MEMORY_HOST_PINNED
+              : dl->device.device_type == kDLCUDAManaged ? CUSAFE_MEMORY_MANAGED
+                                                         : CUSAFE_MEMORY_DEVICE,
+      .data = dl->data,
+      .reach = held && dl->data ? len : 0};
+  if (s && cusafe_stream_interop_handle(&p.raw, s) == CUSAFE_SUCCESS)
+    p.raw_known = 1;
+  if (!(m & 0x10)) /* the consumer works on the tensor at once */
+    consumer_work(t, &p, (m >> 5) % 3);
+  pending_add(&p);
+}
+
+/* Whether work queued on the consumer's CUDA stream now runs now (1), or
+ * would be captured (0): captured work would outlive the tensor, which is
+ * the consumer's mistake, not cusafe's. */
+static int consumer_free_to_work(const struct pending *p) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  return p->raw_known && p->dev >= 0 && p->data && p->reach &&
+         cs_cu->set_device(p->dev) == cudaSuccess &&
+         cs_cu->stream_is_capturing(p->raw, &cs) == cudaSuccess &&
+         cs == cudaStreamCaptureStatusNone;
+}
+
+/* The consumer's work on a tensor's memory, on its stream, before it drops
+ * the tensor: a memset of its own on the CUDA stream, or a fill through
+ * its own wrapper of the memory (kept until the deleter runs) on the
+ * stream or on a new wrapper of the CUDA stream. */
+static void consumer_work(struct th *t, struct pending *p, int how) {
+  size_t n = p->reach < 256 ? p->reach : 256;
+  uint8_t v = u8(&t->r);
+  if (!t->strict || !consumer_free_to_work(p))
+    return; /* another thread may begin a capture meanwhile */
+  if (how == 0) {
+    cudaError_t err = cs_cu->memset_async(p->data, v, n, p->raw);
+    if (trace)
+      fprintf(stderr,
+              "fuzz_api: the consumer's memset of %zu bytes at %p on "
+              "CUDA stream %p: %d\n",
+              n, (void *)p->data, p->raw, (int)err);
+    return;
+  }
+  if (p->alias || !p->consumer)
+    return;
+  cusafe_context c = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = p->consumer, w = CUSAFE_NULL_HANDLE;
+  if (cusafe_stream_get_context(&c, s) != CUSAFE_SUCCESS)
+    return; /* its handle went stale */
+  if (how == 2) {
+    cusafe_status st = check_out(cusafe_stream_wrap(&w, c, p->raw), w, T_STREAM,
+                                 "cusafe_stream_wrap (consumer)");
+    if (st != CUSAFE_SUCCESS) {
+      check(cusafe_context_release(c), "cusafe_context_release");
+      return;
+    }
+    s = w;
+  }
+  cusafe_buffer a = 42;
+  cusafe_status st = check_out(
+      cusafe_buffer_wrap(&a, c, (cusafe_memory)p->kind, p->data, n, NULL, NULL),
+      a, T_BUF, "cusafe_buffer_wrap (consumer)");
+  if (st == CUSAFE_SUCCESS) {
+    p->alias = a;
+    if (trace)
+      fprintf(stderr,
+              "fuzz_api: the consumer's fill of %zu bytes through "
+              "0x%016llx on stream 0x%016llx\n",
+              n, (unsigned long long)a, (unsigned long long)s);
+    check(cusafe_buffer_fill(a, 0, n, v, s), "cusafe_buffer_fill (consumer)");
+  }
+  if (w)
+    check(cusafe_stream_release(w), "cusafe_stream_release (consumer)");
+  check(cusafe_context_release(c), "cusafe_context_release");
+}
+
+/* A pending tensor: its deleter now, on the helper thread (joined at once,
+ * or after the next operation), or the consumer's work on its memory. */
+static void op_tensor(struct th *t) {
+  uint8_t k = u8(&t->r), mode = u8(&t->r) % 8;
+  struct pending p;
+  if (!pending_take(k, &p))
+    return;
+  switch (mode) {
+  case 1:
+    helper_start(t, &p);
+    helper_join(t);
+    break;
+  case 2: helper_start(t, &p); break; /* joined by run_ops() */
+  case 4:
+  case 5:
+  case 6:
+  case 7:
+    consumer_work(t, &p, mode == 7 ? 2 : mode == 6);
+    pending_add(&p);
+    break;
+  default: pending_delete(&p); break;
+  }
+}
+#else
+static void op_import(struct th *t) { (void)t; }
+static void op_export(struct th *t) { (void)t; }
+static void op_tensor(struct th *t) { (void)t; }
+static void helper_join(struct th *t) { (void)t; }
 #endif
+
+static int is_default_stream(const void *raw) {
+  return !raw || raw == cudaStreamLegacy || raw == cudaStreamPerThread;
+}
 
 /* Other libraries' streams and work: a device's default stream wrapped
  * (which lives for ever, so the wrapper joins the pool), a held stream's
@@ -1333,10 +2021,11 @@ static void op_foreign(struct th *t) {
   case 0: {
     cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
     cusafe_stream w = 42;
-    cusafe_status st = check_out(cusafe_stream_wrap(&w, c, NULL), w, T_STREAM,
+    void *dflt = open_defects ? NULL : (void *)cudaStreamPerThread;
+    cusafe_status st = check_out(cusafe_stream_wrap(&w, c, dflt), w, T_STREAM,
                                  "cusafe_stream_wrap");
     if (st == CUSAFE_SUCCESS) {
-      struct ent e = {.dev = ce.dev, .wrapped = 1};
+      struct ent e = {.dev = ce.dev, .wrapped = 1, .skind = SK_DEFAULT};
       keep(w, T_STREAM, &e);
     } else if (held && t->strict && quiet()) {
       die("cusafe_stream_wrap of the default stream failed: %s",
@@ -1356,8 +2045,9 @@ static void op_foreign(struct th *t) {
       break;
     }
     cusafe_stream w = 42;
-    /* The raw stream of a wrapped default stream is NULL: any device's. */
-    int same = !raw || ce.dev == se.dev;
+    /* The raw stream of a wrapped default stream (NULL, cudaStreamLegacy,
+     * cudaStreamPerThread) is any device's. */
+    int same = is_default_stream(raw) || ce.dev == se.dev;
     cusafe_status st = check_out(cusafe_stream_wrap(&w, c, raw), w, T_STREAM,
                                  "cusafe_stream_wrap");
     if (st == CUSAFE_SUCCESS) {
@@ -1940,8 +2630,10 @@ static void op_launch(struct th *t) {
   }
 
   uint8_t how = u8(&t->r);
-  if (faults)
+  if (faults) {
+    helper_join(t);
     drain_all();
+  }
   cusafe_status st = cusafe_kernel_launch(k, how % 32 == 31 ? NULL : &cfg,
                                           how % 32 == 30 ? NULL : args, nargs);
   check(st, "cusafe_kernel_launch");
@@ -2000,28 +2692,18 @@ static cusafe_status (*const typed_release[])(cusafe_handle) = {
     cusafe_event_release,  cusafe_buffer_release,  cusafe_module_release,
     cusafe_kernel_release, cusafe_graph_release};
 
-/* Releases one of the harness's references to a held handle. */
-static void release_held(struct th *t, int generic) {
-  uint8_t k = u8(&t->r);
-  cusafe_handle h = CUSAFE_NULL_HANDLE;
+/* Releases one of the harness's references to h, if it holds one. */
+static void release_one(cusafe_handle h, int generic) {
   int type = 0;
   pthread_mutex_lock(&pool_lock);
-  int n = 0;
-  for (int i = 0; i < MAXE; i++)
-    n += pool[i].type && pool[i].refs > 0;
-  if (n) {
-    int want = k % n;
-    for (int i = 0; i < MAXE; i++)
-      if (pool[i].type && pool[i].refs > 0 && want-- == 0) {
-        pool[i].refs--;
-        pool[i].inflight++;
-        h = pool[i].h;
-        type = pool[i].type;
-        break;
-      }
+  struct ent *e = ent_find(h);
+  if (e && e->refs > 0) {
+    e->refs--;
+    e->inflight++;
+    type = e->type;
   }
   pthread_mutex_unlock(&pool_lock);
-  if (!h)
+  if (!type)
     return;
   if (trace)
     fprintf(stderr, "fuzz_api: release 0x%016llx\n", (unsigned long long)h);
@@ -2032,10 +2714,31 @@ static void release_held(struct th *t, int generic) {
         (unsigned long long)h, type, cusafe_status_string(st),
         cusafe_last_error_message());
   pthread_mutex_lock(&pool_lock);
-  struct ent *e = ent_find(h);
+  e = ent_find(h);
   if (e)
     e->inflight--;
   pthread_mutex_unlock(&pool_lock);
+}
+
+/* Releases one of the harness's references to a held handle. */
+static void release_held(struct th *t, int generic) {
+  uint8_t k = u8(&t->r);
+  cusafe_handle h = CUSAFE_NULL_HANDLE;
+  pthread_mutex_lock(&pool_lock);
+  int n = 0;
+  for (int i = 0; i < MAXE; i++)
+    n += pool[i].type && pool[i].refs > 0;
+  if (n) {
+    int want = k % n;
+    for (int i = 0; i < MAXE; i++)
+      if (pool[i].type && pool[i].refs > 0 && want-- == 0) {
+        h = pool[i].h;
+        break;
+      }
+  }
+  pthread_mutex_unlock(&pool_lock);
+  if (h)
+    release_one(h, generic);
 }
 
 static void op_refs(struct th *t) {
@@ -2110,7 +2813,7 @@ static void op_refs(struct th *t) {
           how % 3 == 0 ? "a wrong-type" : "a stale or forged",
           (unsigned long long)h, cusafe_status_string(st),
           cusafe_last_error_message());
-    if (st == CUSAFE_SUCCESS && h)
+    if (st == CUSAFE_SUCCESS && h && !shutting) /* then a no-op */
       die("release of a handle the harness does not hold succeeded: a "
           "stolen reference");
     break;
@@ -2238,7 +2941,9 @@ static const char *const fault_fns[] = {
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaLaunchKernel",
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "cudaGetDevice",
-    "cudaSetDevice", "cudaDeviceGetAttribute",
+    "cudaSetDevice", "cudaDeviceGetAttribute", "cudaStreamBeginCapture",
+    "cudaStreamEndCapture", "cudaStreamIsCapturing", "cudaStreamGetCaptureInfo",
+    "cudaGraphInstantiate", "cudaGraphLaunch",
     /* the calls that destroy or free (see finish_tainted) */
     "cudaStreamDestroy", "cudaEventDestroy", "cudaFreeAsync", "cudaFree",
     "cudaFreeHost", "cudaLibraryUnload", "cuDevicePrimaryCtxRelease",
@@ -2255,6 +2960,7 @@ static void faults_clear(void) {
 
 static void op_control(struct th *t) {
   uint8_t m = u8(&t->r);
+  helper_join(t); /* a deleter running meanwhile would make calls too */
   if (trace)
     fprintf(stderr, "fuzz_api: control %d (call %lu)\n", m % 8,
             fake_call_count());
@@ -2266,6 +2972,9 @@ static void op_control(struct th *t) {
     int persistent = u8(&t->r) % 4 == 3;
     if (!t->strict)
       break; /* one thread only: see faults_armed */
+    if (!open_defects && err == cudaErrorCudartUnloading)
+      err = cudaErrorUnknown;
+    persistent &= open_defects;
     if (!faults_used) {
       faults_used = 1;
       pin_all();
@@ -2282,7 +2991,7 @@ static void op_control(struct th *t) {
     int known = 0;
     for (int i = 0; i < nfail_fn; i++)
       known |= fail_fn_names[i] == name;
-    if ((!known && nfail_fn == 16) || !t->strict)
+    if ((!known && nfail_fn == 16) || !t->strict || !open_defects)
       break;
     if (!known)
       fail_fn_names[nfail_fn++] = name;
@@ -2330,6 +3039,287 @@ static void op_control(struct th *t) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Where features meet: wrappers, captures, graphs, the shutdown              */
+/* ------------------------------------------------------------------------ */
+
+/* A stream of the pool that captures now (it began a capture or joined
+ * one), if there is one, else any stream. */
+static cusafe_stream choose_capturing(struct th *t, struct ent *e, int *held) {
+  uint8_t k = u8(&t->r);
+  cusafe_handle hs[MAXE];
+  int n = 0, nc = 0;
+  pthread_mutex_lock(&pool_lock);
+  for (int i = 0; i < MAXE; i++)
+    if (pool[i].type == T_STREAM && pool[i].refs + pool[i].pin > 0)
+      hs[n++] = pool[i].h;
+  pthread_mutex_unlock(&pool_lock);
+  for (int i = 0; i < n; i++) {
+    int on = 0;
+    if (cusafe_stream_is_capturing(&on, hs[i]) == CUSAFE_SUCCESS && on)
+      hs[nc++] = hs[i];
+  }
+  if (!nc)
+    return choose(t, T_STREAM, -1, e, held);
+  *e = ent_get(hs[k % nc]);
+  *held = e->type == T_STREAM;
+  if (!*held)
+    memset(e, 0, sizeof *e), e->dev = -1;
+  return hs[k % nc];
+}
+
+/* A wrapper of the CUDA stream of a stream of the pool -- of cusafe's own
+ * (the wrapper holds it), of a wrapper (one more wrapper of the same CUDA
+ * stream), of another library -- often of one that captures, or of a
+ * device's default stream (NULL, cudaStreamLegacy, cudaStreamPerThread):
+ * kept in the pool, or used at once and released, as another library
+ * that hands cusafe its current stream for one call would. */
+static void op_stream_wrap(struct th *t) {
+  static void *const defaults[] = {NULL, cudaStreamLegacy, cudaStreamPerThread};
+  struct ent ce, se;
+  int held, sheld = 0;
+  cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+  uint8_t m = u8(&t->r);
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  void *raw = NULL;
+  memset(&se, 0, sizeof se);
+  se.dev = -1;
+  if (m % 4 == 3) {
+    raw = open_defects ? defaults[(m >> 2) % 3] : cudaStreamPerThread;
+  } else {
+    s = m & 0x10 ? choose_capturing(t, &se, &sheld)
+                 : choose(t, T_STREAM, ce.dev, &se, &sheld);
+    /* Only a stream kept alive meanwhile: its owner must. */
+    if (cusafe_stream_retain(s) != CUSAFE_SUCCESS)
+      return;
+    if (cusafe_stream_interop_handle(&raw, s) != CUSAFE_SUCCESS) {
+      check(cusafe_stream_release(s), "cusafe_stream_release");
+      return;
+    }
+  }
+  int def = is_default_stream(raw);
+  int same = def || (sheld && se.dev == ce.dev);
+  cusafe_stream w = 42;
+  if (trace)
+    fprintf(stderr, "fuzz_api: wrap CUDA stream %p of stream 0x%016llx\n", raw,
+            (unsigned long long)s);
+  cusafe_status st = check_out(cusafe_stream_wrap(&w, c, raw), w, T_STREAM,
+                               "cusafe_stream_wrap");
+  if (st == CUSAFE_SUCCESS) {
+    if (held && sheld && t->strict && !same)
+      die("a stream of device %d wrapped on device %d", se.dev, ce.dev);
+    struct ent e = {.dev = ce.dev,
+                    .wrapped = def,
+                    .skind = def                      ? SK_DEFAULT
+                             : se.skind == SK_FOREIGN ? SK_FOREIGN
+                                                      : SK_WRAP};
+    if (m & 0x40) { /* used at once, as another library would */
+      struct ent be;
+      int h2;
+      cusafe_buffer b = choose(t, T_BUF, ce.dev, &be, &h2);
+      if (trace)
+        fprintf(stderr, "fuzz_api: fill 0x%016llx on the wrapper\n",
+                (unsigned long long)b);
+      check(cusafe_buffer_fill(b, 0, be.size, m, w), "cusafe_buffer_fill");
+    }
+    if (m & 0x20) { /* and let go of at once */
+      if (m & 0x80)
+        check(cusafe_stream_synchronize(w), "cusafe_stream_synchronize");
+      check(cusafe_stream_release(w), "cusafe_stream_release");
+    } else {
+      keep(w, T_STREAM, &e);
+    }
+  } else if (held && (sheld || !s) && t->strict && quiet() && same) {
+    die("cusafe_stream_wrap of CUDA stream %p failed: %s", raw,
+        cusafe_last_error_message());
+  } else if (held && sheld && t->strict && !faults_armed && !same &&
+             st != CUSAFE_ERROR_CONTEXT_MISMATCH) {
+    die("a stream of device %d wrapped on device %d returned %s", se.dev,
+        ce.dev, cusafe_status_string(st));
+  }
+  if (s)
+    check(cusafe_stream_release(s), "cusafe_stream_release");
+}
+
+/* A stream of the other library (a new one, or one it has already, which
+ * cusafe may wrap already), wrapped once or twice, kept in the pool. */
+static void op_foreign_stream(struct th *t) {
+  struct ent ce;
+  int held;
+  cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+  uint8_t which = u8(&t->r), m = u8(&t->r);
+  int dev = ce.dev >= 0 ? ce.dev : m & 1;
+  if (m % 16 == 15)
+    dev = !dev;
+  int sdev = -1;
+  cudaStream_t fs = other_stream_get(dev, which % (2 * MAXFS), &sdev);
+  if (!fs)
+    return;
+  for (int k = 0; k < 1 + (m >> 4 & 1); k++) {
+    cusafe_stream w = 42;
+    cusafe_status st =
+        check_out(cusafe_stream_wrap(&w, c, fs), w, T_STREAM,
+                  "cusafe_stream_wrap (another library's stream)");
+    if (st == CUSAFE_SUCCESS) {
+      if (held && t->strict && sdev != ce.dev)
+        die("a stream of device %d wrapped on device %d", sdev, ce.dev);
+      struct ent e = {.dev = ce.dev, .skind = SK_FOREIGN};
+      keep(w, T_STREAM, &e);
+    } else if (held && t->strict && quiet() && sdev == ce.dev) {
+      die("cusafe_stream_wrap of another library's stream failed: %s",
+          cusafe_last_error_message());
+    } else if (held && t->strict && !faults_armed && sdev != ce.dev &&
+               st != CUSAFE_ERROR_CONTEXT_MISMATCH) {
+      die("a stream of device %d wrapped on device %d returned %s", sdev,
+          ce.dev, cusafe_status_string(st));
+    }
+  }
+}
+
+/* Captures on any stream of the pool: begin, end, a join (an event
+ * recorded on a stream -- often one that captures -- waited for by another
+ * stream, which works and is maybe joined back), and replays of a graph,
+ * maybe released with its replays queued. */
+static void op_capture(struct th *t) {
+  uint8_t m = u8(&t->r);
+  struct ent se;
+  int held, h2;
+  cusafe_stream s = m & 0x10 ? choose_capturing(t, &se, &held)
+                             : choose(t, T_STREAM, -1, &se, &held);
+  switch (m % 4) {
+  case 0: {
+    cusafe_status st = cusafe_stream_begin_capture(s);
+    check(st, "cusafe_stream_begin_capture");
+    if (st == CUSAFE_SUCCESS && held && t->strict && se.wrapped)
+      die("a wrapped default stream began a capture");
+    break;
+  }
+  case 1: {
+    cusafe_graph g = 42;
+    cusafe_status st = check_out(cusafe_stream_end_capture(&g, s), g, T_GRAPH,
+                                 "cusafe_stream_end_capture");
+    if (st == CUSAFE_SUCCESS) {
+      struct ent e = {.dev = se.dev};
+      keep(g, T_GRAPH, &e);
+    }
+    break;
+  }
+  case 2: {
+    cusafe_event ev = choose(t, T_EVENT, se.dev, NULL, &h2);
+    struct ent we;
+    check(cusafe_event_record(ev, s), "cusafe_event_record");
+    cusafe_stream w = choose(t, T_STREAM, se.dev, &we, &h2);
+    if (trace)
+      fprintf(stderr, "fuzz_api: stream 0x%016llx joins 0x%016llx\n",
+              (unsigned long long)w, (unsigned long long)s);
+    check(cusafe_stream_wait_event(w, ev), "cusafe_stream_wait_event");
+    uint8_t k = u8(&t->r);
+    if (k & 1) {
+      struct ent be;
+      cusafe_buffer b = choose(t, T_BUF, we.dev, &be, &h2);
+      check(cusafe_buffer_fill(b, 0, be.size, k, w), "cusafe_buffer_fill");
+    }
+    if (!(k & 2)) {
+      cusafe_event back = choose(t, T_EVENT, se.dev, NULL, &h2);
+      check(cusafe_event_record(back, w), "cusafe_event_record");
+      check(cusafe_stream_wait_event(s, back), "cusafe_stream_wait_event");
+    }
+    break;
+  }
+  default: {
+    cusafe_graph g = choose(t, T_GRAPH, se.dev, NULL, &h2);
+    uint8_t k = u8(&t->r);
+    if (k % 4 == 0)
+      check(cusafe_graph_instantiate(g), "cusafe_graph_instantiate");
+    for (int i = 0; i < 1 + (k >> 2) % 3; i++)
+      check(cusafe_graph_launch(g, k & 0x20 ? CUSAFE_STREAM_DEFAULT : s),
+            "cusafe_graph_launch");
+    if (k & 0x40)
+      release_one(g, 0); /* with its replays queued */
+    break;
+  }
+  }
+}
+
+/* A release of one held object of a chosen type. */
+static void op_release_kind(struct th *t) {
+  static const int types[] = {T_STREAM, T_BUF,    T_GRAPH, T_EVENT,
+                              T_CTX,    T_STREAM, T_BUF,   T_KER};
+  int type = PICK(&t->r, types);
+  cusafe_handle h = pick_held(t, type, -1, NULL);
+  if (h)
+    release_one(h, u8(&t->r) & 1);
+}
+
+/* The shutdown, in a child (see the top of this file): the child shuts
+ * the library down and goes on with the rest of the input against it; the
+ * parent waits for the child and goes on as if nothing happened.  In
+ * single-thread runs only: a fork leaves no other thread in the child,
+ * and no lock that one holds could be taken there. */
+static int destroying_call_failed(void);
+
+/* The parent's side of the shutdown gives the fuzzer no coverage to chase:
+ * what the child covers is not seen, and a fork of a sanitized process
+ * costs some thirty inputs, so that inputs that shut down must not crowd
+ * the corpus for the few lines they reach here. */
+#if defined(__clang__) && __clang_major__ >= 13
+#define NO_COVERAGE __attribute__((no_sanitize("coverage"), noinline))
+#else
+#define NO_COVERAGE __attribute__((noinline))
+#endif
+
+NO_COVERAGE static void op_shutdown(struct th *t) {
+  if (!t->strict || in_child || t->shut_down_once)
+    return;
+  t->shut_down_once = 1; /* one fork per input is enough */
+  helper_join(t);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0)
+    return;
+  if (pid == 0) {
+    in_child = 1;
+    alarm(60); /* libFuzzer's timer did not come with the fork */
+    /* The fake survives a fork; the real runtime would not, and the
+     * library says so after one: undone here, as if this were the
+     * parent. */
+    atomic_store(&cs_hot.state, CS_RUNNING);
+    faults_clear();
+    /* After a failure to destroy (see finish_tainted()), the shutdown
+     * runs after the runtime's teardown, as at exit. */
+    child_tainted = faults_used && !strict_faults && destroying_call_failed();
+    if (trace)
+      fprintf(stderr, "fuzz_api: child %d: shutdown%s\n", (int)getpid(),
+              child_tainted ? " after the runtime's teardown" : "");
+    if (child_tainted) {
+      fake_set_strict_teardown(0);
+      fake_teardown_now();
+    }
+    shutting = 1;
+    expect(cusafe_shutdown(), CUSAFE_SUCCESS, "cusafe_shutdown");
+    t->strict = 0;
+    t->control = 0;
+    return;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      die("waitpid: %s", strerror(errno));
+  if (!WIFEXITED(status) || WEXITSTATUS(status))
+    die("the child that shut the library down failed (%s %d)",
+        WIFSIGNALED(status) ? "signal" : "exit status",
+        WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+}
+
+/* A release of a chosen type, or the shutdown. */
+NO_COVERAGE static void op_release_or_shutdown(struct th *t) {
+  if (u8(&t->r) % 8 == 7 && t->may_shut_down)
+    op_shutdown(t);
+  else
+    op_release_kind(t);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Driving                                                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -2339,7 +3329,8 @@ static void op_control(struct th *t) {
  * that many bytes of parameters, which the operation reads through t->r
  * (zeros past their end).  A zero parameter byte chooses the ordinary,
  * valid case: a held handle, the first entry of a table, the default
- * stream, a whole buffer. */
+ * stream, a whole buffer.  A deleter started on the helper thread by one
+ * operation runs while the next one does, and is joined after it. */
 static void run_ops(struct th *t) {
   for (int n = 0; n < MAX_OPS && t->r.n; n++) {
     uint8_t op = u8(&t->r);
@@ -2348,7 +3339,10 @@ static void run_ops(struct th *t) {
       len = t->r.n;
     struct rd rest = {t->r.p + len, t->r.n - len};
     t->r.n = len;
-    switch (op % 24) {
+#ifdef CUSAFE_HAVE_DLPACK
+    int helper_was_on = t->helper_on;
+#endif
+    switch (op % 32) {
     case 0: op_context_create(t); break;
     case 1: op_stream_create(t); break;
     case 2: op_event_create(t); break;
@@ -2372,15 +3366,28 @@ static void run_ops(struct th *t) {
     case 20: op_refs(t); break;
     case 21: op_foreign(t); break;
     case 22: op_buffer_query(t); break;
-    default:
+    case 23:
       if (t->control && !(op & 0x80))
         op_control(t);
       else if (t->strict)
         op_roundtrip(t);
       break;
+    case 24: op_stream_wrap(t); break;
+    case 25: op_foreign_stream(t); break;
+    case 26: op_export(t); break;
+    case 27: op_tensor(t); break;
+    case 28: op_import(t); break;
+    case 29:
+    case 30: op_capture(t); break;
+    default: op_release_or_shutdown(t); break;
     }
     t->r = rest;
+#ifdef CUSAFE_HAVE_DLPACK
+    if (helper_was_on)
+      helper_join(t);
+#endif
   }
+  helper_join(t);
 }
 
 /* The second thread: one for the whole run, given the work of each input
@@ -2552,7 +3559,9 @@ static void release_all(int reverse) {
   }
 }
 
-static void check_nothing_alive(void) {
+/* Nothing alive in the fake; with `handles`, every handle the harness
+ * ever saw is stale too. */
+static void check_nothing_alive(int handles) {
   size_t a = fake_live_allocations(-1), s = fake_live_streams(-1),
          e = fake_live_events(-1), l = fake_live_libraries(-1),
          p = fake_live_programs();
@@ -2569,7 +3578,7 @@ static void check_nothing_alive(void) {
         "context references %d and %d",
         a, s, e, l, p, r0, r1);
   /* And every handle the harness ever saw is stale now. */
-  for (int i = 0; i < MAXE; i++) {
+  for (int i = 0; i < MAXE && handles; i++) {
     if (!pool[i].type)
       continue;
     cusafe_handle_type ty;
@@ -2586,12 +3595,57 @@ static void check_nothing_alive(void) {
  * the process would: the CUDA runtime is torn down first (everything it
  * held goes), then every handle is released -- the library must cope with
  * CUDA answering cudaErrorCudartUnloading -- and the fake starts afresh. */
-static void finish_tainted(int reverse) {
+static void finish_tainted(struct th *t, int reverse, int deleters_last) {
+  /* Captures end first, while CUDA works: what waits for their end (a
+   * follow of a legacy stream parked during one) would otherwise outlive
+   * the fake's reset into the next input. */
+  end_captures();
   fake_set_strict_teardown(0);
   fake_teardown_now();
   in_teardown = 1;
   release_all(reverse);
+#ifdef CUSAFE_HAVE_DLPACK
+  if (deleters_last)
+    pending_delete_all(t);
+#else
+  (void)t;
+  (void)deleters_last;
+#endif
   in_teardown = 0;
+}
+
+/* The end of the input in the child of op_shutdown(): the pending
+ * deleters run after the shutdown (every other one on another thread),
+ * the releases are no-ops, the other library lets go of its objects, and
+ * then nothing may be left: everything the library held went with its
+ * ordered shutdown, every memory of another library was given back, and
+ * every imported tensor's deleter ran exactly once. */
+static void child_finish(struct th *t, uint8_t header) {
+  helper_join(t);
+#ifdef CUSAFE_HAVE_DLPACK
+  pending_delete_all(t);
+#endif
+  release_all(header & 8);
+  other_finish(child_tainted);
+  if (!child_tainted) {
+#ifdef CUSAFE_HAVE_DLPACK
+    for (int i = 0; i < nimports; i++)
+      if (atomic_load(&imports[i]->ran) != 1)
+        die("after cusafe_shutdown(), the deleter of imported buffer "
+            "0x%016llx ran %d times",
+            (unsigned long long)imports[i]->buf, atomic_load(&imports[i]->ran));
+#endif
+    for (int d = 0; d < 2; d++)
+      if (atomic_load(&foreign_refs[d]))
+        die("after cusafe_shutdown(), %d wrapped memory(ies) of device %d "
+            "not given back",
+            atomic_load(&foreign_refs[d]), d);
+    check_nothing_alive(0);
+  }
+  if (trace)
+    fprintf(stderr, "fuzz_api: child %d: done\n", (int)getpid());
+  fflush(stderr);
+  _exit(0);
 }
 
 static unsigned char host_a[HOST_BYTES], host_b[HOST_BYTES];
@@ -2602,6 +3656,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   memset(bytes_arg, 0x11, sizeof bytes_arg); /* never a heap address */
   const char *s = getenv("CUSAFE_FUZZ_STRICT_FAULTS");
   strict_faults = s && !strcmp(s, "1");
+  s = getenv("CUSAFE_FUZZ_OPEN");
+  open_defects = s && !strcmp(s, "1");
   s = getenv("CUSAFE_FUZZ_TRACE");
   trace = s ? atoi(s) : 0;
   return 0;
@@ -2616,6 +3672,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(&b, 0, sizeof b);
   a.r = (struct rd){data + 1, size - 1};
   a.strict = a.control = 1;
+  a.may_shut_down = header & 32 && size % 8 == 0;
   a.host = host_a;
   b.host = host_b;
   int two = header & 1;
@@ -2638,22 +3695,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   int started = two && worker_start(&b);
   run_ops(&a);
+  if (in_child)
+    child_finish(&a, header);
   if (started)
     worker_wait();
 
   faults_clear();
+  int deleters_last = header & 16;
 #ifdef CUSAFE_HAVE_DLPACK
-  delete_tensors(1);
+  if (!deleters_last)
+    pending_delete_all(&a);
 #endif
   int tainted = faults_used && !strict_faults && destroying_call_failed();
   if (header & 4)
     fake_set_paused(0);
   if (tainted) {
-    finish_tainted(header & 8);
+    finish_tainted(&a, header & 8, deleters_last);
   } else {
     release_all(header & 8);
-    check_nothing_alive();
+#ifdef CUSAFE_HAVE_DLPACK
+    if (deleters_last)
+      pending_delete_all(&a);
+#endif
   }
+  other_finish(tainted);
+#ifdef CUSAFE_HAVE_DLPACK
+  imports_finish(!tainted);
+#endif
+  if (!tainted)
+    check_nothing_alive(1);
   memset(pool, 0, sizeof pool);
   fake_reset();
   return 0;

@@ -12,20 +12,28 @@ a valid input: if the decoder changes, the seeds become less targeted, never
 invalid.  The bytes below follow the order in which each op_* function of
 fuzz_api.c reads them.
 
-Inputs that once failed are kept in the corpus as they were found, as
+Inputs that once failed are kept in the corpus as they were found (or as
+converted when the decoder changed, so that they keep their scenario), as
 regress-* files next to the generated seeds; this script leaves them
 alone."""
 
 import os
 import sys
 
-# Operation bytes (fuzz_api.c, run_ops: the byte modulo 24).
+# Operation bytes (fuzz_api.c, run_ops: the byte modulo 32).
 CTX, STREAM, EVENT, ALLOC, ALLOC_ASYNC, VIEW = 0, 1, 2, 3, 5, 6
 WRITE, READ, ASYNC, COPY, FILL = 7, 8, 9, 10, 11
 EVENT_OP, STREAM_OP, CONTEXT_OP, MODULE, GET_KERNEL = 12, 13, 14, 15, 16
-LAUNCH, KERNEL_QUERY, REFS, BUFFER_QUERY, CONTROL = 17, 19, 20, 22, 23
+LAUNCH, KERNEL_QUERY, REFS, FOREIGN, BUFFER_QUERY, CONTROL = 17, 19, 20, 21, \
+    22, 23
 ROUNDTRIP = 23 | 0x80
 ASYNC_READ = ASYNC | 32
+# Where features meet: wrappers of streams, streams of another library,
+# DLPack exports and their pending deleters, imports, captures and graphs,
+# releases of a chosen type, and the shutdown (in a child process).
+STREAM_WRAP, FOREIGN_STREAM, EXPORT, TENSOR, IMPORT, CAPTURE = 24, 25, 26, \
+    27, 28, 29
+RELEASE_OR_SHUTDOWN = 31
 
 # choose(): the first byte picks the kind of handle, the second which one.
 def held(i=0):
@@ -414,6 +422,224 @@ SEEDS["two-threads-release-race"] = bytes([1 | 2, 24]) + seed(
     rec(ASYNC, held(0), DEFAULT, DEFAULT, 0, 1, held(0)), rec(REFS, 0, 0),
     rec(REFS, 0, 0))[1:]
 
+
+# Where features meet.  Each seed mixes the kinds of objects that the pool
+# holds; the fuzzer mixes them further.
+def wrap_stream(stream=None, ctx=None, keep=True, capturing=None, fill=None):
+    """op_stream_wrap: a wrapper of the CUDA stream of a stream of the pool;
+    with capturing=k, the k-th of the streams that capture now; fill: a
+    buffer filled on the wrapper at once; keep=False: released at once."""
+    m = (0 if keep else 0x20) | (0x10 if capturing is not None else 0) | \
+        (0x40 if fill else 0)
+    pick = [capturing] if capturing is not None else (stream or held())
+    return rec(STREAM_WRAP, ctx or held(), m, *pick, *(fill or []))
+
+
+def wrap_default(which, ctx=None):
+    """A wrapped default stream: 0 NULL, 1 cudaStreamLegacy, 2
+    cudaStreamPerThread."""
+    return rec(STREAM_WRAP, ctx or held(), 3 | which << 2)
+
+
+def foreign_stream(which=7, twice=False, ctx=None, other_device=False):
+    """op_foreign_stream: the other library's stream number `which` (a new
+    one when it has fewer), wrapped once or twice."""
+    m = (0x10 if twice else 0) | (15 if other_device else 0)
+    return rec(FOREIGN_STREAM, ctx or held(), which, m)
+
+
+def export(buf=None, stream=None, legacy=False, off=DEFAULT, length=DEFAULT,
+           work=None):
+    """op_export: stream=None exports for no consumer stream; work: the
+    consumer's work at once (0 a memset, 1 a fill through its wrapper of
+    the memory, 2 the same on a new wrapper of its stream)."""
+    m = (3 if stream is None else 0) | (4 if legacy else 0) | \
+        (work << 5 if work is not None else 0x10)
+    return rec(EXPORT, buf or held(), m, *(stream or []), off, length, 0x5A)
+
+
+# op_tensor modes: the deleter now, on the helper thread joined at once or
+# after the next operation; the consumer's memset on its CUDA stream, its
+# fill through its own wrapper of the memory, on its stream or on a new
+# wrapper of the CUDA stream.
+NOW, HELPER, HELPER_NEXT, MEMSET, ALIAS_FILL, ALIAS_FILL_NEW_WRAPPER = \
+    0, 1, 2, 4, 6, 7
+
+
+def tensor(k, mode, value=0x5A):
+    return rec(TENSOR, k, mode, value)
+
+
+def import_(ctx=None, size=0, kind=0, how=0, m=0):
+    """op_import: size indexes 64, 256, 8, 4096, 1, 24, 0; kind 6 pinned, 7
+    managed, else device; how 0 whole, 1 2-D, 2 negative stride, 3 byte
+    offset, 4 another device, 5 read-only, 6 empty, 7 too long; m bit 0:
+    legacy."""
+    return rec(IMPORT, ctx or held(), size, kind, how, m)
+
+
+def begin(stream=None):
+    return rec(CAPTURE, 0, *(stream or held()))
+
+
+def end(stream=None):
+    return rec(CAPTURE, 1, *(stream or held()))
+
+
+def join(stream=None, event=None, other=None, work=None, back=None):
+    """An event recorded on `stream` and waited for by `other` (which joins
+    the capture of `stream`), then a fill of buffer `work` on `other`, and
+    `other` joined back through event `back` (None: left unjoined)."""
+    k = (1 if work else 0) | (0 if back else 2)
+    return rec(CAPTURE, 2, *(stream or held()), *(event or held()),
+               *(other or held()), k, *(work or []), *(back or []))
+
+
+def replay(stream=None, graph=None, launches=1, instantiate=False,
+           release=False):
+    k = (0 if instantiate else 1) | (launches - 1) << 2 | \
+        (0x40 if release else 0)
+    return rec(CAPTURE, 3, *(stream or held()), *(graph or held()), k)
+
+
+# release(): the kind of the object released (op_release_kind).
+R_STREAM, R_BUF, R_GRAPH, R_EVENT, R_CTX = 0, 1, 2, 3, 4
+
+
+def release(kind, i=0):
+    return rec(RELEASE_OR_SHUTDOWN, 0, kind, i)
+
+
+# The shutdown happens with header bit 5 in inputs whose length is a
+# multiple of 8 (shutdown_seed() pads the record to that).
+SHUTDOWN = rec(RELEASE_OR_SHUTDOWN, 7)
+MAY_SHUT_DOWN = 32
+
+
+def shutdown_seed(*records, header=0):
+    """seed() of records that include SHUTDOWN, padded so that it
+    happens."""
+    data = seed(*records, header=header | MAY_SHUT_DOWN)
+    pad = -len(data) % 8
+    i = records.index(SHUTDOWN)
+    return seed(*records[:i], rec(RELEASE_OR_SHUTDOWN, 7, *[0] * pad),
+                *records[i + 1:], header=header | MAY_SHUT_DOWN)
+
+
+def fill(buf=None, stream=None, value=0x11):
+    """A fill of a whole buffer on a held stream (None: the default)."""
+    return rec(FILL, buf or held(), DEFAULT, DEFAULT,
+               *([1] + stream if stream else [0]), value)
+
+
+SEEDS["streams-wrapped"] = seed(
+    rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC),
+    wrap_stream(held(0)), wrap_stream(held(1)),
+    wrap_default(0), wrap_default(1), wrap_default(2),
+    fill(held(0), held(1)), fill(held(1), held(2)), fill(held(0), held(3)),
+    rec(COPY, held(0), 0, held(1), DEFAULT, DEFAULT, DEFAULT, 0, 1, held(2)),
+    rec(EVENT), rec(EVENT_OP, held(0), 0, 1, held(1)),
+    rec(STREAM_OP, held(4), 2, held(0)),
+    begin(held(3)), begin(held(5)),
+    release(R_STREAM, 0), fill(held(0), held(0)), fill(held(1), held(1)),
+    rec(STREAM_OP, held(0), 0), rec(ROUNDTRIP), release(R_STREAM, 0),
+    rec(FOREIGN, 0, 0, 3))
+
+SEEDS["streams-foreign"] = seed(
+    rec(CTX), rec(CTX, 1), rec(ALLOC), rec(ALLOC, held(1)),
+    foreign_stream(7, twice=True), foreign_stream(0),
+    foreign_stream(7, ctx=held(1)), foreign_stream(0, ctx=held(1)),
+    fill(held(0), held(0)), fill(held(0), held(1)),
+    rec(ASYNC, held(0), DEFAULT, DEFAULT, 0, 1, held(2)),
+    rec(COPY, held(0), 0, held(1), DEFAULT, DEFAULT, DEFAULT, 1, 1, held(0)),
+    rec(COPY, held(1), 0, held(0), DEFAULT, DEFAULT, DEFAULT, 0, 1, held(1)),
+    wrap_stream(held(0)), rec(ALLOC_ASYNC, held(3)),
+    rec(FOREIGN, 0, 2, 1, held(1), held(0)),
+    release(R_STREAM, 0), release(R_STREAM, 0), release(R_BUF, 0),
+    rec(ROUNDTRIP))
+
+SEEDS["captures-streams"] = seed(
+    rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC),
+    foreign_stream(7), wrap_stream(held(0)), wrap_default(0),
+    wrap_stream(held(2), fill=held(1), keep=False),
+    begin(held(0)), fill(held(0), held(0)), rec(COPY, held(1), 0, held(0),
+                                                 DEFAULT, DEFAULT, DEFAULT, 0,
+                                                 1, held(0)),
+    end(held(0)),
+    begin(held(1)), fill(held(1), held(1)), end(held(1)),
+    begin(held(3)), end(held(3)),
+    replay(held(0), held(0), instantiate=True),
+    replay(held(1), held(1), launches=2, release=True),
+    replay(held(2), held(0), launches=3),
+    begin(held(2)), fill(held(0), held(2)), release(R_BUF, 0),
+    release(R_STREAM, 0), release(R_GRAPH, 0),
+    begin(held(0)), fill(held(0), held(0)), rec(STREAM_OP, held(0), 0),
+    release(R_STREAM, 0), rec(CONTEXT_OP, held(0), 0))
+
+SEEDS["captures-joins"] = seed(
+    rec(CTX), rec(STREAM), rec(STREAM), rec(ALLOC), rec(ALLOC),
+    rec(EVENT), rec(EVENT), foreign_stream(7),
+    begin(held(0)),
+    join(held(0), held(0), held(1), work=held(0), back=held(1)),
+    join(held(0), held(0), held(2), back=held(1)),
+    end(held(0)), replay(held(1), held(0), launches=2, release=True),
+    begin(held(2)), join(held(2), held(1), held(0), work=held(1)),
+    end(held(2)), rec(CONTEXT_OP, held(0), 0),
+    begin(held(1)), join(held(1), held(0), held(0), work=held(0)),
+    release(R_STREAM, 1), release(R_EVENT, 0), rec(CONTEXT_OP, held(0), 0))
+
+SEEDS["dlpack-consumers"] = seed(
+    rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC, held(), 1),
+    foreign_stream(7), wrap_default(0),
+    export(held(0), held(0)), export(held(0), held(1), legacy=True),
+    export(held(1), held(2)), export(held(0)),
+    export(held(0), held(0), off=small(8), length=small(16)),
+    export(held(1), held(1), work=1), export(held(0), held(2), work=2),
+    tensor(0, MEMSET), tensor(1, ALIAS_FILL), tensor(2, ALIAS_FILL_NEW_WRAPPER),
+    tensor(4, MEMSET), release(R_BUF, 0),
+    tensor(0, HELPER), tensor(0, HELPER_NEXT), fill(held(0), held(0)),
+    tensor(1, NOW), begin(held(0)), tensor(0, NOW), end(held(0)),
+    export(held(0), held(1)), rec(STREAM_OP, held(1), 0))
+
+SEEDS["dlpack-import"] = seed(
+    rec(CTX), rec(CTX, 1), rec(STREAM),
+    import_(), import_(how=1, m=1), import_(how=2), import_(size=1, how=3),
+    import_(how=4), import_(how=5), import_(how=5, m=1), import_(how=6),
+    import_(how=7), import_(kind=6), import_(kind=7, m=1),
+    import_(held(1), size=3),
+    fill(held(0), held(0)), rec(COPY, held(0), 0, held(1)),
+    rec(COPY, held(0), 0, held(9), DEFAULT, DEFAULT, DEFAULT, 1, 1, held(0)),
+    rec(VIEW, held(0), small(8), small(8)), export(held(0), held(0)),
+    tensor(0, MEMSET), release(R_BUF, 0), release(R_BUF, 0),
+    rec(READ, held(2)), release(R_CTX, 0), tensor(0, NOW), header=16)
+
+SEEDS["shutdown"] = shutdown_seed(
+    rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC, held(), 1), rec(EVENT),
+    foreign_stream(7, twice=True), import_(), wrap_stream(held(0)),
+    export(held(0), held(0)), export(held(1), held(1)), export(held(2)),
+    tensor(0, MEMSET), begin(held(0)), fill(held(0), held(0)),
+    rec(FOREIGN, 3), SHUTDOWN,
+    fill(held(0), held(1)), tensor(0, HELPER), tensor(0, NOW),
+    release(R_BUF, 0), rec(ALLOC), end(held(0)), rec(STREAM_OP, held(0), 0),
+    rec(REFS, 3, 0, 1))
+
+SEEDS["shutdown-paused"] = shutdown_seed(
+    rec(CTX), rec(CTX, 1), rec(STREAM), rec(STREAM, held(1)), rec(ALLOC),
+    rec(ALLOC, held(1)), import_(held(1)), foreign_stream(7),
+    rec(COPY, held(0), 0, held(1)), fill(held(0), held(2)),
+    export(held(0), held(1), work=0), release(R_BUF, 0),
+    rec(MODULE), rec(GET_KERNEL), launch(),
+    begin(held(0)), join(held(0), held(0), held(2)),
+    SHUTDOWN, tensor(0, NOW), header=2)
+
+SEEDS["two-threads-meet"] = bytes([1, 40]) + seed(
+    export(held(0), held(0)), tensor(0, HELPER_NEXT), fill(held(0), held(1)),
+    wrap_stream(held(0)), release(R_STREAM, 0), tensor(0, NOW),
+    release(R_BUF, 0))[1:41].ljust(40, b"\0") + seed(
+    rec(CTX), rec(STREAM), rec(ALLOC), rec(ALLOC), foreign_stream(7),
+    import_(), begin(held(0)), fill(held(1), held(0)), export(held(1)),
+    end(held(0)), replay(held(1), held(0)), release(R_STREAM, 0),
+    rec(REFS, 0, 0))[1:]
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
