@@ -382,14 +382,20 @@ static cudaError_t cuda_capture_id(cudaStream_t stream,
 }
 
 /* The CUDA streams on which a capture of cusafe's may still run, CUDA
- * having failed to end it (mark_leftover), each with CUDA's id of that
- * capture, so that every cusafe stream over one of them -- a wrapper too
- * -- ends it before it queues work there (cs_queue_has_leftover), and
- * ends nothing else: not a capture that began there since, through
- * another cusafe stream or by other code; under open_lock. */
+ * having failed to end it (mark_leftover): each with CUDA's id of that
+ * capture and the stream it began on, whose end alone ends it; so that
+ * every cusafe stream over one of them -- a wrapper too -- ends it before
+ * it queues work there (cs_queue_has_leftover), and ends nothing else: not
+ * a capture that began there since, through another cusafe stream or by
+ * other code.  Under open_lock. */
 static struct leftover {
   cudaStream_t stream;
   unsigned long long id;
+  cudaStream_t origin; /* the stream the capture began on */
+  /* For a stream that joined: the owner of the origin's queue, referenced,
+   * so that the origin's CUDA stream outlives the entry (NULL if the
+   * origin was going: its teardown ends the capture). */
+  struct cs_object *holds;
 } * leftovers;
 static size_t nleftover, cap_leftover;
 _Atomic size_t cs_leftover_streams;
@@ -402,89 +408,122 @@ static struct leftover *leftover_find(cudaStream_t stream) {
   return NULL;
 }
 
-unsigned long long cs_stream_leftover(cudaStream_t stream) {
-  pthread_mutex_lock(&open_lock);
-  struct leftover *l = leftover_find(stream);
-  unsigned long long id = l ? l->id : 0;
-  pthread_mutex_unlock(&open_lock);
-  return id;
-}
-
-/* (open_lock held; without host memory the queues' own marks remain.) */
-static void leftover_add(cudaStream_t stream, unsigned long long id) {
-  struct leftover *l = leftover_find(stream);
-  if (l) {
-    l->id = id;
-    return;
-  }
-  if (!grow((void **)&leftovers, nleftover, &cap_leftover, sizeof *leftovers))
-    return;
-  leftovers[nleftover++] = (struct leftover){stream, id};
+/* Takes entry i out (open_lock held); what it held goes to *drop, to be
+ * let go once the lock is released. */
+static void leftover_take(size_t i, struct cs_object **drop) {
+  *drop = leftovers[i].holds;
+  leftovers[i] = leftovers[--nleftover];
   atomic_store(&cs_leftover_streams, nleftover);
 }
 
-/* `stream` runs the capture of CUDA's id `now` (0: none): its entry goes,
- * unless that capture is the one it names. */
-static void leftover_settle(cudaStream_t stream, unsigned long long now) {
+/* Lets go of what taken entries held: never in the ordered shutdown,
+ * which destroys every object whatever holds it, and frees none. */
+static void leftover_drop(struct cs_object **drops, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (drops[i] && atomic_load(&cs_hot.state) == CS_RUNNING)
+      cs_unref(drops[i]);
+}
+
+bool cs_stream_leftover(cudaStream_t stream) {
   pthread_mutex_lock(&open_lock);
-  struct leftover *l = leftover_find(stream);
-  if (l && (now == 0 || (l->id != now && l->id != CS_LEFTOVER_ANY))) {
-    *l = leftovers[--nleftover];
-    atomic_store(&cs_leftover_streams, nleftover);
-  }
+  bool found = leftover_find(stream) != NULL;
   pthread_mutex_unlock(&open_lock);
+  return found;
 }
 
-/* The leftover capture that q's stream may still run: q's own mark, or
- * the mark of any cusafe stream over the same CUDA stream; 0 if none. */
-static unsigned long long queue_leftover_id(struct cs_queue *q) {
-  unsigned long long id = atomic_load(&q->capture_leftover);
-  if (!id && atomic_load(&cs_leftover_streams))
-    id = cs_stream_leftover(q->stream);
-  return id;
-}
-
-/* q's mark goes once the capture it names runs no more. */
-static void queue_settle(struct cs_queue *q, unsigned long long id) {
-  atomic_compare_exchange_strong(&q->capture_leftover, &id, 0);
-}
-
-bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx,
-                         unsigned long long id) {
-  /* (Only after an end that failed: a destroy costs no query otherwise.) */
-  unsigned long long now;
-  if (cuda_capture_id(stream, &now) != cudaSuccess)
-    return false; /* what runs there is not known: nothing is ended */
-  if (now != 0 && (now == id || id == CS_LEFTOVER_ANY)) {
-    cudaGraph_t g = NULL;
-    if (cs_cu->stream_end_capture(stream, &g) == cudaSuccess)
-      now = 0;
-    discard_graph(ctx, g);
-    if (now)
-      return false;
+/* (open_lock held; without host memory a stream goes unmarked, and what
+ * it would have held is in *drop.) */
+static void leftover_add(const struct leftover *l, struct cs_object **drop) {
+  struct leftover *e = leftover_find(l->stream);
+  *drop = NULL;
+  if (e) { /* an older one's: CUDA began this one there since */
+    *drop = e->holds;
+    *e = *l;
+    return;
   }
-  if (atomic_load(&cs_leftover_streams))
-    leftover_settle(stream, now);
-  return true;
+  if (!grow((void **)&leftovers, nleftover, &cap_leftover, sizeof *leftovers)) {
+    *drop = l->holds;
+    return;
+  }
+  leftovers[nleftover++] = *l;
+  atomic_store(&cs_leftover_streams, nleftover);
 }
 
-bool cs_queue_end_leftover(struct cs_queue *q) {
-  unsigned long long id = queue_leftover_id(q);
-  if (!id)
+/* Takes out the entries of the capture of id `id` that began on `stream`
+ * (it runs no more), or only the one of `stream`, if `id` is 0. */
+static void leftover_settle(cudaStream_t stream, unsigned long long id) {
+  struct cs_object *stack[8], **drops = stack;
+  size_t n = 0;
+  pthread_mutex_lock(&open_lock);
+  if (nleftover > 8 && !(drops = malloc(nleftover * sizeof *drops)))
+    drops = stack; /* then at most eight go now, the rest later */
+  size_t room = drops == stack ? 8 : nleftover;
+  for (size_t i = nleftover; i-- > 0 && n < room;)
+    if (id ? leftovers[i].id == id && leftovers[i].origin == stream
+           : leftovers[i].stream == stream)
+      leftover_take(i, &drops[n++]);
+  pthread_mutex_unlock(&open_lock);
+  leftover_drop(drops, n);
+  if (drops != stack)
+    free(drops);
+}
+
+void cs_stream_forget_leftover(cudaStream_t stream) {
+  if (atomic_load(&cs_leftover_streams))
+    leftover_settle(stream, 0);
+}
+
+/* Whether the leftover capture of id `id` no longer runs on a stream that
+ * runs the capture of id `now` (0: none).  CUDA tells no id of an
+ * invalidated capture (CS_LEFTOVER_ANY): it is taken as the leftover,
+ * which nothing can use any more. */
+static bool leftover_over(unsigned long long now, unsigned long long id) {
+  return now == 0 ||
+         (now != id && now != CS_LEFTOVER_ANY && id != CS_LEFTOVER_ANY);
+}
+
+bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx) {
+  /* (Only after an end that failed: a destroy costs no query otherwise.) */
+  pthread_mutex_lock(&open_lock);
+  struct leftover *e = leftover_find(stream);
+  struct leftover l = e ? *e : (struct leftover){0};
+  /* The origin's CUDA stream stays valid while this end uses it. */
+  bool held = l.holds && cs_try_ref(l.holds);
+  pthread_mutex_unlock(&open_lock);
+  if (!e)
     return true;
-  struct cs_queue *origin = atomic_load(&q->leftover_origin);
-  /* Only the end of the stream it began on ends a capture -- unless the
-   * shutdown destroyed that one first, which ended it then. */
-  if (origin && !atomic_load(&origin->gone))
-    cs_capture_leftover(origin->stream, origin->ctx, id);
-  if (!cs_capture_leftover(q->stream, q->ctx, id))
-    return false;
-  queue_settle(q, id);
-  return true;
+  unsigned long long now;
+  bool ended = false;
+  if (cuda_capture_id(stream, &now) == cudaSuccess) {
+    ended = leftover_over(now, l.id);
+    if (ended) { /* it ran no more, and the stream's entry goes */
+      leftover_settle(stream, 0);
+    } else {
+      /* Only the end of the stream it began on ends a capture; where that
+       * fails (the origin went), the stream's own end is tried.  An end
+       * that fails may end the capture all the same (an unjoined stream,
+       * an invalidated capture): CUDA is asked again. */
+      cudaStream_t at[2] = {l.origin, stream};
+      for (int i = 0; i < 2 && !ended; i++) {
+        if (i == 1 && l.origin == stream)
+          break;
+        cudaGraph_t g = NULL;
+        ended = cs_cu->stream_end_capture(at[i], &g) == cudaSuccess;
+        discard_graph(ctx, g);
+        ended = ended || (cuda_capture_id(stream, &now) == cudaSuccess &&
+                          leftover_over(now, l.id));
+      }
+      if (ended)
+        leftover_settle(l.origin, l.id);
+    }
+  }
+  if (held)
+    cs_unref(l.holds);
+  return ended;
 }
 
 cusafe_status cs_queue_leftover(struct cs_queue *q) {
-  if (cs_queue_end_leftover(q))
+  if (cs_leftover_end(q->stream, q->ctx))
     return CUSAFE_SUCCESS;
   return cs_fail(CUSAFE_ERROR_CAPTURING,
                  "stream 0x%016llx may still capture: ending its capture "
@@ -502,21 +541,20 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
   cudaError_t err = cuda_capture_id(q->stream, &now);
   if (err != cudaSuccess)
     return cs_fail_cuda(err, "cudaStreamGetCaptureInfo");
-  unsigned long long id = queue_leftover_id(q);
   if (now == 0) { /* any leftover there is over */
-    if (id) {
-      leftover_settle(q->stream, 0);
-      queue_settle(q, id);
-    }
+    cs_stream_forget_leftover(q->stream);
     return CUSAFE_SUCCESS;
   }
-  if (!id || (id != now && id != CS_LEFTOVER_ANY))
+  if (!cs_queue_has_leftover(q))
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx is being captured by other code",
                    (unsigned long long)s->hdr.handle);
-  if (!cs_queue_end_leftover(q))
-    return cs_queue_leftover(q);
-  return CUSAFE_SUCCESS;
+  cusafe_status st = cs_queue_leftover(q);
+  if (st == CUSAFE_SUCCESS && cs_queue_has_leftover(q))
+    st = cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "stream 0x%016llx is being captured by other code",
+                 (unsigned long long)s->hdr.handle);
+  return st;
 }
 
 static void capture_close(struct cs_capture *c);
@@ -667,21 +705,23 @@ static void mark_leftover(struct cs_capture *c) {
     cuda_capture_id(c->origin->stream, &id);
   if (!id) /* CUDA cannot tell: whatever captures there is taken as it */
     id = CS_LEFTOVER_ANY;
+  size_t n = c->nmembers + 1;
+  struct cs_object *stack[8], **drops = stack;
+  if (n > 8 && !(drops = calloc(n, sizeof *drops)))
+    n = 8, drops = stack; /* then the first members only */
   pthread_mutex_lock(&open_lock);
-  leftover_add(c->origin->stream, id);
-  for (size_t i = 0; i < c->nmembers; i++)
-    leftover_add(c->members[i]->stream, id);
-  pthread_mutex_unlock(&open_lock);
-  atomic_store(&c->origin->capture_leftover, id);
-  for (size_t i = 0; i < c->nmembers; i++) {
-    struct cs_queue *m = c->members[i];
-    atomic_store(&m->capture_leftover, id);
-    struct cs_queue *none = NULL;
-    /* (The origin may be going already: then its own teardown ends it.) */
-    if (!atomic_load(&m->leftover_origin) && cs_try_ref(c->origin->owner) &&
-        !atomic_compare_exchange_strong(&m->leftover_origin, &none, c->origin))
-      cs_unref(c->origin->owner); /* not the last: the end holds it */
+  struct leftover l = {c->origin->stream, id, c->origin->stream, NULL};
+  leftover_add(&l, &drops[0]);
+  for (size_t i = 1; i < n; i++) {
+    struct cs_object *origin = c->origin->owner;
+    l = (struct leftover){c->members[i - 1]->stream, id, c->origin->stream,
+                          cs_try_ref(origin) ? origin : NULL};
+    leftover_add(&l, &drops[i]);
   }
+  pthread_mutex_unlock(&open_lock);
+  leftover_drop(drops, n);
+  if (drops != stack)
+    free(drops);
 }
 
 /* After CUDA's capture has ended: c's queues leave it, and once the

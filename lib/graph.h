@@ -111,20 +111,17 @@ struct cs_capture *cs_capture_find(uint64_t id);
  * current; the thread neither gated nor pinned).  A capture beginning on
  * another thread meanwhile is waited for. */
 void cs_capture_discard(struct cs_queue *q);
-/* Ends the capture of CUDA's id `id` if it still runs on `stream`, one of
- * the library's own whose end failed before, discarding it (ctx: the
- * stream's; id CS_LEFTOVER_ANY: whatever captures there); true if that
- * capture runs there no more.  A capture that began there since is left
- * alone. */
-bool cs_capture_leftover(cudaStream_t stream, struct cs_context *ctx,
-                         unsigned long long id);
-/* For q, whose capture's end failed (capture_leftover): ends what CUDA
- * may still capture on it, or fails with CUSAFE_ERROR_CAPTURING -- work
- * recorded on it then would be captured into nothing, and a stream that
- * waited for it would join that capture. */
+/* Ends the capture of cusafe's that may still run on `stream`, its end
+ * having failed (cs_queue_has_leftover), discarding it (ctx: the stream's,
+ * for the graph), where it began; true if it runs there no more.  A
+ * capture that began there since is left alone. */
+bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx);
+/* The same for q, or fails with CUSAFE_ERROR_CAPTURING -- work recorded
+ * on it would be captured into nothing, and a stream that waited for it
+ * would join that capture. */
 cusafe_status cs_queue_leftover(struct cs_queue *q);
-/* The same, silent: whether q captures no more. */
-bool cs_queue_end_leftover(struct cs_queue *q);
+/* `stream`, one of cusafe's, is destroyed: no capture runs there. */
+void cs_stream_forget_leftover(cudaStream_t stream);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);
