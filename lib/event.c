@@ -169,6 +169,12 @@ static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
                      (unsigned long long)ev->hdr.handle);
     return cs_queue_mark_joining(q) ? CS_JOIN : CS_RETRY;
   }
+  /* A wait captured into nothing would be lost, and pull later work in. */
+  if (!mine && cs_queue_has_leftover(q)) {
+    cusafe_status st = cs_queue_leftover(q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
   unsigned int flags = 0;
   if (mine && !theirs) {
     cusafe_status st = cs_capture_hold(mine, &ev->hdr);

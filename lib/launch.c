@@ -179,6 +179,9 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
     st = cap == CS_CAPTURE_BUSY ? CS_RETRY : cs_capture_hold(cap, &k->hdr);
     if (st == CUSAFE_SUCCESS)
       st = launch_locked(k, q, stream, c, argv, lb);
+  } else if (CS_UNLIKELY(cs_queue_has_leftover(q)) &&
+             (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS) {
+    /* a kernel captured into nothing would never run: nothing queued */
   } else if (CS_UNLIKELY(!all_on(lb, q))) {
     st = launch_locked(k, q, stream, c, argv, lb);
   } else {

@@ -74,7 +74,42 @@ static cusafe_status queue_point(struct cs_queue *q, bool record,
   }
   if (record && cs_queue_has_leftover(q))
     return cs_queue_leftover(q);
+  if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q))
+    return CS_PARK;
   return CUSAFE_SUCCESS;
+}
+
+bool cs_queue_untouchable(struct cs_queue *q) {
+  if (CS_LIKELY(!q->borrowed))
+    return false;
+  int saved;
+  if (cs_device_enter(q->ctx->device, &saved) != CUSAFE_SUCCESS)
+    return false;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  bool no;
+  if (q->wraps_default) /* (the per-thread stream taken as the legacy one) */
+    no = cs_cu->stream_is_capturing(cudaStreamLegacy, &cs) ==
+         cudaErrorStreamCaptureImplicit;
+  else
+    no = cs_queue_capture(q) == NULL && !cs_queue_has_leftover(q) &&
+         cs_cu->stream_is_capturing(q->stream, &cs) == cudaSuccess &&
+         cs != cudaStreamCaptureStatusNone;
+  cs_device_leave(saved);
+  return no;
+}
+
+/* What a hand-off from q, which cannot be touched now, fails with. */
+static cusafe_status untouchable_fail(struct cs_queue *q) {
+  if (q->wraps_default)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx wraps a device's default stream, which "
+                   "CUDA lets nothing wait for while a blocking stream of "
+                   "the device captures",
+                   (unsigned long long)q->owner->handle);
+  return cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "stream 0x%016llx is being captured by other code: nothing "
+                 "outside that capture can wait for its work",
+                 (unsigned long long)q->owner->handle);
 }
 
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
@@ -96,6 +131,8 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
    * capture's beginning, which records `entry` under the same lock. */
   cs_spin_lock(&from->capture_lock);
   st = queue_point(from, true, &ev);
+  if (st == CS_PARK)
+    st = untouchable_fail(from);
   if (st == CUSAFE_SUCCESS && !ev) {
     st = handoff_event(from, &ev);
     if (st == CUSAFE_SUCCESS) {
@@ -118,21 +155,31 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   return st;
 }
 
-cudaError_t cs_queue_wait(struct cs_queue *q) {
+cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park) {
   struct cs_thread *self = cs_thread_self();
   for (;;) {
     cs_gate(self);
     cudaEvent_t entry;
     cusafe_status st = queue_point(q, false, &entry);
     cudaError_t err = cudaSuccess;
-    if (st == CUSAFE_SUCCESS)
+    if (st == CS_PARK) {
+      if (park)
+        *park = true;
+      else /* refused as CUDA would, without breaking what captures */
+        err = cudaErrorStreamCaptureImplicit;
+    } else if (st == CUSAFE_SUCCESS) {
       err = entry ? cs_cu->event_synchronize(entry)
                   : cs_cu->stream_synchronize(q->stream);
+    }
     cs_ungate(self);
     if (st != CS_RETRY)
       return err;
     cs_capture_yield(); /* a capture begins or ends on q */
   }
+}
+
+cudaError_t cs_queue_wait(struct cs_queue *q) {
+  return cs_queue_wait_or_park(q, NULL);
 }
 
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned) {
@@ -305,6 +352,9 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   s->queue.stream = stream;
   s->queue.ctx = ctx;
   s->queue.owner = obj;
+  s->queue.borrowed = true;
+  s->queue.wraps_default = stream == NULL || stream == cudaStreamLegacy ||
+                           stream == cudaStreamPerThread;
   s->borrowed = true;
   return CUSAFE_SUCCESS;
 }
@@ -340,9 +390,10 @@ static cudaError_t queue_fini(void *obj) {
   /* So does one of cusafe's whose end failed, also on a stream of another
    * library's: its owner could not end it, nor begin one of its own. */
   if (cs_queue_has_leftover(&s->queue))
-    cs_queue_end_leftover(&s->queue);
+    (void)cs_leftover_end(s->queue.stream, s->queue.ctx);
   cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
-  atomic_store(&s->queue.gone, true);
+  if (!s->borrowed) /* its handle may name another stream later */
+    cs_stream_forget_leftover(s->queue.stream);
   /* A capture that ended here may have been what kept the legacy stream
    * untouchable: the follows parked meanwhile are done now. */
   cs_parked_drain();
@@ -357,11 +408,8 @@ cusafe_status cs_stream_fini(struct cs_object *obj) {
 
 void cs_stream_free(struct cs_object *obj) {
   struct cs_stream *s = (struct cs_stream *)obj;
-  struct cs_queue *origin = atomic_load(&s->queue.leftover_origin);
   struct cs_stream *holds = s->holds;
   free(obj);
-  if (origin)
-    cs_unref(origin->owner);
   if (holds)
     cs_unref(&holds->hdr);
 }

@@ -29,22 +29,15 @@ struct cs_queue {
   /* Recorded to hand work over to another stream; created on first need. */
   _Atomic(cudaEvent_t) handoff;
   cudaEvent_t entry; /* created at the queue's first capture */
-  /* An end of its capture failed: CUDA may still run that capture, of
-   * CUDA's id capture_leftover (cs_queue_leftover); 0 if none. */
-  _Atomic unsigned long long capture_leftover;
-  /* For a queue that had joined such a capture: the queue it began on,
-   * whose end alone can end it (its owner referenced, until this queue's
-   * owner goes). */
-  _Atomic(struct cs_queue *) leftover_origin;
-  /* The CUDA stream is destroyed: the ordered shutdown destroys every
-   * stream, the one a leftover capture began on too, whatever holds it. */
-  _Atomic bool gone;
   cs_spinlock capture_lock;
   /* While the queue is marked joining a capture: in the list of joining
    * queues (graph.c, under its open_lock), so that other cusafe streams
    * over the same CUDA stream see the mark too. */
   struct cs_queue *joining_next;
   bool joining_listed;
+  /* A wrapper's queue (cusafe_stream_wrap): of another library's stream,
+   * or (wraps_default) of a device's default stream. */
+  bool borrowed, wraps_default;
 };
 
 struct cs_stream {
@@ -95,20 +88,17 @@ static inline struct cs_capture *cs_queue_capture(struct cs_queue *q) {
   return CS_UNLIKELY((uintptr_t)c & CS_CAPTURE_MARKS) ? CS_CAPTURE_BUSY : c;
 }
 /* How many CUDA streams a capture of cusafe's may still run on, its end
- * having failed (graph.c), and CUDA's id of the one that may still run on
- * `stream` (0 if none; CS_LEFTOVER_ANY if CUDA could not tell it). */
+ * having failed (graph.c), and whether `stream` is one of them. */
 extern _Atomic size_t cs_leftover_streams;
-#define CS_LEFTOVER_ANY (~0ULL)
-unsigned long long cs_stream_leftover(cudaStream_t stream);
+#define CS_LEFTOVER_ANY (~0ULL) /* CUDA could not tell the capture's id */
+bool cs_stream_leftover(cudaStream_t stream);
 /* Whether q's CUDA stream may still capture into nothing, a capture of
  * cusafe's there having failed to end -- also one that began through
  * another cusafe stream over it: then cs_queue_leftover() before work. */
 static inline bool cs_queue_has_leftover(struct cs_queue *q) {
-  return CS_UNLIKELY(atomic_load_explicit(&q->capture_leftover,
-                                          memory_order_relaxed)) ||
-         (CS_UNLIKELY(atomic_load_explicit(&cs_leftover_streams,
-                                           memory_order_relaxed)) &&
-          cs_stream_leftover(q->stream) != 0);
+  return CS_UNLIKELY(atomic_load_explicit(&cs_leftover_streams,
+                                          memory_order_relaxed)) &&
+         cs_stream_leftover(q->stream);
 }
 /* Yields to a capture that begins or ends on another thread, before an
  * operation that met it is tried again (its gate or pin ended). */
@@ -139,8 +129,19 @@ cusafe_status cs_queue_get(cusafe_stream stream, struct cs_context *dflt,
  * orders itself, cs_capture_use).  CS_RETRY while a capture begins or ends
  * on either queue. */
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
-/* cs_queue_wait() waits for it on the host (the thread not gated). */
+/* cs_queue_wait() waits for it on the host (the thread not gated).  With
+ * `park` (cs_queue_wait_or_park), where q cannot be touched now, it waits
+ * for nothing and sets *park; without, it fails then, touching nothing. */
 cudaError_t cs_queue_wait(struct cs_queue *q);
+cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park);
+/* Whether q is a wrapper's queue that nothing may touch now (a record,
+ * wait or synchronisation there would break a capture or join one): the
+ * legacy default stream -- which a wrapped default stream stands for --
+ * while a blocking stream of its device captures, or another library's
+ * stream while it captures, other than in a capture of cusafe's.  The
+ * thread gated where the answer must hold until its CUDA calls: a capture
+ * of cusafe's that begins meanwhile waits for the gate. */
+bool cs_queue_untouchable(struct cs_queue *q);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);
