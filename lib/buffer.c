@@ -52,6 +52,12 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   struct cs_capture *c = cs_queue_capture(q);
   if (CS_UNLIKELY(c))
     return c == CS_CAPTURE_BUSY ? CS_RETRY : cs_capture_use(c, root, q);
+  /* Work captured into nothing would never run (cs_queue_leftover). */
+  if (CS_UNLIKELY(cs_queue_has_leftover(q))) {
+    cusafe_status st = cs_queue_leftover(q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
   struct cs_queue *last =
       atomic_load_explicit(root->last, memory_order_relaxed);
   if (CS_LIKELY(last == q))
@@ -80,111 +86,127 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
   return CUSAFE_SUCCESS;
 }
 
-/* ---- follows parked while the legacy stream cannot be touched ------------ */
+/* ---- what waits while a stream cannot be touched ------------------------ */
 
 /* While a blocking stream of a device captures (cusafe's capture or
  * another library's), CUDA refuses any use of the device's legacy default
  * stream and invalidates that capture (cudaErrorStreamCaptureImplicit):
- * no record, wait or synchronisation there.  A follow of such a stream
- * (a DLPack deleter, cusafe_stream_use_buffers(), which the Python
- * package's finalizers call, whenever they run) waits here instead,
- * holding the buffer and the stream, and is done once the stream can be
- * touched again: when a capture of cusafe's ends, and before each new
- * follow.  The memory lives meanwhile -- freed later, never earlier. */
+ * no record, wait or synchronisation there; and nothing outside a capture
+ * that other code began on a stream of its own can be ordered after that
+ * stream (cs_queue_untouchable).  What must follow such a stream then --
+ * a follow (a DLPack deleter, cusafe_stream_use_buffers(), which the
+ * Python package's finalizers call, whenever they run) or the end of
+ * released memory last used there (its free or give-back) -- waits here,
+ * holding what it needs, and is done once the stream can be touched
+ * again: when a capture of cusafe's ends, and before each later follow or
+ * end.  The memory lives meanwhile -- freed later, never earlier. */
 struct memory_end;
 struct parked {
   struct cs_buffer *b; /* referenced; NULL for an end */
   struct cs_stream *s; /* referenced */
-  /* Or the end of a released root's memory (its free or give-back), whose
-   * latest work was queued there: its context referenced. */
+  /* Or the end of a released root's memory, whose latest work was queued
+   * there: its context referenced. */
   struct memory_end *end;
   struct parked *next;
 };
 static pthread_mutex_t parked_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct parked *parked_head;
 static _Atomic int parked_any;
+/* Calls of cs_parked_drain() not yet served: one drain runs at a time, and
+ * goes again while more came meanwhile (a capture ended, a park). */
+static _Atomic unsigned drain_calls;
 
-/* Whether q is a device's legacy default stream that CUDA refuses to
- * touch now (q's device current). */
-static bool untouchable(struct cs_queue *q) {
-  cudaStream_t st = q->stream;
-  if (st != NULL && st != cudaStreamLegacy)
-    return false;
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  return cs_cu->stream_is_capturing(cudaStreamLegacy, &cs) ==
-         cudaErrorStreamCaptureImplicit;
+static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
+static cusafe_status memory_end_run(const struct memory_end *m, bool may_park);
+static void memory_end_free(struct parked *p);
+
+static void parked_push(struct parked *first, struct parked *last) {
+  pthread_mutex_lock(&parked_lock);
+  last->next = parked_head;
+  parked_head = first;
+  atomic_store(&parked_any, 1);
+  pthread_mutex_unlock(&parked_lock);
 }
 
-/* Parks the follow of b after q, a stream's queue, that cannot be done
- * now: the caller's references on neither are taken. */
-static cusafe_status park(struct cs_buffer *b, struct cs_queue *q) {
+/* Parks p, waiting on q's stream, and makes sure that it is seen: if the
+ * stream can be touched already (the capture that forbade it ended since
+ * the operation looked), by a drain now; if not, by the drain that the
+ * end of that capture starts, which comes after this push. */
+static void park(struct parked *p, struct cs_queue *q) {
+  parked_push(p, p);
+  if (!cs_queue_untouchable(q))
+    cs_parked_drain();
+}
+
+/* Parks the follow of b after q: the caller's references on neither are
+ * taken. */
+static cusafe_status park_follow(struct cs_buffer *b, struct cs_queue *q) {
   struct parked *p = malloc(sizeof *p);
   if (!p)
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   cs_ref(&b->hdr);
   cs_ref(q->owner);
   *p = (struct parked){.b = b, .s = (struct cs_stream *)q->owner};
-  pthread_mutex_lock(&parked_lock);
-  p->next = parked_head;
-  parked_head = p;
-  atomic_store(&parked_any, 1);
-  pthread_mutex_unlock(&parked_lock);
+  park(p, q);
   return CUSAFE_SUCCESS;
 }
 
-static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
-static void end_parked(struct parked *p);
-
-void cs_parked_drain(void) {
-  /* (Not in the ordered shutdown, which destroys everything in order and
-   * forgets them, nor in a forked child.) */
-  if (!atomic_load(&parked_any) || atomic_load(&cs_hot.state) != CS_RUNNING)
-    return;
-  pthread_mutex_lock(&parked_lock);
-  struct parked *all = parked_head;
-  parked_head = NULL;
-  atomic_store(&parked_any, 0);
-  pthread_mutex_unlock(&parked_lock);
-  struct parked *keep = NULL;
-  while (all) {
-    struct parked *p = all;
-    all = p->next;
-    struct cs_queue *q = &p->s->queue;
-    int saved;
-    bool done = false;
-    if (cs_device_enter(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
-      done = !untouchable(q);
-      cs_device_leave(saved);
-    }
-    /* A failure past this point leaves only the thread's message: the
-     * memory's free still comes after the stream's work it could see. */
-    if (!done) {
-      p->next = keep;
-      keep = p;
-      continue;
-    }
-    if (p->end) {
-      end_parked(p);
-      continue;
-    }
-    (void)follow_or_wait(p->b, q);
-    cs_unref(&p->s->hdr);
-    cs_unref(&p->b->hdr);
-    free(p);
+/* Does one parked entry, if its stream can be touched now: true if done
+ * (and freed). */
+static bool parked_do(struct parked *p) {
+  struct cs_queue *q = &p->s->queue;
+  if (p->end) {
+    if (memory_end_run(p->end, true) == CS_PARK)
+      return false;
+    memory_end_free(p);
+    return true;
   }
-  if (keep) {
-    pthread_mutex_lock(&parked_lock);
-    struct parked *last = keep;
-    while (last->next)
-      last = last->next;
-    last->next = parked_head;
-    parked_head = keep;
-    atomic_store(&parked_any, 1);
-    pthread_mutex_unlock(&parked_lock);
-  }
+  /* A failure past this point leaves only the thread's message: the
+   * memory's free still comes after the stream's work it could see. */
+  if (follow_or_wait(p->b, q) == CS_PARK)
+    return false;
+  cs_unref(&p->s->hdr);
+  cs_unref(&p->b->hdr);
+  free(p);
+  return true;
 }
 
-static void memory_end_run(const struct memory_end *m);
+void cs_parked_drain(void) {
+  /* (Not in the ordered shutdown, which does the ends first and forgets
+   * the follows, nor in a forked child.) */
+  if (!atomic_load(&parked_any) || atomic_load(&cs_hot.state) != CS_RUNNING)
+    return;
+  unsigned seen = atomic_fetch_add(&drain_calls, 1);
+  if (seen) /* a drain runs: it goes again */
+    return;
+  seen = 1;
+  for (;;) {
+    pthread_mutex_lock(&parked_lock);
+    struct parked *all = parked_head;
+    parked_head = NULL;
+    atomic_store(&parked_any, 0);
+    pthread_mutex_unlock(&parked_lock);
+    struct parked *keep = NULL, *last = NULL;
+    while (all) {
+      struct parked *p = all;
+      all = p->next;
+      if (!parked_do(p)) {
+        p->next = keep;
+        keep = p;
+        if (!last)
+          last = p;
+      }
+    }
+    if (keep)
+      parked_push(keep, last);
+    /* Calls that came meanwhile (a capture that ended, a park) are served
+     * by one more round. */
+    unsigned now = seen;
+    if (atomic_compare_exchange_strong(&drain_calls, &now, 0))
+      return;
+    seen = now;
+  }
+}
 
 void cs_parked_shutdown(void) {
   pthread_mutex_lock(&parked_lock);
@@ -196,14 +218,15 @@ void cs_parked_shutdown(void) {
     struct parked *p = all;
     all = p->next;
     if (p->end) { /* ordered as well as it can be, as every release */
-      memory_end_run(p->end);
+      (void)memory_end_run(p->end, false);
       free(p->end);
     }
     free(p);
   }
 }
 
-/* cs_buffer_follow() once gated, root's lock held. */
+/* cs_buffer_follow() once gated, root's lock held: CS_PARK where q cannot
+ * be touched. */
 static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
                                    struct cs_queue *to,
                                    struct cs_object **drop) {
@@ -211,6 +234,10 @@ static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
   if (CS_UNLIKELY(tc))
     return tc == CS_CAPTURE_BUSY ? CS_RETRY
                                  : cs_capturing("ordering a buffer's free", to);
+  /* Looked at under the gate: a capture of cusafe's that begins after
+   * this look waits for the follow's CUDA calls. */
+  if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q))
+    return CS_PARK;
   /* Where root's latest work is on q, the chain's own hand-off from q
    * is the one needed. */
   struct cs_queue *last =
@@ -221,7 +248,7 @@ static cusafe_status follow_locked(struct cs_buffer *root, struct cs_queue *q,
   return st;
 }
 
-/* The follow, once q can be touched. */
+/* The follow (CS_PARK if q cannot be touched now). */
 static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q) {
   struct cs_buffer *root = b->root;
   struct cs_thread *self = cs_thread_self();
@@ -243,43 +270,26 @@ static cusafe_status follow_now(struct cs_buffer *b, struct cs_queue *q) {
 /* The follow, or where it cannot be queued (a record or wait that CUDA
  * refuses), the host's wait for q's work instead: nothing later on b's
  * memory, its free included, may come before that work.  The failure is
- * returned all the same. */
+ * returned all the same.  CS_PARK where q cannot be touched now. */
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q) {
   cusafe_status st = follow_now(b, q);
-  if (st != CUSAFE_SUCCESS && cs_queue_wait(q) != cudaSuccess) {
-    int saved; /* a broken stream: its device's work, if it can */
-    if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
-      cs_cu->device_synchronize();
-      cs_device_leave(saved);
-    }
+  if (st == CUSAFE_SUCCESS || st == CS_PARK)
+    return st;
+  bool park = false;
+  if (cs_queue_wait_or_park(q, &park) == cudaSuccess)
+    return park ? CS_PARK : st;
+  int saved; /* a broken stream: its device's work, if it can */
+  if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
+    cs_cu->device_synchronize();
+    cs_device_leave(saved);
   }
   return st;
 }
 
-/* Parks the follow where q is a legacy stream that cannot be touched now
- * (*parked: true), else leaves it to the caller. */
-static cusafe_status park_if_untouchable(struct cs_buffer *b,
-                                         struct cs_queue *q, bool *parked) {
-  *parked = false;
-  if (q->owner->type != CS_STREAM ||
-      !cs_stream_wraps_default((struct cs_stream *)q->owner))
-    return CUSAFE_SUCCESS;
-  int saved;
-  cusafe_status st = cs_device_enter(q->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  *parked = untouchable(q);
-  cs_device_leave(saved);
-  return *parked ? park(b, q) : CUSAFE_SUCCESS;
-}
-
 cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
   cs_parked_drain();
-  bool parked;
-  cusafe_status st = park_if_untouchable(b, q, &parked);
-  if (st != CUSAFE_SUCCESS || parked)
-    return st;
-  return follow_or_wait(b, q);
+  cusafe_status st = follow_or_wait(b, q);
+  return st == CS_PARK ? park_follow(b, q) : st;
 }
 
 /* An operation has few buffers: an insertion sort beats qsort's calls
@@ -664,10 +674,14 @@ struct memory_end {
 };
 
 /* Queues the free of m's device memory after the work on fq, the latest
- * queue it was used on (the thread gated). */
+ * queue it was used on (the thread gated): CS_PARK, with `may_park`,
+ * where fq cannot be touched now. */
 static cusafe_status free_device_gated(const struct memory_end *m,
-                                       struct cs_queue *fq, cudaError_t *err) {
+                                       struct cs_queue *fq, bool may_park,
+                                       cudaError_t *err) {
   struct cs_context *ctx = m->ctx;
+  if (may_park && CS_UNLIKELY(fq->borrowed) && cs_queue_untouchable(fq))
+    return CS_PARK;
   /* Last used by a peer copy on another device, or on a stream that now
    * captures (where a free cannot be queued): freed on the context's own
    * stream after that work. */
@@ -696,7 +710,7 @@ static cusafe_status free_device_gated(const struct memory_end *m,
 /* Frees root memory after the work queued on it: device memory on the
  * stream of its latest operation (in its own context), pinned and managed
  * memory, which CUDA frees synchronously, once that stream is idle. */
-static cusafe_status free_memory(const struct memory_end *m) {
+static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
   struct cs_queue *q = m->q;
   cudaError_t err = cudaSuccess;
   const char *fn = NULL;
@@ -705,15 +719,20 @@ static cusafe_status free_memory(const struct memory_end *m) {
     struct cs_thread *self = cs_thread_self();
     do {
       cs_gate(self);
-      st = free_device_gated(m, q ? q : &m->ctx->queue, &err);
+      st = free_device_gated(m, q ? q : &m->ctx->queue, may_park, &err);
       cs_ungate(self);
       if (st == CS_RETRY)
         cs_capture_yield();
     } while (st == CS_RETRY);
+    if (st == CS_PARK)
+      return st;
     fn = "cudaFreeAsync";
   } else {
     if (q) {
-      err = cs_queue_wait(q);
+      bool park = false;
+      err = cs_queue_wait_or_park(q, may_park ? &park : NULL);
+      if (park)
+        return CS_PARK;
       fn = "cudaStreamSynchronize";
     }
     cudaError_t ferr = m->kind == CUSAFE_MEMORY_HOST_PINNED
@@ -735,98 +754,87 @@ static cusafe_status free_memory(const struct memory_end *m) {
  * may call cusafe.  Where neither the stream nor the device can be waited
  * for, the device is broken and its work will not run: the memory goes
  * back all the same. */
-static cusafe_status give_back(const struct memory_end *m) {
+static cusafe_status give_back(const struct memory_end *m, bool may_park) {
   struct cs_queue *q = m->q;
   cusafe_status st = CUSAFE_SUCCESS;
   if (q) {
     int saved;
     st = cs_device_enter_teardown(q->ctx->device, &saved);
-    cudaError_t err = cs_queue_wait(q);
-    if (err != cudaSuccess && cs_cu->device_synchronize() == cudaSuccess)
+    bool park = false;
+    cudaError_t err = cs_queue_wait_or_park(q, may_park ? &park : NULL);
+    if (!park && err != cudaSuccess &&
+        cs_cu->device_synchronize() == cudaSuccess)
       err = cudaSuccess;
-    if (err != cudaSuccess && st == CUSAFE_SUCCESS)
+    if (!park && err != cudaSuccess && st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
     cs_device_leave(saved);
+    if (park)
+      return CS_PARK;
   }
   if (m->release)
     m->release(m->user);
   return st;
 }
 
-/* The end of m, also when its device cannot be made current: memory left
- * behind would outlive its context. */
-static cusafe_status memory_end_do(const struct memory_end *m) {
-  if (m->wrapped)
-    return give_back(m);
-  int saved;
-  cusafe_status st = cs_device_enter_teardown(m->ctx->device, &saved);
-  st = cs_first(st, free_memory(m));
-  cs_device_leave(saved);
-  return st;
-}
-
-/* The same, in relaxed capture mode where it waits or frees synchronously
- * (the give-back, pinned and managed memory), as every teardown
- * (handle.c); device memory's cudaFreeAsync is the program's free, made
- * in its own mode, as the call it stands for would be. */
-static void memory_end_run(const struct memory_end *m) {
+/* The end of m, also when its device cannot be made current (memory left
+ * behind would outlive its context); CS_PARK, with `may_park`, where the
+ * stream of its latest work cannot be touched now: nothing done.  In
+ * relaxed capture mode where it waits or frees synchronously (the
+ * give-back, pinned and managed memory), as every teardown (handle.c);
+ * device memory's cudaFreeAsync is the program's free, made in its own
+ * mode, as the call it stands for would be. */
+static cusafe_status memory_end_run(const struct memory_end *m, bool may_park) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   bool relaxed =
       (m->wrapped || m->kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
-  (void)memory_end_do(m);
+  cusafe_status st;
+  if (m->wrapped) {
+    st = give_back(m, may_park);
+  } else {
+    int saved;
+    st = cs_device_enter_teardown(m->ctx->device, &saved);
+    cusafe_status fst = free_memory(m, may_park);
+    st = fst == CS_PARK ? fst : cs_first(st, fst);
+    cs_device_leave(saved);
+  }
   cs_unrelax(relaxed, mode);
+  return st;
 }
 
-/* A parked end, once its legacy stream can be touched: done, and what it
- * held let go.  A failure leaves only the thread's message, as a release
- * of the buffer itself would have. */
-static void end_parked(struct parked *p) {
+/* A parked end, done: what it held let go.  A failure leaves only the
+ * thread's message, as a release of the buffer itself would have. */
+static void memory_end_free(struct parked *p) {
   struct memory_end *m = p->end;
-  memory_end_run(m);
   cs_unref(&p->s->hdr);
   cs_unref(&m->ctx->hdr);
   free(m);
   free(p);
 }
 
-/* Parks m's end where its latest work is on a legacy default stream that
- * cannot be touched now (a blocking stream of the device captures): no
- * free, wait or give-back could be ordered after that work, which may
- * still be queued.  *parked: whether it did. */
-static cusafe_status park_end(const struct memory_end *m, bool *parked) {
-  *parked = false;
+/* Parks m's end: its latest work is on a stream that cannot be touched
+ * now (a legacy default stream while a blocking stream of its device
+ * captures; a stream that other code captures), so that no free, wait or
+ * give-back can be ordered after that work, which may still be queued.
+ * Without host memory it is done now, as well as it can be. */
+static cusafe_status park_end(const struct memory_end *m) {
   struct cs_queue *q = m->q;
-  if (!q || q->owner->type != CS_STREAM ||
-      !cs_stream_wraps_default((struct cs_stream *)q->owner))
-    return CUSAFE_SUCCESS;
-  int saved;
-  cusafe_status st = cs_device_enter_teardown(q->ctx->device, &saved);
-  bool later = st == CUSAFE_SUCCESS && untouchable(q);
-  cs_device_leave(saved);
-  if (!later)
-    return CUSAFE_SUCCESS;
   struct parked *p = malloc(sizeof *p);
   struct memory_end *copy = malloc(sizeof *copy);
   if (!p || !copy) {
     free(p);
     free(copy);
-    return CUSAFE_SUCCESS; /* ended now, as well as it can be */
+    return memory_end_run(m, false);
   }
   *copy = *m;
   cs_ref(&m->ctx->hdr);
   cs_ref(q->owner);
   *p = (struct parked){.s = (struct cs_stream *)q->owner, .end = copy};
-  pthread_mutex_lock(&parked_lock);
-  p->next = parked_head;
-  parked_head = p;
-  atomic_store(&parked_any, 1);
-  pthread_mutex_unlock(&parked_lock);
-  *parked = true;
+  park(p, q);
   return CUSAFE_SUCCESS;
 }
 
 /* Frees root memory, or gives it back, after the work queued on it (see
- * memory_end_do), also in the ordered shutdown, in case the
+ * memory_end_run), also in the ordered shutdown, in case the
  * synchronisation of the devices that came first failed.  A view holds no
  * memory of its own, nor does a root of 0 bytes. */
 cusafe_status cs_buffer_fini(struct cs_object *obj) {
@@ -841,19 +849,12 @@ cusafe_status cs_buffer_fini(struct cs_object *obj) {
       .wrapped = b->wrapped,
       .release = b->release,
       .user = b->user};
-  bool parked = false;
-  if (atomic_load(&cs_hot.state) == CS_RUNNING) {
+  bool running =
+      atomic_load_explicit(&cs_hot.state, memory_order_relaxed) == CS_RUNNING;
+  if (running)
     cs_parked_drain(); /* ends parked before come first */
-    cusafe_status st = park_end(&m, &parked);
-    if (st != CUSAFE_SUCCESS || parked)
-      return st;
-  }
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  bool relaxed =
-      (m.wrapped || m.kind != CUSAFE_MEMORY_DEVICE) && cs_relax(&mode);
-  cusafe_status st = memory_end_do(&m);
-  cs_unrelax(relaxed, mode);
-  return st;
+  cusafe_status st = memory_end_run(&m, running);
+  return st == CS_PARK ? park_end(&m) : st;
 }
 
 /* A root lets go of the stream of its latest operation. */
@@ -1178,19 +1179,23 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     }
     roots[i] = bufs[i]->root;
   }
-  /* Work that other code queued on a legacy stream that cannot be touched
-   * now was queued before the capture that forbids it: the buffers follow
-   * it once it can be (see "parked" above). */
   cs_parked_drain();
-  bool parked = false;
-  for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
-    st = park_if_untouchable(bufs[i], q, &parked);
-  if (parked || st != CUSAFE_SUCCESS)
-    goto out;
   struct cs_thread *self = cs_thread_self();
   do {
     size_t nroots = n, ndrops = 0;
     cs_gate(self);
+    /* Work that other code queued on a stream that cannot be touched now
+     * was queued before the capture that forbids it: every buffer follows
+     * it once it can be (see "parked" above).  Looked at under the gate:
+     * a capture of cusafe's that begins after this look waits for the
+     * chains' CUDA calls. */
+    if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q)) {
+      cs_ungate(self);
+      st = CUSAFE_SUCCESS;
+      for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
+        st = park_follow(bufs[i], q);
+      goto out;
+    }
     st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
     cs_roots_unlock(roots, nroots);
     cs_ungate(self);

@@ -52,6 +52,9 @@ cusafe_status cs_status_of(cudaError_t err);
 #define CS_JOIN ((cusafe_status)0x7ffe)
 /* Nor this: a fast path does not apply, and has done nothing (graph.c). */
 #define CS_SLOW ((cusafe_status)0x7ffd)
+/* Nor this: what must follow a stream that cannot be touched now
+ * (cs_queue_untouchable) is to wait, parked (buffer.c). */
+#define CS_PARK ((cusafe_status)0x7ffc)
 
 /* The first failure of several steps that all run (teardowns). */
 static inline cusafe_status cs_first(cusafe_status a, cusafe_status b) {
