@@ -3653,8 +3653,8 @@ static cudaError_t fk_stream_get_capture_info(
   if (s->capture) {
     *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
                                       : cudaStreamCaptureStatusActive;
-    if (id)
-      *id = s->capture->id;
+    if (id) /* as a GPU: no id for an invalidated capture */
+      *id = s->capture->invalidated ? 0 : s->capture->id;
   }
   if (graph)
     *graph = NULL;
