@@ -115,12 +115,35 @@ static _Atomic int parked_any;
 /* Calls of cs_parked_drain() not yet served: one drain runs at a time, and
  * goes again while more came meanwhile (a capture ended, a park). */
 static _Atomic unsigned drain_calls;
+/* The entries parked, and the chances a drain let pass since the last
+ * (cs_parked_drain_maybe). */
+static _Atomic size_t parked_count, parked_skips;
+_Atomic unsigned long cs_parked_epoch;
+static _Atomic unsigned long parked_epoch_seen;
+
+/* Before a follow or an end: the drain, where it may do something --
+ * something that ends a capture of cusafe's bumped cs_parked_epoch since
+ * the last one -- or once every as many chances as entries wait (a
+ * capture of other code's ends unseen): each entry is looked at about
+ * once per operation, not once per entry per operation. */
+void cs_parked_drain_maybe(void) {
+  if (CS_LIKELY(!atomic_load_explicit(&parked_any, memory_order_relaxed)))
+    return;
+  unsigned long epoch = atomic_load(&cs_parked_epoch);
+  if (epoch == atomic_load(&parked_epoch_seen) &&
+      atomic_fetch_add(&parked_skips, 1) + 1 < atomic_load(&parked_count))
+    return;
+  atomic_store(&parked_skips, 0);
+  atomic_store(&parked_epoch_seen, epoch);
+  cs_parked_drain();
+}
 
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
 static cusafe_status memory_end_run(const struct memory_end *m, bool may_park);
 static void memory_end_free(struct parked *p);
 
-static void parked_push(struct parked *first, struct parked *last) {
+static void parked_push(struct parked *first, struct parked *last, size_t n) {
+  atomic_fetch_add(&parked_count, n);
   pthread_mutex_lock(&parked_lock);
   last->next = parked_head;
   parked_head = first;
@@ -133,7 +156,7 @@ static void parked_push(struct parked *first, struct parked *last) {
  * the operation looked), by a drain now; if not, by the drain that the
  * end of that capture starts, which comes after this push. */
 static void park(struct parked *p, struct cs_queue *q) {
-  parked_push(p, p);
+  parked_push(p, p, 1);
   if (!cs_queue_untouchable(q))
     cs_parked_drain();
 }
@@ -187,18 +210,22 @@ void cs_parked_drain(void) {
     atomic_store(&parked_any, 0);
     pthread_mutex_unlock(&parked_lock);
     struct parked *keep = NULL, *last = NULL;
+    size_t kept = 0, taken = 0;
     while (all) {
       struct parked *p = all;
       all = p->next;
+      taken++;
       if (!parked_do(p)) {
         p->next = keep;
         keep = p;
+        kept++;
         if (!last)
           last = p;
       }
     }
+    atomic_fetch_sub(&parked_count, taken);
     if (keep)
-      parked_push(keep, last);
+      parked_push(keep, last, kept);
     /* Calls that came meanwhile (a capture that ended, a park) are served
      * by one more round. */
     unsigned now = seen;
@@ -213,6 +240,7 @@ void cs_parked_shutdown(void) {
   struct parked *all = parked_head;
   parked_head = NULL;
   atomic_store(&parked_any, 0);
+  atomic_store(&parked_count, 0);
   pthread_mutex_unlock(&parked_lock);
   while (all) {
     struct parked *p = all;
@@ -287,7 +315,7 @@ static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q) {
 }
 
 cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
-  cs_parked_drain();
+  cs_parked_drain_maybe();
   cusafe_status st = follow_or_wait(b, q);
   return st == CS_PARK ? park_follow(b, q) : st;
 }
@@ -852,7 +880,7 @@ cusafe_status cs_buffer_fini(struct cs_object *obj) {
   bool running =
       atomic_load_explicit(&cs_hot.state, memory_order_relaxed) == CS_RUNNING;
   if (running)
-    cs_parked_drain(); /* ends parked before come first */
+    cs_parked_drain_maybe(); /* ends parked before come first */
   cusafe_status st = memory_end_run(&m, running);
   return st == CS_PARK ? park_end(&m) : st;
 }
@@ -1179,7 +1207,7 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     }
     roots[i] = bufs[i]->root;
   }
-  cs_parked_drain();
+  cs_parked_drain_maybe();
   struct cs_thread *self = cs_thread_self();
   do {
     size_t nroots = n, ndrops = 0;

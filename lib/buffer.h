@@ -89,6 +89,12 @@ cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q);
  * follows, with the objects they hold. */
 void cs_parked_drain(void);
 void cs_parked_shutdown(void);
+/* Bumped where a stream may have become touchable without a drain: where
+ * a leftover capture ended under a lock; the next follow, end or
+ * synchronisation drains (cs_parked_drain_maybe: where it may do
+ * something, or once every as many calls as entries wait). */
+extern _Atomic unsigned long cs_parked_epoch;
+void cs_parked_drain_maybe(void);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

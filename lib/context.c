@@ -321,6 +321,7 @@ static cusafe_status context_wait_gated(struct cs_context *ctx) {
 CUSAFE_API cusafe_status cusafe_context_synchronize(cusafe_context h) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_context, ctx, h, CS_CONTEXT, "context");
+  cs_parked_drain_maybe(); /* what waits for a stream, queued if it can be */
   for (;;) {
     cs_gate(cs_call_);
     cusafe_status st = context_wait_gated(ctx);

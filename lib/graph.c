@@ -387,41 +387,45 @@ static cudaError_t cuda_capture_id(cudaStream_t stream,
  * every cusafe stream over one of them -- a wrapper too -- ends it before
  * it queues work there (cs_queue_has_leftover), and ends nothing else: not
  * a capture that began there since, through another cusafe stream or by
- * other code.  Under open_lock. */
+ * other code.  Under open_lock, which an end holds from its look at CUDA
+ * to its cudaStreamEndCapture, so that no other end comes between.
+ *
+ * An entry that ends stays, `over`, until its queue goes
+ * (cs_queue_forget_leftover): what it holds is let go there, where no
+ * lock is held -- the ends happen under locks (a root's, a queue's
+ * capture_lock), where a last reference must not go. */
 static struct leftover {
   cudaStream_t stream;
   unsigned long long id;
   cudaStream_t origin; /* the stream the capture began on */
-  /* For a stream that joined: the owner of the origin's queue, referenced,
-   * so that the origin's CUDA stream outlives the entry (NULL if the
-   * origin was going: its teardown ends the capture). */
+  /* For a stream that joined: the owner of the origin's queue, referenced
+   * until `by` goes, so that the origin's CUDA stream outlives the entry
+   * (NULL if the origin was going: its teardown ends the capture). */
   struct cs_object *holds;
+  /* The queue that took part in the capture over `stream` (not referenced:
+   * its teardown takes its entries out). */
+  struct cs_queue *by;
+  bool over; /* the capture runs no more */
 } * leftovers;
 static size_t nleftover, cap_leftover;
+/* Entries not over (read without the lock: a hint, then looked up), and
+ * all entries. */
 _Atomic size_t cs_leftover_streams;
+static _Atomic size_t leftover_entries;
 
-/* (open_lock held) */
+/* The live entry of `stream` (open_lock held). */
 static struct leftover *leftover_find(cudaStream_t stream) {
   for (size_t i = 0; i < nleftover; i++)
-    if (leftovers[i].stream == stream)
+    if (leftovers[i].stream == stream && !leftovers[i].over)
       return &leftovers[i];
   return NULL;
 }
 
-/* Takes entry i out (open_lock held); what it held goes to *drop, to be
- * let go once the lock is released. */
-static void leftover_take(size_t i, struct cs_object **drop) {
-  *drop = leftovers[i].holds;
-  leftovers[i] = leftovers[--nleftover];
-  atomic_store(&cs_leftover_streams, nleftover);
-}
-
-/* Lets go of what taken entries held: never in the ordered shutdown,
- * which destroys every object whatever holds it, and frees none. */
-static void leftover_drop(struct cs_object **drops, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (drops[i] && atomic_load(&cs_hot.state) == CS_RUNNING)
-      cs_unref(drops[i]);
+static void leftover_over_mark(struct leftover *l) {
+  if (!l->over) {
+    l->over = true;
+    atomic_fetch_sub(&cs_leftover_streams, 1);
+  }
 }
 
 bool cs_stream_leftover(cudaStream_t stream) {
@@ -431,46 +435,64 @@ bool cs_stream_leftover(cudaStream_t stream) {
   return found;
 }
 
-/* (open_lock held; without host memory a stream goes unmarked, and what
- * it would have held is in *drop.) */
-static void leftover_add(const struct leftover *l, struct cs_object **drop) {
+/* (open_lock held) false without host memory: then the stream goes
+ * unmarked, and the caller lets go of what the entry would hold. */
+static bool leftover_add(const struct leftover *l) {
   struct leftover *e = leftover_find(l->stream);
-  *drop = NULL;
-  if (e) { /* an older one's: CUDA began this one there since */
-    *drop = e->holds;
-    *e = *l;
-    return;
-  }
-  if (!grow((void **)&leftovers, nleftover, &cap_leftover, sizeof *leftovers)) {
-    *drop = l->holds;
-    return;
-  }
+  if (e) /* an older one's: CUDA began this one there since */
+    leftover_over_mark(e);
+  if (!grow((void **)&leftovers, nleftover, &cap_leftover, sizeof *leftovers))
+    return false;
   leftovers[nleftover++] = *l;
-  atomic_store(&cs_leftover_streams, nleftover);
+  atomic_fetch_add(&cs_leftover_streams, 1);
+  atomic_store(&leftover_entries, nleftover);
+  return true;
 }
 
-/* Takes out the entries of the capture of id `id` that began on `stream`
- * (it runs no more), or only the one of `stream`, if `id` is 0. */
+/* The capture of id `id` that began on `origin` runs no more (open_lock
+ * held): its entries are over; or only `stream`'s, if `id` is 0. */
 static void leftover_settle(cudaStream_t stream, unsigned long long id) {
+  for (size_t i = 0; i < nleftover; i++) {
+    struct leftover *l = &leftovers[i];
+    if (id ? l->id == id && l->origin == stream : l->stream == stream)
+      leftover_over_mark(l);
+  }
+}
+
+/* Lets go of what taken entries held: never in the ordered shutdown,
+ * which destroys every object whatever holds it, and frees none. */
+static void leftover_drop(struct cs_object **drops, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (atomic_load(&cs_hot.state) == CS_RUNNING)
+      cs_unref(drops[i]);
+}
+
+void cs_queue_forget_leftover(struct cs_queue *q, bool destroyed) {
+  if (!atomic_load(&leftover_entries))
+    return;
   struct cs_object *stack[8], **drops = stack;
   size_t n = 0;
   pthread_mutex_lock(&open_lock);
   if (nleftover > 8 && !(drops = malloc(nleftover * sizeof *drops)))
-    drops = stack; /* then at most eight go now, the rest later */
+    drops = stack; /* then what does not fit stays held */
   size_t room = drops == stack ? 8 : nleftover;
-  for (size_t i = nleftover; i-- > 0 && n < room;)
-    if (id ? leftovers[i].id == id && leftovers[i].origin == stream
-           : leftovers[i].stream == stream)
-      leftover_take(i, &drops[n++]);
+  for (size_t i = nleftover; i-- > 0;) {
+    struct leftover *l = &leftovers[i];
+    /* Once its CUDA stream is destroyed, its handle may name another
+     * stream: no entry may name it. */
+    bool gone = destroyed && (l->stream == q->stream || l->origin == q->stream);
+    if ((l->by == q || gone) && (!l->holds || n < room)) {
+      if (l->holds)
+        drops[n++] = l->holds;
+      leftover_over_mark(l);
+      *l = leftovers[--nleftover];
+    }
+  }
+  atomic_store(&leftover_entries, nleftover);
   pthread_mutex_unlock(&open_lock);
   leftover_drop(drops, n);
   if (drops != stack)
     free(drops);
-}
-
-void cs_stream_forget_leftover(cudaStream_t stream) {
-  if (atomic_load(&cs_leftover_streams))
-    leftover_settle(stream, 0);
 }
 
 /* Whether the leftover capture of id `id` no longer runs on a stream that
@@ -486,39 +508,42 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx) {
   /* (Only after an end that failed: a destroy costs no query otherwise.) */
   pthread_mutex_lock(&open_lock);
   struct leftover *e = leftover_find(stream);
-  struct leftover l = e ? *e : (struct leftover){0};
-  /* The origin's CUDA stream stays valid while this end uses it. */
-  bool held = l.holds && cs_try_ref(l.holds);
-  pthread_mutex_unlock(&open_lock);
-  if (!e)
+  if (!e) {
+    pthread_mutex_unlock(&open_lock);
     return true;
-  unsigned long long now;
+  }
+  struct leftover l = *e;
+  unsigned long long now = 0, at_origin = 0;
   bool ended = false;
-  if (cuda_capture_id(stream, &now) == cudaSuccess) {
+  cudaError_t err = cuda_capture_id(stream, &now);
+  if (err == cudaErrorCudartUnloading) { /* nothing runs any more */
+    ended = true;
+  } else if (err == cudaSuccess) {
     ended = leftover_over(now, l.id);
-    if (ended) { /* it ran no more, and the stream's entry goes */
-      leftover_settle(stream, 0);
-    } else {
-      /* Only the end of the stream it began on ends a capture; where that
-       * fails (the origin went), the stream's own end is tried.  An end
-       * that fails may end the capture all the same (an unjoined stream,
-       * an invalidated capture): CUDA is asked again. */
-      cudaStream_t at[2] = {l.origin, stream};
-      for (int i = 0; i < 2 && !ended; i++) {
-        if (i == 1 && l.origin == stream)
-          break;
-        cudaGraph_t g = NULL;
-        ended = cs_cu->stream_end_capture(at[i], &g) == cudaSuccess;
-        discard_graph(ctx, g);
-        ended = ended || (cuda_capture_id(stream, &now) == cudaSuccess &&
-                          leftover_over(now, l.id));
-      }
-      if (ended)
-        leftover_settle(l.origin, l.id);
+    /* The origin ends it, if it still runs there (not a capture begun
+     * there since); where that fails, the stream's own end is tried.  An
+     * end that fails may end the capture all the same (an unjoined
+     * stream, an invalidated capture): CUDA is asked again. */
+    if (!ended && l.origin != stream &&
+        cuda_capture_id(l.origin, &at_origin) == cudaSuccess &&
+        leftover_over(at_origin, l.id))
+      ended = true; /* over where it began: over everywhere */
+    cudaStream_t at[2] = {l.origin, stream};
+    for (int i = 0; i < 2 && !ended; i++) {
+      if (i == 1 && l.origin == stream)
+        break;
+      cudaGraph_t g = NULL;
+      ended = cs_cu->stream_end_capture(at[i], &g) == cudaSuccess;
+      discard_graph(ctx, g);
+      ended = ended || (cuda_capture_id(stream, &now) == cudaSuccess &&
+                        leftover_over(now, l.id));
     }
   }
-  if (held)
-    cs_unref(l.holds);
+  if (ended)
+    leftover_settle(l.origin, l.id);
+  pthread_mutex_unlock(&open_lock);
+  if (ended) /* (no drain here: locks may be held) */
+    atomic_fetch_add(&cs_parked_epoch, 1);
   return ended;
 }
 
@@ -542,7 +567,11 @@ static cusafe_status leftover_capture(struct cs_stream *s) {
   if (err != cudaSuccess)
     return cs_fail_cuda(err, "cudaStreamGetCaptureInfo");
   if (now == 0) { /* any leftover there is over */
-    cs_stream_forget_leftover(q->stream);
+    if (cs_queue_has_leftover(q)) {
+      pthread_mutex_lock(&open_lock);
+      leftover_settle(q->stream, 0);
+      pthread_mutex_unlock(&open_lock);
+    }
     return CUSAFE_SUCCESS;
   }
   if (!cs_queue_has_leftover(q))
@@ -705,23 +734,19 @@ static void mark_leftover(struct cs_capture *c) {
     cuda_capture_id(c->origin->stream, &id);
   if (!id) /* CUDA cannot tell: whatever captures there is taken as it */
     id = CS_LEFTOVER_ANY;
-  size_t n = c->nmembers + 1;
-  struct cs_object *stack[8], **drops = stack;
-  if (n > 8 && !(drops = calloc(n, sizeof *drops)))
-    n = 8, drops = stack; /* then the first members only */
+  struct cs_object *origin = c->origin->owner;
   pthread_mutex_lock(&open_lock);
-  struct leftover l = {c->origin->stream, id, c->origin->stream, NULL};
-  leftover_add(&l, &drops[0]);
-  for (size_t i = 1; i < n; i++) {
-    struct cs_object *origin = c->origin->owner;
-    l = (struct leftover){c->members[i - 1]->stream, id, c->origin->stream,
-                          cs_try_ref(origin) ? origin : NULL};
-    leftover_add(&l, &drops[i]);
+  leftover_add(&(struct leftover){c->origin->stream, id, c->origin->stream,
+                                  NULL, c->origin, false});
+  for (size_t i = 0; i < c->nmembers; i++) {
+    struct cs_queue *m = c->members[i];
+    struct leftover l = {
+        m->stream, id,   c->origin->stream, cs_try_ref(origin) ? origin : NULL,
+        m,         false};
+    if (!leftover_add(&l) && l.holds)
+      cs_unref(origin); /* not the last: the end holds it */
   }
   pthread_mutex_unlock(&open_lock);
-  leftover_drop(drops, n);
-  if (drops != stack)
-    free(drops);
 }
 
 /* After CUDA's capture has ended: c's queues leave it, and once the

@@ -120,8 +120,9 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx);
  * on it would be captured into nothing, and a stream that waited for it
  * would join that capture. */
 cusafe_status cs_queue_leftover(struct cs_queue *q);
-/* `stream`, one of cusafe's, is destroyed: no capture runs there. */
-void cs_stream_forget_leftover(cudaStream_t stream);
+/* q goes: the holds of the leftover entries it made go with it, and, if
+ * its CUDA stream was `destroyed`, every entry of that stream. */
+void cs_queue_forget_leftover(struct cs_queue *q, bool destroyed);
 /* Ends every open capture, discarding its work: the first step of the
  * ordered shutdown. */
 void cs_captures_abort_all(void);

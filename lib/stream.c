@@ -391,9 +391,10 @@ static cudaError_t queue_fini(void *obj) {
    * library's: its owner could not end it, nor begin one of its own. */
   if (cs_queue_has_leftover(&s->queue))
     (void)cs_leftover_end(s->queue.stream, s->queue.ctx);
+  /* No mark names the stream once it is destroyed (its handle may name
+   * another stream later), nor this queue. */
+  cs_queue_forget_leftover(&s->queue, !s->borrowed);
   cudaError_t err = cs_queue_fini(&s->queue, !s->borrowed);
-  if (!s->borrowed) /* its handle may name another stream later */
-    cs_stream_forget_leftover(s->queue.stream);
   /* A capture that ended here may have been what kept the legacy stream
    * untouchable: the follows parked meanwhile are done now. */
   cs_parked_drain();
@@ -444,6 +445,7 @@ static cusafe_status stream_wait(struct cs_stream *s, bool query,
 CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_stream, s, stream, CS_STREAM, "stream");
+  cs_parked_drain_maybe(); /* what waits for a stream, queued if it can be */
   return stream_wait(s, false, "synchronizing");
 }
 
