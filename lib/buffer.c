@@ -624,8 +624,9 @@ static cusafe_status check_foreign(struct cs_context *ctx, cusafe_memory kind,
                    ptr, attr.device, ctx->device);
   char *base = NULL;
   size_t bytes = 0;
-  CUresult res = cs_mem_range(ptr, &base, &bytes);
-  if (res == CUDA_ERROR_NOT_SUPPORTED)
+  bool have = false;
+  CUresult res = cs_mem_range(ptr, &base, &bytes, &have);
+  if (!have)
     return CUSAFE_SUCCESS; /* a driver without the call: no size to check */
   if (res != CUDA_SUCCESS)
     return cs_fail_cuda((cudaError_t)res, "cuMemGetAddressRange");

@@ -21,6 +21,10 @@ static retain_fn primary_retain;
 static release_fn primary_release;
 static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
 static range_fn mem_get_address_range;   /* NULL where missing */
+/* Optional functions whose look-up failed (an error, not an answer that
+ * the driver lacks them): looked up again at their next use, so that one
+ * failed call does not turn their checks off for good. */
+static _Atomic bool retry_get_module, retry_range;
 
 static void at_exit(void) { cusafe_shutdown(); }
 
@@ -31,15 +35,20 @@ static cusafe_status driver_missing(cudaError_t err) {
 }
 
 /* Finds a driver function: CUSAFE_SUCCESS, or with `required` an error
- * that says which is missing (without, *fn is NULL then). */
-static cusafe_status driver_entry(const char *symbol, void **fn,
-                                  bool required) {
+ * that says which is missing (without, *fn is NULL then, and *retry tells
+ * whether the look-up itself failed). */
+static cusafe_status driver_entry(const char *symbol, void **fn, bool required,
+                                  _Atomic bool *retry) {
   enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
-  cudaError_t err = cs_cu->get_driver_entry_point(symbol, fn, 12000,
+  void *got = NULL;
+  cudaError_t err = cs_cu->get_driver_entry_point(symbol, &got, 12000,
                                                   cudaEnableDefault, &found);
-  if (err == cudaSuccess && found == cudaDriverEntryPointSuccess && *fn)
+  if (retry)
+    atomic_store(retry, err != cudaSuccess);
+  if (err == cudaSuccess && found == cudaDriverEntryPointSuccess && got) {
+    atomic_store((_Atomic(void *) *)fn, got);
     return CUSAFE_SUCCESS;
-  *fn = NULL;
+  }
   if (!required)
     return CUSAFE_SUCCESS;
   if (err != cudaSuccess)
@@ -58,17 +67,17 @@ static cusafe_status init_driver(int n) {
     cs_calls_init();
     handlers_registered = 1;
   }
-  cusafe_status st =
-      driver_entry("cuDevicePrimaryCtxRetain", (void **)&primary_retain, true);
+  cusafe_status st = driver_entry("cuDevicePrimaryCtxRetain",
+                                  (void **)&primary_retain, true, NULL);
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuDevicePrimaryCtxRelease", (void **)&primary_release,
-                      true);
+                      true, NULL);
   if (st == CUSAFE_SUCCESS)
-    st =
-        driver_entry("cuLibraryGetModule", (void **)&library_get_module, false);
+    st = driver_entry("cuLibraryGetModule", (void **)&library_get_module, false,
+                      &retry_get_module);
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuMemGetAddressRange", (void **)&mem_get_address_range,
-                      false);
+                      false, &retry_range);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;
@@ -124,17 +133,34 @@ CUresult cs_primary_ctx_release(int device) {
   return primary_release((CUdevice)device);
 }
 
-CUresult cs_mem_range(const void *ptr, char **base, size_t *size) {
-  if (!mem_get_address_range)
+/* An optional function whose look-up failed, looked up again. */
+static void entry_again(const char *symbol, void **fn, _Atomic bool *retry) {
+  if (CS_LIKELY(!atomic_load_explicit(retry, memory_order_relaxed)))
+    return;
+  pthread_mutex_lock(&init_lock);
+  if (atomic_load(retry))
+    (void)driver_entry(symbol, fn, false, retry);
+  pthread_mutex_unlock(&init_lock);
+}
+
+CUresult cs_mem_range(const void *ptr, char **base, size_t *size, bool *have) {
+  entry_again("cuMemGetAddressRange", (void **)&mem_get_address_range,
+              &retry_range);
+  range_fn range = atomic_load((_Atomic(range_fn) *)&mem_get_address_range);
+  *have = range != NULL;
+  if (!range)
     return CUDA_ERROR_NOT_SUPPORTED;
   CUdeviceptr b = 0;
-  CUresult res = mem_get_address_range(&b, size, (CUdeviceptr)(uintptr_t)ptr);
+  CUresult res = range(&b, size, (CUdeviceptr)(uintptr_t)ptr);
   *base = (char *)(uintptr_t)b;
   return res;
 }
 
 CUresult cs_library_load_now(cudaLibrary_t library) {
+  entry_again("cuLibraryGetModule", (void **)&library_get_module,
+              &retry_get_module);
+  get_module_fn get =
+      atomic_load((_Atomic(get_module_fn) *)&library_get_module);
   CUmodule module;
-  return library_get_module ? library_get_module(&module, (CUlibrary)library)
-                            : CUDA_SUCCESS;
+  return get ? get(&module, (CUlibrary)library) : CUDA_SUCCESS;
 }

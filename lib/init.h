@@ -5,6 +5,7 @@
 #ifndef CUSAFE_INIT_H
 #define CUSAFE_INIT_H
 
+#include <stdbool.h>
 #include "error.h"
 
 /* Initialises CUDA on first use (and registers the exit handler right after
@@ -19,8 +20,10 @@ cusafe_status cs_check_device(int device, int *count);
 CUresult cs_primary_ctx_retain(CUcontext *ctx, int device);
 CUresult cs_primary_ctx_release(int device);
 /* The allocation that contains ptr (cuMemGetAddressRange): its first byte
- * and size.  CUDA_ERROR_NOT_SUPPORTED where the driver lacks the call. */
-CUresult cs_mem_range(const void *ptr, char **base, size_t *size);
+ * and size.  *have is false where the driver lacks the call (then nothing
+ * is asked); otherwise the call's answer -- a CUDA_ERROR_NOT_SUPPORTED
+ * among them, which is an error like any other. */
+CUresult cs_mem_range(const void *ptr, char **base, size_t *size, bool *have);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

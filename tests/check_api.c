@@ -21,6 +21,7 @@
 #ifdef CUSAFE_TEST_FAKE
 #include "cuda_api.h"
 #include "fakecuda.h"
+#include "fakeutil.h"
 #endif
 
 #define KIB ((size_t)1024)
@@ -1662,6 +1663,36 @@ START_TEST(test_buffer_wrap) {
 }
 END_TEST
 
+#ifdef CUSAFE_TEST_FAKE
+/* The look-up of cuMemGetAddressRange fails once, at the first call (the
+ * library's initialisation): the extent is checked all the same, the
+ * look-up made again at the first wrap.  (Each test runs in a child of its
+ * own: the library starts uninitialised.) */
+START_TEST(test_buffer_wrap_range_lookup_fails_once) {
+  unsigned long calls = fake_call_count();
+  /* cudaGetDeviceCount, then the look-ups: cuDevicePrimaryCtxRetain,
+   * cuDevicePrimaryCtxRelease, cuLibraryGetModule, cuMemGetAddressRange. */
+  fake_fail_after(5, cudaErrorUnknown, 0);
+  cusafe_context c = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&c, 0));
+  TU_ASSERT(
+      strcmp(tu_call_name(calls + 5), "cudaGetDriverEntryPointByVersion") == 0,
+      "call %lu is %s", calls + 5, tu_call_name(calls + 5));
+  cusafe_buffer b = CUSAFE_NULL_HANDLE, w = 42;
+  TU_OK(cusafe_buffer_alloc(&b, c, CUSAFE_MEMORY_DEVICE, 256));
+  char *ptr = NULL;
+  TU_OK(cusafe_buffer_interop_pointer((void **)&ptr, b));
+  TU_ERR(cusafe_buffer_wrap(&w, c, CUSAFE_MEMORY_DEVICE, ptr, 257, NULL, NULL),
+         CUSAFE_ERROR_OUT_OF_RANGE,
+         "wrap of 257 bytes at offset 0 exceeds the allocation of 256 bytes "
+         "at %p",
+         (void *)ptr);
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_context_release(c));
+}
+END_TEST
+#endif
+
 /* What CUDA says of the memory is checked: its kind, its device, its
  * extent; every refusal leaves the memory to its owner. */
 START_TEST(test_buffer_wrap_checks) {
@@ -1703,6 +1734,16 @@ START_TEST(test_buffer_wrap_checks) {
          "wrap of 193 bytes at offset 64 exceeds the allocation of 256 "
          "bytes at %p",
          (void *)ptr);
+#ifdef CUSAFE_TEST_FAKE
+  /* A query that fails -- with cudaErrorNotSupported too -- fails the
+   * wrap: it is no driver without the call, which skips the check. */
+  fake_fail_function("cuMemGetAddressRange", cudaErrorNotSupported);
+  TU_ERR(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr + 64, 193,
+                            give_back_memory, &o),
+         CUSAFE_ERROR_NOT_SUPPORTED,
+         "cuMemGetAddressRange failed: operation not supported");
+  fake_fail_clear();
+#endif
   if (have_two_devices("test_buffer_wrap_checks")) {
     cusafe_context c1 = CUSAFE_NULL_HANDLE;
     TU_OK(cusafe_context_create(&c1, 1));
@@ -3237,6 +3278,9 @@ static Suite *api_suite(void) {
   tcase_add_test(tc, test_device_properties_are_sane);
   tcase_add_test(tc, test_invalid_device_ordinals);
   tcase_add_test(tc, test_device_null_out);
+#ifdef CUSAFE_TEST_FAKE
+  tcase_add_test(tc, test_buffer_wrap_range_lookup_fails_once);
+#endif
   suite_add_tcase(s, tc);
 
   tc = with_context(tcase_create("contexts"));
