@@ -350,6 +350,103 @@ static void release_after_legacy_work(bool shut) {
   TU_OK(cusafe_stream_release(s));
 }
 
+/* What another thread does right after the library asked CUDA whether the
+ * legacy stream can be touched (the fake's call hook): a capture of a
+ * blocking stream begins -- given 50 ms, in which it cannot finish if it
+ * must wait for the asking thread. */
+struct begins {
+  cusafe_stream s;
+  pthread_t thread;
+  _Atomic int started, done;
+  cusafe_status st;
+};
+
+static void *begins_main(void *arg) {
+  struct begins *b = arg;
+  b->st = cusafe_stream_begin_capture(b->s);
+  atomic_store(&b->done, 1);
+  return NULL;
+}
+
+static void begins_now(void *arg) {
+  struct begins *b = arg;
+  TU_ASSERT(pthread_create(&b->thread, NULL, begins_main, b) == 0,
+            "pthread_create failed");
+  atomic_store(&b->started, 1);
+  for (int i = 0; i < 50 && !atomic_load(&b->done); i++)
+    usleep(1000);
+}
+
+static void begins_join(struct begins *b) {
+  TU_ASSERT(atomic_load(&b->started), "the hook did not run");
+  pthread_join(b->thread, NULL);
+  TU_OK(b->st);
+}
+
+/* Other code's work on two buffers' memory on the legacy stream, then
+ * cusafe_stream_use_buffers() on a wrapper of it, while a capture of a
+ * blocking stream begins on another thread right after the library
+ * looked: the buffers follow that work, both alike, before the capture
+ * (which waits) -- or after it -- and the capture stays valid; the frees
+ * come after that work. */
+START_TEST(test_capture_begins_while_use_buffers_looks) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_buffer b[2] = {new_buffer(), new_buffer()}, c = new_buffer();
+  for (int i = 0; i < 2; i++) {
+    void *mem = NULL;
+    TU_OK(cusafe_buffer_interop_pointer(&mem, b[i]));
+    TU_ASSERT(cs_cu->memset_async(mem, 0x11, N, cudaStreamLegacy) ==
+                  cudaSuccess,
+              "other code's memset failed");
+  }
+  struct begins bg = {.s = s};
+  fake_set_call_hook("cudaStreamIsCapturing", begins_now, &bg);
+  TU_OK(cusafe_stream_use_buffers(legacy, b, 2));
+  begins_join(&bg);
+  TU_OK(cusafe_buffer_fill(c, 0, N, 3, s));
+  for (int i = 0; i < 2; i++)
+    TU_OK(cusafe_buffer_release(b[i]));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s)); /* the capture was unharmed */
+  /* The context's own stream runs first (a read there waits for it), the
+   * legacy stream's work after: a free queued there without waiting for
+   * that work would come first. */
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(c, 0, got, N));
+  TU_ASSERT(cs_cu->stream_synchronize(cudaStreamLegacy) == cudaSuccess,
+            "the legacy stream's work failed");
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* The same for the release of memory last used on the legacy stream. */
+START_TEST(test_capture_begins_while_a_release_looks) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_buffer b = new_buffer(), c = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, legacy));
+  struct begins bg = {.s = s};
+  fake_set_call_hook("cudaStreamIsCapturing", begins_now, &bg);
+  TU_OK(cusafe_buffer_release(b));
+  begins_join(&bg);
+  TU_OK(cusafe_buffer_fill(c, 0, N, 3, s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s)); /* the capture was unharmed */
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -1568,6 +1665,8 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_failed_join_lets_go_of_stream);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
+  tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
+  tcase_add_test(tc, test_capture_begins_while_a_release_looks);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);

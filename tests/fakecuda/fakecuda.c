@@ -299,6 +299,11 @@ static struct {
 
 static _Thread_local int t_device;             /* cudaSetDevice */
 static _Thread_local cudaError_t t_last_error; /* cudaGetLastError */
+static _Thread_local const char *t_call;       /* the runtime call made */
+/* fake_set_call_hook(), under the fake's lock. */
+static const char *call_hook_name;
+static void (*call_hook)(void *);
+static void *call_hook_arg;
 /* cudaThreadExchangeStreamCaptureMode (Global, 0, by default), and a
  * token whose address tells the threads apart. */
 static _Thread_local enum cudaStreamCaptureMode t_capture_mode;
@@ -639,6 +644,7 @@ static int count_call(const char *name) {
  * returns, the caller must end through leave() or leave_driver(). */
 static cudaError_t begin(const char *name, int flags) {
   lock();
+  t_call = name;
   if (!g.atexit_registered) {
     g.atexit_registered = 1;
     atexit(teardown_atexit);
@@ -656,7 +662,17 @@ static cudaError_t begin(const char *name, int flags) {
 static cudaError_t leave(cudaError_t e) {
   if (e != cudaSuccess && e != cudaErrorNotReady)
     t_last_error = e;
+  void (*hook)(void *) = NULL;
+  void *hook_arg = NULL;
+  if (call_hook_name != NULL && t_call &&
+      strcmp(call_hook_name, t_call) == 0) {
+    hook = call_hook;
+    hook_arg = call_hook_arg;
+    call_hook_name = NULL;
+  }
   unlock();
+  if (hook)
+    hook(hook_arg);
   return e;
 }
 
@@ -4067,6 +4083,15 @@ FAKE_EXPORT void fake_set_launch_hook(void (*fn)(void *arg), void *arg) {
   launch_hook = fn;
   launch_hook_arg = arg;
   pthread_mutex_unlock(&hook_lock);
+}
+
+FAKE_EXPORT void fake_set_call_hook(const char *name, void (*fn)(void *arg),
+                                    void *arg) {
+  lock();
+  call_hook_name = fn ? name : NULL;
+  call_hook = fn;
+  call_hook_arg = arg;
+  unlock();
 }
 
 FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds) {

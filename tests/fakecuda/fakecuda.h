@@ -136,6 +136,12 @@ void fake_set_launch_delay(unsigned microseconds);
  * while a launch is in progress.  NULL cancels. */
 void fake_set_launch_hook(void (*fn)(void *arg), void *arg);
 
+/* The next call of the runtime function `name` (such as
+ * "cudaStreamIsCapturing") calls fn(arg) once, after it has answered, on
+ * the calling thread and holding no lock of the fake's: what another
+ * thread might do right after that answer.  NULL cancels. */
+void fake_set_call_hook(const char *name, void (*fn)(void *arg), void *arg);
+
 /* Sticky error: from now on every call acting on `device` (and every
  * synchronize or query of its streams and events) returns err, as after a
  * kernel fault; cuDevicePrimaryCtxRelease, cudaStreamDestroy,
