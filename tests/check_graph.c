@@ -675,6 +675,136 @@ START_TEST(test_leftover_mark_spares_later_capture) {
 }
 END_TEST
 
+/* Fails the next two ends of the capture on s: it may still run. */
+static void end_fails_twice(cusafe_stream s) {
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_STATUS(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CUDA);
+  fake_fail_clear();
+}
+
+/* A stream whose capture's end failed: work queued there -- a fill, a
+ * launch, a wait -- ends that capture first, and runs. */
+START_TEST(test_work_on_leftover_stream_runs) {
+  struct world w;
+  world_make(&w);
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_record(ev, w.t));
+  for (int round = 0; round < 3; round++) {
+    TU_OK(cusafe_stream_begin_capture(w.s));
+    end_fails_twice(w.s);
+    TU_ASSERT(fake_live_captures(-1) == 1, "the capture ended");
+    if (round == 0)
+      TU_OK(cusafe_buffer_fill(w.x, 0, 16, 9, w.s));
+    else if (round == 1)
+      TU_OK(run1(w.fill, w.s, w.x, 4.0f, N, CUSAFE_NULL_HANDLE));
+    else
+      TU_OK(cusafe_stream_wait_event(w.s, ev));
+    TU_ASSERT(fake_live_captures(-1) == 0,
+              "round %d: work went into the "
+              "capture whose end failed",
+              round);
+  }
+  float got[N];
+  TU_OK(cusafe_buffer_read(w.x, 0, got, sizeof got));
+  for (int i = 0; i < N; i++)
+    TU_ASSERT(got[i] == 4.0f, "float %d is %g", i, (double)got[i]);
+  TU_OK(cusafe_release(ev));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* Two captures whose ends failed, one after the other, on one CUDA stream
+ * through two cusafe streams over it (s, and a wrapper of it): a record on
+ * s ends the second, which runs there now -- not only the first, which
+ * s's own mark named. */
+START_TEST(test_newer_leftover_through_wrapper) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream wr;
+  cusafe_event ev;
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, w.s));
+  TU_OK(cusafe_stream_wrap(&wr, w.ctx, raw));
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  end_fails_twice(w.s);
+  TU_OK(cusafe_stream_begin_capture(wr)); /* ends the first */
+  end_fails_twice(wr);
+  TU_ASSERT(fake_live_captures(-1) == 1, "the second capture ended");
+  TU_OK(cusafe_event_record(ev, w.s));
+  TU_ASSERT(fake_live_captures(-1) == 0, "a record went into a capture");
+  TU_OK(cusafe_stream_wait_event(w.t, ev));
+  TU_OK(cusafe_stream_synchronize(w.t));
+  TU_OK(cusafe_release(ev));
+  TU_OK(cusafe_release(wr));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* A stream joins two captures, each begun on another stream, whose ends
+ * fail: a record on it ends the second, where it began (the first one's
+ * origin is long done). */
+START_TEST(test_member_of_two_failed_captures) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream o2;
+  cusafe_event ev1, ev2, evx;
+  TU_OK(cusafe_stream_create(&o2, w.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_event_create(&ev1, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_create(&ev2, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_create(&evx, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(ev1, w.s));
+  TU_OK(cusafe_stream_wait_event(w.t, ev1)); /* t joins */
+  end_fails_twice(w.s);
+  TU_OK(cusafe_event_record(evx, w.t)); /* ends it */
+  TU_ASSERT(fake_live_captures(-1) == 0, "the first capture runs");
+  TU_OK(cusafe_stream_begin_capture(o2));
+  TU_OK(cusafe_event_record(ev2, o2));
+  TU_OK(cusafe_stream_wait_event(w.t, ev2)); /* t joins again */
+  end_fails_twice(o2);
+  TU_OK(cusafe_event_record(evx, w.t));
+  TU_ASSERT(fake_live_captures(-1) == 0, "the second capture runs");
+  TU_OK(cusafe_release(w.t)); /* destroyed outside any capture */
+  w.t = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&w.t, w.ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  cusafe_handle all[] = {ev1, ev2, evx, o2};
+  for (size_t i = 0; i < 4; i++)
+    TU_OK(cusafe_release(all[i]));
+  world_release(&w);
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* A wrapper of one stream joins a capture begun on another, whose ends
+ * fail; the shutdown destroys the wrapped stream before the wrapper: the
+ * capture ends where it began first, and no stream is destroyed in it. */
+START_TEST(test_shutdown_with_leftover_through_joined_wrapper) {
+  struct world w;
+  world_make(&w);
+  cusafe_stream wr;
+  cusafe_event ev;
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, w.t));
+  TU_OK(cusafe_stream_wrap(&wr, w.ctx, raw));
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_event_record(ev, w.s));
+  TU_OK(cusafe_stream_wait_event(wr, ev)); /* wr, over t's stream, joins */
+  end_fails_twice(w.s);
+  TU_ASSERT(fake_live_captures(-1) == 1, "the capture ended");
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
 /* A wrap of a default stream does not query it: a query would invalidate
  * the capture of a blocking stream of the device. */
 START_TEST(test_wrap_default_during_blocking_capture) {
@@ -1110,6 +1240,10 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_failed_discard_seen_through_wrapper);
   tcase_add_test(tc, test_leftover_mark_spares_later_capture);
   tcase_add_test(tc, test_wrap_default_during_blocking_capture);
+  tcase_add_test(tc, test_work_on_leftover_stream_runs);
+  tcase_add_test(tc, test_newer_leftover_through_wrapper);
+  tcase_add_test(tc, test_member_of_two_failed_captures);
+  tcase_add_test(tc, test_shutdown_with_leftover_through_joined_wrapper);
   tcase_add_test(tc, test_release_of_capturing_stream_ends_capture);
   tcase_add_test(tc, test_capture_begins_during_launch);
   tcase_add_test(tc, test_capture_ends_during_launch);

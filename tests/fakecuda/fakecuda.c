@@ -664,8 +664,7 @@ static cudaError_t leave(cudaError_t e) {
     t_last_error = e;
   void (*hook)(void *) = NULL;
   void *hook_arg = NULL;
-  if (call_hook_name != NULL && t_call &&
-      strcmp(call_hook_name, t_call) == 0) {
+  if (call_hook_name != NULL && t_call && strcmp(call_hook_name, t_call) == 0) {
     hook = call_hook;
     hook_arg = call_hook_arg;
     call_hook_name = NULL;
