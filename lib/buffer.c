@@ -203,6 +203,10 @@ void cs_parked_drain(void) {
   if (seen) /* a drain runs: it goes again */
     return;
   seen = 1;
+  /* What fails here leaves the caller's message alone: a parked entry's
+   * failure is no failure of the call that drains. */
+  struct cs_saved_error saved;
+  cs_error_save(&saved);
   for (;;) {
     pthread_mutex_lock(&parked_lock);
     struct parked *all = parked_head;
@@ -230,9 +234,10 @@ void cs_parked_drain(void) {
      * by one more round. */
     unsigned now = seen;
     if (atomic_compare_exchange_strong(&drain_calls, &now, 0))
-      return;
+      break;
     seen = now;
   }
+  cs_error_restore(&saved);
 }
 
 void cs_parked_shutdown(void) {

@@ -245,6 +245,8 @@ static void unload_orphans(struct cs_context *ctx) {
 cusafe_status cs_context_fini(struct cs_object *obj) {
   struct cs_context *ctx = (struct cs_context *)obj;
   int saved;
+  /* (No device can be synchronised while a capture runs in it.) */
+  cs_context_end_leftovers(ctx);
   cusafe_status st = cs_device_idle(ctx->device, &saved);
   unload_orphans(ctx);
   cudaError_t err = cs_queue_fini(&ctx->queue, true);

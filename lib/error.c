@@ -2,6 +2,7 @@
  * 7: clear errors). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "error.h"
 
@@ -9,6 +10,16 @@
  * out-of-memory failure can be reported without allocating. */
 static __thread char tls_message[1024];
 static __thread int tls_cuda_error;
+
+void cs_error_save(struct cs_saved_error *e) {
+  memcpy(e->message, tls_message, sizeof e->message);
+  e->cuda_error = tls_cuda_error;
+}
+
+void cs_error_restore(const struct cs_saved_error *e) {
+  memcpy(tls_message, e->message, sizeof tls_message);
+  tls_cuda_error = e->cuda_error;
+}
 
 CUSAFE_API const char *cusafe_status_string(cusafe_status status) {
   switch (status) {

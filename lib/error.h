@@ -34,6 +34,14 @@ cusafe_status cs_fail_cuda(cudaError_t err, const char *function)
  * own, such as CUSAFE_ERROR_NOT_READY): the thread's CUDA error is err. */
 cusafe_status cs_fail_as(cusafe_status status, cudaError_t err, const char *fmt,
                          ...) __attribute__((cold, format(printf, 3, 4)));
+/* The thread's message and CUDA error, kept across work done on the side
+ * (the drain of parked follows), whose failures are not the caller's. */
+struct cs_saved_error {
+  char message[1024];
+  int cuda_error;
+};
+void cs_error_save(struct cs_saved_error *e);
+void cs_error_restore(const struct cs_saved_error *e);
 /* The status of a synchronisation's or query's answer: success,
  * CUSAFE_ERROR_NOT_READY ("work is still pending") for cudaErrorNotReady,
  * else the failure of `function`. */

@@ -405,6 +405,9 @@ static struct leftover {
   /* The queue that took part in the capture over `stream` (not referenced:
    * its teardown takes its entries out). */
   struct cs_queue *by;
+  /* The capture's context (not referenced: its teardown ends the capture,
+   * if it can, and takes the entries out). */
+  struct cs_context *ctx;
   bool over; /* the capture runs no more */
 } * leftovers;
 static size_t nleftover, cap_leftover;
@@ -413,7 +416,8 @@ static size_t nleftover, cap_leftover;
 _Atomic size_t cs_leftover_streams;
 static _Atomic size_t leftover_entries;
 
-/* The live entry of `stream` (open_lock held). */
+/* The live entry of `stream` (open_lock held).  Entries go once over and
+ * their queue is gone, or once their stream is destroyed. */
 static struct leftover *leftover_find(cudaStream_t stream) {
   for (size_t i = 0; i < nleftover; i++)
     if (leftovers[i].stream == stream && !leftovers[i].over)
@@ -478,12 +482,22 @@ void cs_queue_forget_leftover(struct cs_queue *q, bool destroyed) {
   size_t room = drops == stack ? 8 : nleftover;
   for (size_t i = nleftover; i-- > 0;) {
     struct leftover *l = &leftovers[i];
+    if (l->over && !l->by && !l->holds) { /* done with */
+      *l = leftovers[--nleftover];
+      continue;
+    }
     /* Once its CUDA stream is destroyed, its handle may name another
      * stream: no entry may name it. */
     bool gone = destroyed && (l->stream == q->stream || l->origin == q->stream);
-    if ((l->by == q || gone) && (!l->holds || n < room)) {
-      if (l->holds)
-        drops[n++] = l->holds;
+    if ((l->by != q && !gone) || (l->holds && n == room))
+      continue;
+    if (l->holds)
+      drops[n++] = l->holds;
+    l->holds = NULL;
+    l->by = NULL;
+    /* A capture that may still run on a stream that lives on (another
+     * library's) stays marked: a cusafe stream over it later ends it. */
+    if (gone || l->over) {
       leftover_over_mark(l);
       *l = leftovers[--nleftover];
     }
@@ -545,6 +559,30 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx) {
   if (ended) /* (no drain here: locks may be held) */
     atomic_fetch_add(&cs_parked_epoch, 1);
   return ended;
+}
+
+void cs_context_end_leftovers(struct cs_context *ctx) {
+  if (!atomic_load(&leftover_entries))
+    return;
+  for (;;) { /* one at a time: an end takes the lock itself */
+    cudaStream_t stream = NULL;
+    pthread_mutex_lock(&open_lock);
+    for (size_t i = 0; i < nleftover && !stream; i++)
+      if (leftovers[i].ctx == ctx && !leftovers[i].over)
+        stream = leftovers[i].stream;
+    pthread_mutex_unlock(&open_lock);
+    if (!stream || !cs_leftover_end(stream, ctx))
+      break;
+  }
+  /* What could not be ended is forgotten: the context goes. */
+  pthread_mutex_lock(&open_lock);
+  for (size_t i = nleftover; i-- > 0;)
+    if (leftovers[i].ctx == ctx) {
+      leftover_over_mark(&leftovers[i]);
+      leftovers[i] = leftovers[--nleftover];
+    }
+  atomic_store(&leftover_entries, nleftover);
+  pthread_mutex_unlock(&open_lock);
 }
 
 cusafe_status cs_queue_leftover(struct cs_queue *q) {
@@ -737,12 +775,16 @@ static void mark_leftover(struct cs_capture *c) {
   struct cs_object *origin = c->origin->owner;
   pthread_mutex_lock(&open_lock);
   leftover_add(&(struct leftover){c->origin->stream, id, c->origin->stream,
-                                  NULL, c->origin, false});
+                                  NULL, c->origin, c->ctx, false});
   for (size_t i = 0; i < c->nmembers; i++) {
     struct cs_queue *m = c->members[i];
-    struct leftover l = {
-        m->stream, id,   c->origin->stream, cs_try_ref(origin) ? origin : NULL,
-        m,         false};
+    struct leftover l = {m->stream,
+                         id,
+                         c->origin->stream,
+                         cs_try_ref(origin) ? origin : NULL,
+                         m,
+                         c->ctx,
+                         false};
     if (!leftover_add(&l) && l.holds)
       cs_unref(origin); /* not the last: the end holds it */
   }

@@ -120,6 +120,9 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx);
  * on it would be captured into nothing, and a stream that waited for it
  * would join that capture. */
 cusafe_status cs_queue_leftover(struct cs_queue *q);
+/* ctx goes (its streams are gone): what may still capture in it, its
+ * ends having failed, is ended if it can be, and forgotten. */
+void cs_context_end_leftovers(struct cs_context *ctx);
 /* q goes: the holds of the leftover entries it made go with it, and, if
  * its CUDA stream was `destroyed`, every entry of that stream. */
 void cs_queue_forget_leftover(struct cs_queue *q, bool destroyed);
