@@ -383,6 +383,26 @@ static void begins_join(struct begins *b) {
   TU_OK(b->st);
 }
 
+/* The capture that began works on (c filled in it) and ends unharmed;
+ * then the context's own stream runs first (a read there waits for it),
+ * the legacy stream's work after: a free queued on the context's stream
+ * without waiting for that work would come first.  Everything goes. */
+static void begins_end(struct begins *bg, cusafe_stream legacy,
+                       cusafe_buffer c) {
+  TU_OK(cusafe_buffer_fill(c, 0, N, 3, bg->s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, bg->s));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(c, 0, got, N));
+  TU_ASSERT(cs_cu->stream_synchronize(cudaStreamLegacy) == cudaSuccess,
+            "the legacy stream's work failed");
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(bg->s));
+}
+
 /* Other code's work on two buffers' memory on the legacy stream, then
  * cusafe_stream_use_buffers() on a wrapper of it, while a capture of a
  * blocking stream begins on another thread right after the library
@@ -405,23 +425,9 @@ START_TEST(test_capture_begins_while_use_buffers_looks) {
   fake_set_call_hook("cudaStreamIsCapturing", begins_now, &bg);
   TU_OK(cusafe_stream_use_buffers(legacy, b, 2));
   begins_join(&bg);
-  TU_OK(cusafe_buffer_fill(c, 0, N, 3, s));
   for (int i = 0; i < 2; i++)
     TU_OK(cusafe_buffer_release(b[i]));
-  cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, s)); /* the capture was unharmed */
-  /* The context's own stream runs first (a read there waits for it), the
-   * legacy stream's work after: a free queued there without waiting for
-   * that work would come first. */
-  unsigned char got[N];
-  TU_OK(cusafe_buffer_read(c, 0, got, N));
-  TU_ASSERT(cs_cu->stream_synchronize(cudaStreamLegacy) == cudaSuccess,
-            "the legacy stream's work failed");
-  TU_OK(cusafe_context_synchronize(ctx));
-  TU_OK(cusafe_graph_release(g));
-  TU_OK(cusafe_buffer_release(c));
-  TU_OK(cusafe_stream_release(legacy));
-  TU_OK(cusafe_stream_release(s));
+  begins_end(&bg, legacy, c);
 }
 END_TEST
 
@@ -436,14 +442,7 @@ START_TEST(test_capture_begins_while_a_release_looks) {
   fake_set_call_hook("cudaStreamIsCapturing", begins_now, &bg);
   TU_OK(cusafe_buffer_release(b));
   begins_join(&bg);
-  TU_OK(cusafe_buffer_fill(c, 0, N, 3, s));
-  cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, s)); /* the capture was unharmed */
-  TU_OK(cusafe_context_synchronize(ctx));
-  TU_OK(cusafe_graph_release(g));
-  TU_OK(cusafe_buffer_release(c));
-  TU_OK(cusafe_stream_release(legacy));
-  TU_OK(cusafe_stream_release(s));
+  begins_end(&bg, legacy, c);
 }
 END_TEST
 
