@@ -1192,7 +1192,7 @@ CUSAFE_API cusafe_status cusafe_buffer_copy(cusafe_buffer dst_handle,
 #define STACK_BUFFERS 16
 
 cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
-                                struct cs_queue *q) {
+                                struct cs_queue *q, bool may_park) {
   struct cs_buffer *roots_stack[STACK_BUFFERS], **roots = roots_stack;
   struct cs_object *drops_stack[STACK_BUFFERS], **drops = drops_stack;
   if (n > STACK_BUFFERS) {
@@ -1225,6 +1225,10 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
      * chains' CUDA calls. */
     if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q)) {
       cs_ungate(self);
+      if (!may_park) {
+        st = cs_untouchable_fail(q);
+        goto out;
+      }
       st = CUSAFE_SUCCESS;
       for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
         st = park_follow(bufs[i], q);
@@ -1271,7 +1275,7 @@ CUSAFE_API cusafe_status cusafe_stream_use_buffers(cusafe_stream stream,
     struct cs_object *held CS_HELD = NULL;
     st = cs_queue_get(stream, count ? bufs[0]->ctx : NULL, NULL, &q, &held);
     if (st == CUSAFE_SUCCESS && count > 0)
-      st = cs_buffers_use_on(bufs, count, q);
+      st = cs_buffers_use_on(bufs, count, q, true);
   }
   for (size_t i = 0; i < held_bufs; i++)
     cs_unref(&bufs[i]->hdr);

@@ -69,9 +69,11 @@ cusafe_status cs_buffer_wrap_new(cusafe_buffer *out, struct cs_context *ctx,
 /* Chains the next operation of each of the held buffers bufs[0..n) onto
  * q (of their context): q waits for their earlier work, and their later
  * work and frees for q's -- cusafe_stream_use_buffers() once the handles
- * are held. */
+ * are held.  Where q cannot be touched now (cs_queue_untouchable), with
+ * `may_park` the buffers only follow q once it can be (parked); without,
+ * it fails, touching nothing (q could not wait for their work). */
 cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
-                                struct cs_queue *q);
+                                struct cs_queue *q, bool may_park);
 /* Orders the later work on b's memory, and its free, after everything
  * queued on q so far outside any capture (cs_queue_handoff), and hands the
  * memory's chain to its context's default stream, which never captures:

@@ -87,7 +87,8 @@ struct exported {
  * is touched at the export and in the deleter only, so it need be valid
  * then only. */
 static cusafe_status consumer_point(struct cs_stream *s, struct cs_buffer *b) {
-  cusafe_status st = cs_buffers_use_on(&b, 1, &s->queue);
+  /* (The consumer's stream must wait for b's work: no park.) */
+  cusafe_status st = cs_buffers_use_on(&b, 1, &s->queue, false);
   if (st == CUSAFE_SUCCESS)
     st = cs_buffer_follow(b, &s->queue);
   return st;

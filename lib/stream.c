@@ -98,8 +98,7 @@ bool cs_queue_untouchable(struct cs_queue *q) {
   return no;
 }
 
-/* What a hand-off from q, which cannot be touched now, fails with. */
-static cusafe_status untouchable_fail(struct cs_queue *q) {
+cusafe_status cs_untouchable_fail(struct cs_queue *q) {
   if (q->wraps_default)
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "stream 0x%016llx wraps a device's default stream, which "
@@ -132,7 +131,7 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   cs_spin_lock(&from->capture_lock);
   st = queue_point(from, true, &ev);
   if (st == CS_PARK)
-    st = untouchable_fail(from);
+    st = cs_untouchable_fail(from);
   if (st == CUSAFE_SUCCESS && !ev) {
     st = handoff_event(from, &ev);
     if (st == CUSAFE_SUCCESS) {

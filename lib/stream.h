@@ -142,6 +142,9 @@ cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park);
  * thread gated where the answer must hold until its CUDA calls: a capture
  * of cusafe's that begins meanwhile waits for the gate. */
 bool cs_queue_untouchable(struct cs_queue *q);
+/* What an ordering after q, which cannot be touched now, fails with:
+ * CUSAFE_ERROR_CAPTURING, saying why. */
+cusafe_status cs_untouchable_fail(struct cs_queue *q);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);

@@ -667,6 +667,37 @@ START_TEST(test_deleter_on_legacy_stream_during_capture) {
 }
 END_TEST
 
+/* An export whose consumer names the legacy default stream while a
+ * blocking stream captures: that stream cannot wait for the buffer's work
+ * now, so the export fails, touching nothing, and the capture goes on. */
+START_TEST(test_export_to_legacy_stream_during_capture) {
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = 256;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  TU_OK(cusafe_buffer_alloc(&b, ctx, CUSAFE_MEMORY_DEVICE, 256));
+  TU_OK(cusafe_buffer_fill(b, 0, 256, 4, CUSAFE_STREAM_DEFAULT));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_ERR(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, legacy),
+         CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx wraps a device's default stream, which CUDA lets "
+         "nothing wait for while a blocking stream of the device captures",
+         TU_HX(legacy));
+  ck_assert_ptr_null(t);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s)); /* unharmed */
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, legacy));
+  t->deleter(t);
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_synchronize(ctx));
+}
+END_TEST
+
 /* cusafe_shutdown() with an import alive calls its deleter, once, before
  * the runtime's teardown; an export's deleter afterwards does nothing but
  * free the tensor. */
@@ -803,6 +834,7 @@ static Suite *dlpack_suite(void) {
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_import_release_waits_for_work);
   tcase_add_test(tc, test_deleter_on_legacy_stream_during_capture);
+  tcase_add_test(tc, test_export_to_legacy_stream_during_capture);
   tcase_add_test(tc, test_export_orders_consumer_stream);
   tcase_add_test(tc, test_export_leaves_consumer_stream);
   tcase_add_test(tc, test_shutdown_with_tensors);
