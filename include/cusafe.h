@@ -1272,9 +1272,26 @@ CUSAFE_API void cusafe_python_release(void *object);
  * of cusafe_stream_interop_handle(), or on its own) is not cusafe's:
  * cusafe work queued on its stream meanwhile is captured with nothing to
  * hold what it uses, so keep those buffers, kernels and events alive until
- * that graph is gone, and release no buffer last used on that stream while
- * it captures (its stream-ordered free would be queued there).  Use
- * cusafe_stream_begin_capture() instead wherever you can.  The frees and
+ * that graph is gone.  Use cusafe_stream_begin_capture() instead wherever
+ * you can.
+ *
+ * Streams that nothing may touch for a while.  While a blocking stream of
+ * a device captures, CUDA refuses any use of its legacy default stream
+ * (and invalidates that capture); while other code captures a stream, a
+ * wait for it would pull the waiting stream into that capture.  So for a
+ * wrapper of a default stream then, or of a stream that other code
+ * captures (cusafe_stream_wrap), cusafe touches nothing: the release of a
+ * buffer last used there, a DLPack deleter whose consumer named it, and
+ * cusafe_stream_use_buffers() on it wait, holding what they need, and are
+ * done once the stream can be touched -- when a capture of cusafe's ends,
+ * or at a later release, DLPack deleter, use_buffers or synchronisation
+ * (memory is freed later, never earlier); work on another stream that
+ * would have to wait for it, and a DLPack export to it, fail with
+ * CUSAFE_ERROR_CAPTURING ("stream 0x... wraps a device's default stream,
+ * which CUDA lets nothing wait for while a blocking stream of the device
+ * captures", "stream 0x... is being captured by other code: nothing
+ * outside that capture can wait for its work"), and the capture goes on
+ * unharmed.  The frees and
  * waits of a release or of the shutdown run in CUDA's relaxed mode, so
  * they do not break a capture of other code on another stream, also one
  * begun in CUDA's global mode (the default of cudaStreamBeginCapture and

@@ -79,7 +79,11 @@ extern "C" {
  *   stream.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream belongs to another
  *   device ("stream belongs to device 1 but buffer belongs to device 0").
  *   A CUDA failure of the stream's wait (as cusafe_stream_use_buffers()):
- *   its mapped status.  CUSAFE_ERROR_INVALID_SIZE: the
+ *   its mapped status.  CUSAFE_ERROR_CAPTURING: the stream is one that
+ *   nothing may touch now (a wrapped default stream while a blocking
+ *   stream captures, a wrapped stream that other code captures: see
+ *   cusafe.h), which could not wait for the buffer's work; nothing is
+ *   queued.  CUSAFE_ERROR_INVALID_SIZE: the
  *   tensor's extent overflows.  CUSAFE_ERROR_OUT_OF_RANGE: the elements
  *   reach beyond the buffer ("tensor of bytes [0, 80) at offset 0 exceeds
  *   buffer of 64 bytes").  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
