@@ -328,8 +328,9 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   if (st != CUSAFE_SUCCESS)
     return st;
   int device = held ? held->queue.ctx->device : -1;
-  if (stream == NULL || stream == cudaStreamLegacy ||
-      stream == cudaStreamPerThread) {
+  bool dflt = stream == NULL || stream == cudaStreamLegacy ||
+              stream == cudaStreamPerThread;
+  if (dflt) {
     /* The current device's, without asking CUDA: a query of a default
      * stream would invalidate a blocking stream's capture. */
     device = ctx->device;
@@ -352,8 +353,7 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   s->queue.ctx = ctx;
   s->queue.owner = obj;
   s->queue.borrowed = true;
-  s->queue.wraps_default = stream == NULL || stream == cudaStreamLegacy ||
-                           stream == cudaStreamPerThread;
+  s->queue.wraps_default = dflt;
   s->borrowed = true;
   return CUSAFE_SUCCESS;
 }
