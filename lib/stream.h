@@ -62,9 +62,7 @@ struct cs_capture *cs_capture_of_stream(cudaStream_t stream,
                                         cudaEvent_t *entry);
 /* Whether s wraps a device's default stream, which CUDA cannot capture. */
 static inline bool cs_stream_wraps_default(const struct cs_stream *s) {
-  cudaStream_t st = s->queue.stream;
-  return s->borrowed &&
-         (st == NULL || st == cudaStreamLegacy || st == cudaStreamPerThread);
+  return s->queue.wraps_default;
 }
 
 /* The marks of a queue's capture pointer while it changes (cs_queue). */
