@@ -446,6 +446,51 @@ START_TEST(test_capture_begins_while_a_release_looks) {
 }
 END_TEST
 
+static void clear_faults(void *arg) {
+  (void)arg;
+  fake_fail_clear();
+}
+
+/* A call that fails (an end of a capture whose first cudaStreamEndCapture
+ * fails) and then drains a parked follow that fails too (its buffer's
+ * latest work is on a stream that other code captures): the call reports
+ * its own failure, not the follow's. */
+START_TEST(test_drain_keeps_the_callers_error) {
+  cudaStream_t raw = NULL;
+  TU_ASSERT(cs_cu->stream_create(&raw, cudaStreamNonBlocking, 0) == cudaSuccess,
+            "no raw stream");
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  cusafe_stream wf = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  TU_OK(cusafe_stream_wrap(&wf, ctx, raw));
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, wf));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_use_buffers(legacy, &b, 1)); /* parked */
+  TU_OK(cusafe_buffer_release(b));
+  TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeRelaxed) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  fake_set_call_hook("cudaStreamEndCapture", clear_faults, NULL);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  ck_assert_int_eq(cusafe_last_cuda_error(), (int)cudaErrorUnknown);
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+            "other code's capture did not end");
+  cs_cu->graph_destroy(rg);
+  TU_OK(cusafe_stream_release(wf));
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_ASSERT(cs_cu->stream_destroy(raw) == cudaSuccess, "raw stream");
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -1666,6 +1711,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
   tcase_add_test(tc, test_capture_begins_while_a_release_looks);
+  tcase_add_test(tc, test_drain_keeps_the_callers_error);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
