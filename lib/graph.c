@@ -529,10 +529,7 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx) {
   struct leftover l = *e;
   unsigned long long now = 0, at_origin = 0;
   bool ended = false;
-  cudaError_t err = cuda_capture_id(stream, &now);
-  if (err == cudaErrorCudartUnloading) { /* nothing runs any more */
-    ended = true;
-  } else if (err == cudaSuccess) {
+  if (cuda_capture_id(stream, &now) == cudaSuccess) {
     ended = leftover_over(now, l.id);
     /* The origin ends it, if it still runs there (not a capture begun
      * there since); where that fails, the stream's own end is tried.  An
