@@ -388,8 +388,9 @@ static cudaError_t queue_fini(void *obj) {
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
   /* So does one of cusafe's whose end failed, also on a stream of another
    * library's: its owner could not end it, nor begin one of its own. */
-  if (cs_queue_has_leftover(&s->queue))
-    (void)cs_leftover_end(s->queue.stream, s->queue.ctx);
+  if (cs_queue_has_leftover(&s->queue) &&
+      !cs_leftover_end(s->queue.stream, s->queue.ctx))
+    (void)cs_leftover_end(s->queue.stream, s->queue.ctx); /* once more */
   /* No mark names the stream once it is destroyed (its handle may name
    * another stream later), nor this queue. */
   cs_queue_forget_leftover(&s->queue, !s->borrowed);
