@@ -12,6 +12,9 @@
 #   FUZZ_CORPUS   a directory that keeps the corpus the run grows (default:
 #                 a temporary copy of the seeds, removed afterwards)
 #   FUZZ_ARGS     more libFuzzer options, such as "-jobs=4 -workers=4"
+#   FUZZ_SEED     libFuzzer's random seed (default 1: make check's short run
+#                 mutates the same way every time, so that it fails only for
+#                 a change; campaigns pass 0, a new seed each run)
 # Skipped (77) when configure found no clang with libFuzzer (FUZZ_CC), and
 # under make check-valgrind, whose Valgrind cannot run a sanitized program.
 set -u
@@ -53,7 +56,7 @@ artifacts=$top_builddir/tests/fuzz/
 echo "fuzz: $fuzzer for $time s from $(find "$seeds" -type f | wc -l | tr -d ' ') seeds into $corpus"
 # -timeout: one input never takes a second; -rss_limit_mb: the default.
 # shellcheck disable=SC2086
-"$fuzzer" -max_total_time="$time" -detect_leaks=1 -timeout=30 \
+"$fuzzer" -max_total_time="$time" -seed="${FUZZ_SEED:-1}" -detect_leaks=1 -timeout=30 \
 	-rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
 	-artifact_prefix="$artifacts" ${FUZZ_ARGS:-} "$corpus" >"$work/log" 2>&1
 status=$?
