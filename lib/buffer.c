@@ -727,8 +727,11 @@ static cusafe_status free_device_gated(const struct memory_end *m,
     st = cs_queue_handoff(fq, &ctx->queue);
     if (st == CS_RETRY)
       return st;
-    if (st != CUSAFE_SUCCESS) /* then wait for that stream instead */
-      cs_cu->stream_synchronize(fq->stream);
+    cudaError_t werr;
+    /* Else the host waits for the same point: never for fq's stream
+     * itself, which a capture may hold. */
+    if (st != CUSAFE_SUCCESS && cs_queue_wait_gated(fq, &werr) == CS_RETRY)
+      return CS_RETRY;
     fq = &ctx->queue;
   }
   *err = cs_cu->free_async(m->ptr, fq->stream);

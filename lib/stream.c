@@ -154,21 +154,28 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   return st;
 }
 
+cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
+  cudaEvent_t entry;
+  cusafe_status st = queue_point(q, false, &entry);
+  if (st == CS_PARK) /* refused as CUDA would, without breaking a capture */
+    *err = cudaErrorStreamCaptureImplicit;
+  else if (st == CUSAFE_SUCCESS)
+    *err = entry ? cs_cu->event_synchronize(entry)
+                 : cs_cu->stream_synchronize(q->stream);
+  else
+    *err = cudaSuccess;
+  return st;
+}
+
 cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park) {
   struct cs_thread *self = cs_thread_self();
   for (;;) {
     cs_gate(self);
-    cudaEvent_t entry;
-    cusafe_status st = queue_point(q, false, &entry);
-    cudaError_t err = cudaSuccess;
-    if (st == CS_PARK) {
-      if (park)
-        *park = true;
-      else /* refused as CUDA would, without breaking what captures */
-        err = cudaErrorStreamCaptureImplicit;
-    } else if (st == CUSAFE_SUCCESS) {
-      err = entry ? cs_cu->event_synchronize(entry)
-                  : cs_cu->stream_synchronize(q->stream);
+    cudaError_t err;
+    cusafe_status st = cs_queue_wait_gated(q, &err);
+    if (st == CS_PARK && park) {
+      *park = true;
+      err = cudaSuccess;
     }
     cs_ungate(self);
     if (st != CS_RETRY)

@@ -132,6 +132,11 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
  * for nothing and sets *park; without, it fails then, touching nothing. */
 cudaError_t cs_queue_wait(struct cs_queue *q);
 cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park);
+/* cs_queue_wait_gated() is one try of it, the thread gated: CS_RETRY
+ * while a capture begins or ends on q (nothing waited for), CS_PARK where
+ * q cannot be touched now (*err cudaErrorStreamCaptureImplicit, nothing
+ * touched); else the wait's result in *err. */
+cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err);
 /* Whether q is a wrapper's queue that nothing may touch now (a record,
  * wait or synchronisation there would break a capture or join one): the
  * legacy default stream -- which a wrapped default stream stands for --

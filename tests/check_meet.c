@@ -491,6 +491,29 @@ START_TEST(test_drain_keeps_the_callers_error) {
 }
 END_TEST
 
+/* A buffer released while the stream of its latest work captures, the
+ * hand-off of that work to the context's stream failing: the host waits
+ * for the work queued before the capture instead -- never for the stream
+ * itself, which would break the capture -- and the free follows it. */
+START_TEST(test_free_after_failed_handoff_from_capture) {
+  cusafe_stream s = new_stream();
+  cusafe_buffer b = new_buffer();
+  size_t before = fake_live_allocations(-1);
+  TU_OK(cusafe_buffer_fill(b, 0, N, 3, s));
+  TU_OK(cusafe_stream_begin_capture(s));
+  fake_fail_function("cudaStreamWaitEvent", cudaErrorInvalidValue);
+  TU_ERR(cusafe_buffer_release(b), CUSAFE_ERROR_CUDA,
+         "cudaStreamWaitEvent failed: invalid argument");
+  fake_fail_clear();
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(-1), before - 1);
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -1707,6 +1730,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_concurrent_last_releases_end_capture);
   tcase_add_test(tc, test_capture_begins_during_last_release);
   tcase_add_test(tc, test_failed_join_lets_go_of_stream);
+  tcase_add_test(tc, test_free_after_failed_handoff_from_capture);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
