@@ -727,11 +727,17 @@ static cusafe_status free_device_gated(const struct memory_end *m,
     st = cs_queue_handoff(fq, &ctx->queue);
     if (st == CS_RETRY)
       return st;
-    cudaError_t werr;
-    /* Else the host waits for the same point: never for fq's stream
-     * itself, which a capture may hold. */
-    if (st != CUSAFE_SUCCESS && cs_queue_wait_gated(fq, &werr) == CS_RETRY)
-      return CS_RETRY;
+    if (st != CUSAFE_SUCCESS) {
+      /* Else the host waits for the same point: never for fq's stream
+       * itself, which a capture may hold.  If that fails too while fq
+       * captures (when nothing can wait for the device), the free is
+       * parked, to be tried again. */
+      cudaError_t werr;
+      if (cs_queue_wait_gated(fq, &werr) == CS_RETRY)
+        return CS_RETRY;
+      if (werr != cudaSuccess && c && may_park)
+        return CS_PARK;
+    }
     fq = &ctx->queue;
   }
   *err = cs_cu->free_async(m->ptr, fq->stream);
@@ -785,12 +791,37 @@ static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
   return st;
 }
 
+/* After a failed wait for the work on one of ctx's queues: the device's
+ * synchronisation instead -- unless a capture may run on the device,
+ * which no mode allows then and which it would break: then, with `park`,
+ * *park (the end is tried again once the capture ends).  cudaSuccess if
+ * the device was waited for, else `err`. */
+static cudaError_t device_wait_instead(struct cs_context *ctx, cudaError_t err,
+                                       bool *park) {
+  struct cs_thread *self = cs_thread_self();
+  for (;;) {
+    cs_gate(self);
+    struct cs_capture *c = cs_capture_open_in(ctx);
+    bool captures = c != NULL || cs_context_has_leftover(ctx);
+    cudaError_t derr = captures ? err : cs_cu->device_synchronize();
+    cs_ungate(self);
+    if (c == CS_CAPTURE_BUSY) {
+      cs_capture_yield(); /* a capture begins or ends in ctx */
+      continue;
+    }
+    if (captures && park)
+      *park = true;
+    return derr == cudaSuccess ? cudaSuccess : err;
+  }
+}
+
 /* Gives wrapped memory back to its owner once the work queued on it is
  * done (waited for: CUDA has no stream-ordered callback as cheap as a
  * free), then calls its release function -- with no lock held, so that it
- * may call cusafe.  Where neither the stream nor the device can be waited
- * for, the device is broken and its work will not run: the memory goes
- * back all the same. */
+ * may call cusafe.  Where the stream cannot be waited for, the device is;
+ * where a capture forbids that, the give-back is parked (with `may_park`)
+ * and tried again; where neither can be waited for, the device is broken
+ * and its work will not run: the memory goes back all the same. */
 static cusafe_status give_back(const struct memory_end *m, bool may_park) {
   struct cs_queue *q = m->q;
   cusafe_status st = CUSAFE_SUCCESS;
@@ -799,9 +830,8 @@ static cusafe_status give_back(const struct memory_end *m, bool may_park) {
     st = cs_device_enter_teardown(q->ctx->device, &saved);
     bool park = false;
     cudaError_t err = cs_queue_wait_or_park(q, may_park ? &park : NULL);
-    if (!park && err != cudaSuccess &&
-        cs_cu->device_synchronize() == cudaSuccess)
-      err = cudaSuccess;
+    if (!park && err != cudaSuccess)
+      err = device_wait_instead(q->ctx, err, may_park ? &park : NULL);
     if (!park && err != cudaSuccess && st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
     cs_device_leave(saved);

@@ -514,6 +514,46 @@ START_TEST(test_free_after_failed_handoff_from_capture) {
 }
 END_TEST
 
+/* Wrapped memory given back: what its release function sees. */
+struct given {
+  const unsigned char *memory;
+  int calls;
+  unsigned char first; /* the memory's first byte then */
+};
+
+static void note_give_back(void *user) {
+  struct given *g = user;
+  g->calls++;
+  g->first = g->memory[0];
+}
+
+/* Wrapped memory released while another stream of its device captures,
+ * the wait for its latest work failing once: the device's
+ * synchronisation, which would break the capture, is not tried; the
+ * give-back is parked and tried again, and comes after that work. */
+START_TEST(test_give_back_after_failed_wait_during_capture) {
+  cusafe_stream s = new_stream();
+  cusafe_buffer owner = new_buffer(), w = CUSAFE_NULL_HANDLE;
+  void *ptr = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&ptr, owner));
+  struct given g = {.memory = ptr};
+  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr, N,
+                           note_give_back, &g));
+  TU_OK(cusafe_buffer_fill(w, 0, N, 7, CUSAFE_STREAM_DEFAULT));
+  TU_OK(cusafe_stream_begin_capture(s));
+  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  TU_OK(cusafe_buffer_release(w));
+  ck_assert_int_eq(g.calls, 1);
+  ck_assert_int_eq(g.first, 7);
+  cusafe_graph graph = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&graph, s));
+  TU_OK(cusafe_graph_release(graph));
+  TU_OK(cusafe_buffer_release(owner));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -1731,6 +1771,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_capture_begins_during_last_release);
   tcase_add_test(tc, test_failed_join_lets_go_of_stream);
   tcase_add_test(tc, test_free_after_failed_handoff_from_capture);
+  tcase_add_test(tc, test_give_back_after_failed_wait_during_capture);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
