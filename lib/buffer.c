@@ -735,7 +735,8 @@ static cusafe_status free_device_gated(const struct memory_end *m,
       cudaError_t werr;
       if (cs_queue_wait_gated(fq, &werr) == CS_RETRY)
         return CS_RETRY;
-      if (werr != cudaSuccess && c && may_park)
+      if (werr != cudaSuccess && werr != cudaErrorCudartUnloading && c &&
+          may_park)
         return CS_PARK;
     }
     fq = &ctx->queue;
@@ -794,7 +795,8 @@ static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
 /* After a failed wait for the work on one of ctx's queues: the device's
  * synchronisation instead -- unless a capture may run on the device,
  * which no mode allows then and which it would break: then, with `park`,
- * *park (the end is tried again once the capture ends).  cudaSuccess if
+ * *park (the end is tried again once the capture ends), unless CUDA
+ * unloads.  cudaSuccess if
  * the device was waited for, else `err`. */
 static cudaError_t device_wait_instead(struct cs_context *ctx, cudaError_t err,
                                        bool *park) {
@@ -802,7 +804,9 @@ static cudaError_t device_wait_instead(struct cs_context *ctx, cudaError_t err,
   for (;;) {
     cs_gate(self);
     struct cs_capture *c = cs_capture_open_in(ctx);
-    bool captures = c != NULL || cs_context_has_leftover(ctx);
+    /* (Not while CUDA unloads: then nothing will run, nor end.) */
+    bool captures = err != cudaErrorCudartUnloading &&
+                    (c != NULL || cs_context_has_leftover(ctx));
     cudaError_t derr = captures ? err : cs_cu->device_synchronize();
     cs_ungate(self);
     if (c == CS_CAPTURE_BUSY) {
@@ -830,8 +834,11 @@ static cusafe_status give_back(const struct memory_end *m, bool may_park) {
     st = cs_device_enter_teardown(q->ctx->device, &saved);
     bool park = false;
     cudaError_t err = cs_queue_wait_or_park(q, may_park ? &park : NULL);
+    /* (Where the device cannot be made current, CUDA unloads or is
+     * broken: nothing is parked then.) */
     if (!park && err != cudaSuccess)
-      err = device_wait_instead(q->ctx, err, may_park ? &park : NULL);
+      err = device_wait_instead(
+          q->ctx, err, may_park && st == CUSAFE_SUCCESS ? &park : NULL);
     if (!park && err != cudaSuccess && st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
     cs_device_leave(saved);
@@ -860,7 +867,7 @@ static cusafe_status memory_end_run(const struct memory_end *m, bool may_park) {
   } else {
     int saved;
     st = cs_device_enter_teardown(m->ctx->device, &saved);
-    cusafe_status fst = free_memory(m, may_park);
+    cusafe_status fst = free_memory(m, may_park && st == CUSAFE_SUCCESS);
     st = fst == CS_PARK ? fst : cs_first(st, fst);
     cs_device_leave(saved);
   }

@@ -60,8 +60,9 @@ static cusafe_status handoff_event(struct cs_queue *q, cudaEvent_t *out) {
  * the event recorded just before q entered its capture (q's captured work
  * runs only in replays, which the graph orders by what it holds).
  * CS_RETRY while a capture begins or ends on q.  With `record`, for a
- * record on q: a capture whose end failed there is ended first (a record
- * would be captured into nothing), or that fails. */
+ * record on q or a synchronisation of it: a capture whose end failed
+ * there is ended first (a record would be captured into nothing), or that
+ * fails. */
 static cusafe_status queue_point(struct cs_queue *q, bool record,
                                  cudaEvent_t *entry) {
   *entry = NULL;
@@ -156,14 +157,18 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
 
 cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
   cudaEvent_t entry;
-  cusafe_status st = queue_point(q, false, &entry);
+  /* As a record: a synchronisation of a stream that a capture left over
+   * would fail, and break it; that capture is ended first. */
+  cusafe_status st = queue_point(q, true, &entry);
   if (st == CS_PARK) /* refused as CUDA would, without breaking a capture */
     *err = cudaErrorStreamCaptureImplicit;
   else if (st == CUSAFE_SUCCESS)
     *err = entry ? cs_cu->event_synchronize(entry)
                  : cs_cu->stream_synchronize(q->stream);
-  else
+  else if (st == CS_RETRY)
     *err = cudaSuccess;
+  else /* the left-over capture could not be ended: as CUDA would answer */
+    *err = cudaErrorStreamCaptureInvalidated;
   return st;
 }
 

@@ -135,7 +135,9 @@ cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park);
 /* cs_queue_wait_gated() is one try of it, the thread gated: CS_RETRY
  * while a capture begins or ends on q (nothing waited for), CS_PARK where
  * q cannot be touched now (*err cudaErrorStreamCaptureImplicit, nothing
- * touched); else the wait's result in *err. */
+ * touched); a failure where a capture left over on q cannot be ended
+ * (*err cudaErrorStreamCaptureInvalidated); else the wait's result in
+ * *err.  Both wait for q's stream only once such a capture is ended. */
 cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err);
 /* Whether q is a wrapper's queue that nothing may touch now (a record,
  * wait or synchronisation there would break a capture or join one): the

@@ -554,6 +554,32 @@ START_TEST(test_give_back_after_failed_wait_during_capture) {
 }
 END_TEST
 
+/* Wrapped memory last used on a stream whose capture could not be ended
+ * when the stream was released (the stream lives on: the memory holds
+ * it): the give-back ends that capture first, then waits for the
+ * stream's work -- not for the device, nor until a capture ends that
+ * nothing else would end. */
+START_TEST(test_give_back_after_capture_left_over) {
+  cusafe_stream s = new_stream();
+  cusafe_buffer owner = new_buffer(), w = CUSAFE_NULL_HANDLE;
+  void *ptr = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&ptr, owner));
+  struct given g = {.memory = ptr};
+  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr, N,
+                           note_give_back, &g));
+  TU_OK(cusafe_buffer_fill(w, 0, N, 9, s));
+  TU_OK(cusafe_stream_begin_capture(s));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorIllegalAddress);
+  fake_set_call_hook("cudaStreamEndCapture", clear_faults, NULL);
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_buffer_release(w));
+  ck_assert_int_eq(g.calls, 1);
+  ck_assert_int_eq(g.first, 9);
+  ck_assert_uint_eq(fake_live_captures(-1), 0);
+  TU_OK(cusafe_buffer_release(owner));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -1772,6 +1798,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_failed_join_lets_go_of_stream);
   tcase_add_test(tc, test_free_after_failed_handoff_from_capture);
   tcase_add_test(tc, test_give_back_after_failed_wait_during_capture);
+  tcase_add_test(tc, test_give_back_after_capture_left_over);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
