@@ -527,18 +527,27 @@ static void note_give_back(void *user) {
   g->first = g->memory[0];
 }
 
+/* A wrap of *owner's memory (a new buffer) whose give-backs g notes. */
+static cusafe_buffer wrap_noted(cusafe_buffer *owner, struct given *g) {
+  cusafe_buffer w = CUSAFE_NULL_HANDLE;
+  void *ptr = NULL;
+  *owner = new_buffer();
+  TU_OK(cusafe_buffer_interop_pointer(&ptr, *owner));
+  *g = (struct given){.memory = ptr};
+  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr, N,
+                           note_give_back, g));
+  return w;
+}
+
 /* Wrapped memory released while another stream of its device captures,
  * the wait for its latest work failing once: the device's
  * synchronisation, which would break the capture, is not tried; the
  * give-back is parked and tried again, and comes after that work. */
 START_TEST(test_give_back_after_failed_wait_during_capture) {
   cusafe_stream s = new_stream();
-  cusafe_buffer owner = new_buffer(), w = CUSAFE_NULL_HANDLE;
-  void *ptr = NULL;
-  TU_OK(cusafe_buffer_interop_pointer(&ptr, owner));
-  struct given g = {.memory = ptr};
-  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr, N,
-                           note_give_back, &g));
+  cusafe_buffer owner;
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
   TU_OK(cusafe_buffer_fill(w, 0, N, 7, CUSAFE_STREAM_DEFAULT));
   TU_OK(cusafe_stream_begin_capture(s));
   fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
@@ -561,12 +570,9 @@ END_TEST
  * nothing else would end. */
 START_TEST(test_give_back_after_capture_left_over) {
   cusafe_stream s = new_stream();
-  cusafe_buffer owner = new_buffer(), w = CUSAFE_NULL_HANDLE;
-  void *ptr = NULL;
-  TU_OK(cusafe_buffer_interop_pointer(&ptr, owner));
-  struct given g = {.memory = ptr};
-  TU_OK(cusafe_buffer_wrap(&w, ctx, CUSAFE_MEMORY_DEVICE, ptr, N,
-                           note_give_back, &g));
+  cusafe_buffer owner;
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
   TU_OK(cusafe_buffer_fill(w, 0, N, 9, s));
   TU_OK(cusafe_stream_begin_capture(s));
   fake_fail_function("cudaStreamEndCapture", cudaErrorIllegalAddress);
