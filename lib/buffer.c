@@ -103,7 +103,7 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
 struct memory_end;
 struct parked {
   struct cs_buffer *b; /* referenced; NULL for an end */
-  struct cs_stream *s; /* referenced */
+  struct cs_queue *q;  /* its owner (a stream or context) referenced */
   /* Or the end of a released root's memory, whose latest work was queued
    * there: its context referenced. */
   struct memory_end *end;
@@ -139,6 +139,7 @@ void cs_parked_drain_maybe(void) {
 }
 
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
+static cudaError_t wait_or_device(struct cs_queue *q, bool *park);
 static cusafe_status memory_end_run(const struct memory_end *m, bool may_park);
 static void memory_end_free(struct parked *p);
 
@@ -169,7 +170,7 @@ static cusafe_status park_follow(struct cs_buffer *b, struct cs_queue *q) {
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   cs_ref(&b->hdr);
   cs_ref(q->owner);
-  *p = (struct parked){.b = b, .s = (struct cs_stream *)q->owner};
+  *p = (struct parked){.b = b, .q = q};
   park(p, q);
   return CUSAFE_SUCCESS;
 }
@@ -177,7 +178,7 @@ static cusafe_status park_follow(struct cs_buffer *b, struct cs_queue *q) {
 /* Does one parked entry, if its stream can be touched now: true if done
  * (and freed). */
 static bool parked_do(struct parked *p) {
-  struct cs_queue *q = &p->s->queue;
+  struct cs_queue *q = p->q;
   if (p->end) {
     if (memory_end_run(p->end, true) == CS_PARK)
       return false;
@@ -188,7 +189,7 @@ static bool parked_do(struct parked *p) {
    * memory's free still comes after the stream's work it could see. */
   if (follow_or_wait(p->b, q) == CS_PARK)
     return false;
-  cs_unref(&p->s->hdr);
+  cs_unref(p->q->owner);
   cs_unref(&p->b->hdr);
   free(p);
   return true;
@@ -309,14 +310,8 @@ static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q) {
   if (st == CUSAFE_SUCCESS || st == CS_PARK)
     return st;
   bool park = false;
-  if (cs_queue_wait_or_park(q, &park) == cudaSuccess)
-    return park ? CS_PARK : st;
-  int saved; /* a broken stream: its device's work, if it can */
-  if (cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS) {
-    cs_cu->device_synchronize();
-    cs_device_leave(saved);
-  }
-  return st;
+  (void)wait_or_device(q, &park);
+  return park ? CS_PARK : st;
 }
 
 cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q) {
@@ -719,7 +714,7 @@ static cusafe_status free_device_gated(const struct memory_end *m,
   /* Last used by a peer copy on another device, or on a stream that now
    * captures (where a free cannot be queued): freed on the context's own
    * stream after that work. */
-  struct cs_capture *c = fq->ctx != ctx ? NULL : cs_queue_capture(fq);
+  struct cs_capture *c = cs_queue_capture(fq);
   if (c == CS_CAPTURE_BUSY)
     return CS_RETRY;
   cusafe_status st = CUSAFE_SUCCESS;
@@ -728,26 +723,40 @@ static cusafe_status free_device_gated(const struct memory_end *m,
     if (st == CS_RETRY)
       return st;
     if (st != CUSAFE_SUCCESS) {
-      /* Else the host waits for the same point: never for fq's stream
-       * itself, which a capture may hold.  If that fails too while fq
-       * captures (when nothing can wait for the device), the free is
-       * parked, to be tried again. */
+      /* Else the host waits for the same point (a failure that passes is
+       * tried once more): never for fq's stream itself, which a capture
+       * may hold.  If that fails too while fq captures (when nothing may
+       * wait for its device), the free is parked, to be tried again. */
       cudaError_t werr;
-      if (cs_queue_wait_gated(fq, &werr) == CS_RETRY)
-        return CS_RETRY;
+      for (int i = 0; i < 2; i++)
+        if (cs_queue_wait_gated(fq, &werr) == CS_RETRY)
+          return CS_RETRY;
+        else if (werr == cudaSuccess)
+          break;
       if (werr != cudaSuccess && werr != cudaErrorCudartUnloading && c &&
           may_park)
         return CS_PARK;
     }
     fq = &ctx->queue;
   }
-  *err = cs_cu->free_async(m->ptr, fq->stream);
-  if (*err != cudaSuccess && *err != cudaErrorCudartUnloading) {
-    /* A free that cannot be queued is done synchronously instead. */
+  for (int i = 0; i < 2; i++) /* a failure that passes: once more */
+    if ((*err = cs_cu->free_async(m->ptr, fq->stream)) == cudaSuccess)
+      return st;
+  if (*err == cudaErrorCudartUnloading)
+    return st;
+  /* A free that cannot be queued is done synchronously instead -- but not
+   * while a capture of the context is open, which no mode allows a
+   * device's synchronisation and which it would break: then it is
+   * parked, to be tried again. */
+  struct cs_capture *open = cs_capture_open_in(ctx);
+  if (open == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  if (open && may_park)
+    return CS_PARK;
+  if (!open)
     cs_cu->device_synchronize();
-    if (cs_cu->free(m->ptr) == cudaSuccess)
-      *err = cudaSuccess;
-  }
+  if (cs_cu->free(m->ptr) == cudaSuccess)
+    *err = cudaSuccess;
   return st;
 }
 
@@ -792,28 +801,39 @@ static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
   return st;
 }
 
-/* After a failed wait for the work on one of ctx's queues: the device's
- * synchronisation instead -- unless a capture may run on the device,
- * which no mode allows then and which it would break: then, with `park`,
- * *park (the end is tried again once the capture ends), unless CUDA
- * unloads.  cudaSuccess if
- * the device was waited for, else `err`. */
-static cudaError_t device_wait_instead(struct cs_context *ctx, cudaError_t err,
-                                       bool *park) {
+/* The host's wait for the work queued on q so far (cs_queue_wait_or_park;
+ * a failure that passes is tried once more); where that fails, for q's
+ * device instead -- unless a capture of cusafe's is open on it, which no
+ * mode allows then and which it would break: then, with `park`, *park
+ * (the caller parks and tries again once the capture ends).  Not where
+ * the device cannot be made current (CUDA unloads or is broken): nothing
+ * would run, nor end, then.  cudaSuccess if q's work or the device's is
+ * done; else the first wait's error. */
+static cudaError_t wait_or_device(struct cs_queue *q, bool *park) {
+  cudaError_t err = cudaSuccess;
+  for (int i = 0; i < 2; i++) {
+    cudaError_t e = cs_queue_wait_or_park(q, park);
+    if (e == cudaSuccess || (park && *park))
+      return cudaSuccess;
+    if (i == 0)
+      err = e;
+  }
+  int saved;
+  if (err == cudaErrorCudartUnloading ||
+      cs_device_enter_teardown(q->ctx->device, &saved) != CUSAFE_SUCCESS)
+    return err;
   struct cs_thread *self = cs_thread_self();
   for (;;) {
     cs_gate(self);
-    struct cs_capture *c = cs_capture_open_in(ctx);
-    /* (Not while CUDA unloads: then nothing will run, nor end.) */
-    bool captures = err != cudaErrorCudartUnloading &&
-                    (c != NULL || cs_context_has_leftover(ctx));
-    cudaError_t derr = captures ? err : cs_cu->device_synchronize();
+    struct cs_capture *c = cs_capture_open_in(q->ctx);
+    cudaError_t derr = c ? err : cs_cu->device_synchronize();
     cs_ungate(self);
     if (c == CS_CAPTURE_BUSY) {
-      cs_capture_yield(); /* a capture begins or ends in ctx */
+      cs_capture_yield(); /* a capture begins or ends in the context */
       continue;
     }
-    if (captures && park)
+    cs_device_leave(saved);
+    if (c && park)
       *park = true;
     return derr == cudaSuccess ? cudaSuccess : err;
   }
@@ -833,12 +853,7 @@ static cusafe_status give_back(const struct memory_end *m, bool may_park) {
     int saved;
     st = cs_device_enter_teardown(q->ctx->device, &saved);
     bool park = false;
-    cudaError_t err = cs_queue_wait_or_park(q, may_park ? &park : NULL);
-    /* (Where the device cannot be made current, CUDA unloads or is
-     * broken: nothing is parked then.) */
-    if (!park && err != cudaSuccess)
-      err = device_wait_instead(
-          q->ctx, err, may_park && st == CUSAFE_SUCCESS ? &park : NULL);
+    cudaError_t err = wait_or_device(q, may_park ? &park : NULL);
     if (!park && err != cudaSuccess && st == CUSAFE_SUCCESS)
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
     cs_device_leave(saved);
@@ -879,7 +894,7 @@ static cusafe_status memory_end_run(const struct memory_end *m, bool may_park) {
  * thread's message, as a release of the buffer itself would have. */
 static void memory_end_free(struct parked *p) {
   struct memory_end *m = p->end;
-  cs_unref(&p->s->hdr);
+  cs_unref(p->q->owner);
   cs_unref(&m->ctx->hdr);
   free(m);
   free(p);
@@ -888,10 +903,12 @@ static void memory_end_free(struct parked *p) {
 /* Parks m's end: its latest work is on a stream that cannot be touched
  * now (a legacy default stream while a blocking stream of its device
  * captures; a stream that other code captures), so that no free, wait or
- * give-back can be ordered after that work, which may still be queued.
- * Without host memory it is done now, as well as it can be. */
+ * give-back can be ordered after that work, which may still be queued;
+ * or its ordering failed where only the device's synchronisation, which
+ * a capture of the context forbids, was left.  Without host memory it is
+ * done now, as well as it can be. */
 static cusafe_status park_end(const struct memory_end *m) {
-  struct cs_queue *q = m->q;
+  struct cs_queue *q = m->q ? m->q : &m->ctx->queue;
   struct parked *p = malloc(sizeof *p);
   struct memory_end *copy = malloc(sizeof *copy);
   if (!p || !copy) {
@@ -902,7 +919,7 @@ static cusafe_status park_end(const struct memory_end *m) {
   *copy = *m;
   cs_ref(&m->ctx->hdr);
   cs_ref(q->owner);
-  *p = (struct parked){.s = (struct cs_stream *)q->owner, .end = copy};
+  *p = (struct parked){.q = q, .end = copy};
   park(p, q);
   return CUSAFE_SUCCESS;
 }

@@ -439,17 +439,6 @@ bool cs_stream_leftover(cudaStream_t stream) {
   return found;
 }
 
-bool cs_context_has_leftover(const struct cs_context *ctx) {
-  if (!atomic_load(&cs_leftover_streams))
-    return false;
-  pthread_mutex_lock(&open_lock);
-  bool found = false;
-  for (size_t i = 0; i < nleftover && !found; i++)
-    found = leftovers[i].ctx == ctx && !leftovers[i].over;
-  pthread_mutex_unlock(&open_lock);
-  return found;
-}
-
 /* (open_lock held) false without host memory: then the stream goes
  * unmarked, and the caller lets go of what the entry would hold. */
 static bool leftover_add(const struct leftover *l) {

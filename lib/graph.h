@@ -101,8 +101,6 @@ void cs_queue_unmark_joining(struct cs_queue *q);
 /* An open capture of ctx (NULL: any), CS_CAPTURE_BUSY if one of them
  * begins or ends meanwhile, or NULL. */
 struct cs_capture *cs_capture_open_in(const struct cs_context *ctx);
-/* Whether a capture of ctx's whose end failed may still run. */
-bool cs_context_has_leftover(const struct cs_context *ctx);
 /* Whether the capture of that id is open (or ending). */
 bool cs_capture_open(uint64_t id);
 /* The open capture of that id, CS_CAPTURE_BUSY if it is ending, or NULL.

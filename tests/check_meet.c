@@ -586,6 +586,97 @@ START_TEST(test_give_back_after_capture_left_over) {
 }
 END_TEST
 
+/* A free whose cudaFreeAsync fails once while a stream captures: tried
+ * again, not made synchronous (a device's synchronisation would break the
+ * capture). */
+START_TEST(test_free_fails_once_during_capture) {
+  cusafe_stream s = new_stream();
+  cusafe_buffer b = new_buffer(), c = new_buffer();
+  size_t before = fake_live_allocations(-1);
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, CUSAFE_STREAM_DEFAULT));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(c, 0, N, 1, s));
+  fake_fail_function("cudaFreeAsync", cudaErrorMemoryAllocation);
+  fake_set_call_hook("cudaFreeAsync", clear_faults, NULL);
+  size_t syncs = fake_log_count("cudaDeviceSynchronize");
+  TU_OK(cusafe_buffer_release(b));
+  ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(-1), before - 1);
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* Wrapped memory released while another library captures on its own
+ * stream of the device, which CUDA's queries do not show: a wait that
+ * fails once is tried again; the device is not synchronised (which would
+ * break that capture), and the memory goes back after its work. */
+START_TEST(test_give_back_fails_once_during_foreign_capture) {
+  cusafe_stream s = new_stream();
+  cusafe_buffer owner;
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
+  TU_OK(cusafe_buffer_fill(w, 0, N, 7, s));
+  cudaStream_t f = fake_foreign_stream(0);
+  TU_ASSERT(cs_cu->stream_begin_capture(f, cudaStreamCaptureModeRelaxed) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  size_t syncs = fake_log_count("cudaDeviceSynchronize");
+  TU_OK(cusafe_buffer_release(w));
+  ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
+  ck_assert_int_eq(g.calls, 1);
+  ck_assert_int_eq(g.first, 7);
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(f, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+  fake_foreign_stream_destroy(f);
+  TU_OK(cusafe_buffer_release(owner));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* A buffer whose latest work is a peer copy on a stream of another device
+ * that now captures, its hand-off and the host's wait both failing: the
+ * free is parked, not queued unordered, and follows the copy. */
+START_TEST(test_peer_free_fails_during_capture) {
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
+  cusafe_stream q1 = CUSAFE_NULL_HANDLE;
+  cusafe_buffer dst = CUSAFE_NULL_HANDLE, src = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&c0, 0));
+  TU_OK(cusafe_context_create(&c1, 1));
+  TU_OK(cusafe_stream_create(&q1, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_buffer_alloc(&dst, c0, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_alloc(&src, c1, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_copy(dst, 0, src, 0, N, q1));
+  TU_OK(cusafe_stream_begin_capture(q1));
+  fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
+  fake_fail_function("cudaEventSynchronize", cudaErrorMemoryAllocation);
+  size_t frees = fake_log_count("cudaFreeAsync");
+  TU_OK(cusafe_buffer_release(dst));
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_log_count("cudaFreeAsync"), frees);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, q1)); /* drains the parked free */
+  TU_OK(cusafe_graph_release(g));
+  ck_assert_uint_eq(fake_log_count("cudaFreeAsync"), frees + 1);
+  TU_OK(cusafe_context_synchronize(c0));
+  TU_OK(cusafe_stream_synchronize(q1));
+  TU_OK(cusafe_buffer_release(src));
+  TU_OK(cusafe_stream_release(q1));
+  TU_OK(cusafe_context_release(c1));
+  TU_OK(cusafe_context_release(c0));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -599,6 +690,35 @@ END_TEST
 
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
 static const DLDataType u8 = {kDLUInt, 8, 1};
+
+/* A tensor deleted while a stream of the device captures, the follow of
+ * the consumer's stream and the host's wait for it failing once: the
+ * wait is tried again, and the device is not synchronised (which would
+ * break the capture). */
+START_TEST(test_deleter_fails_once_during_capture) {
+  cusafe_stream consumer = new_stream(), s = new_stream();
+  cusafe_buffer b = new_buffer(), c = new_buffer();
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, consumer));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(c, 0, N, 1, s));
+  fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
+  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  size_t syncs = fake_log_count("cudaDeviceSynchronize");
+  t->deleter(t);
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(c));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_stream_release(consumer));
+}
+END_TEST
 
 /* A tensor deleted while its consumer's stream captures: the memory is
  * freed after the consumer's work queued on that stream before the
@@ -1805,6 +1925,8 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_free_after_failed_handoff_from_capture);
   tcase_add_test(tc, test_give_back_after_failed_wait_during_capture);
   tcase_add_test(tc, test_give_back_after_capture_left_over);
+  tcase_add_test(tc, test_free_fails_once_during_capture);
+  tcase_add_test(tc, test_give_back_fails_once_during_foreign_capture);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
@@ -1813,8 +1935,14 @@ static Suite *meet_suite(void) {
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
+  tcase_add_test(tc, test_deleter_fails_once_during_capture);
 #endif
   suite_add_tcase(s, tc);
+#ifdef CUSAFE_TEST_FAKE
+  tc = tcase_create("peers"); /* two devices: no context of the fixture's */
+  tcase_add_test(tc, test_peer_free_fails_during_capture);
+  suite_add_tcase(s, tc);
+#endif
   /* One case per scenario, named after it (CK_RUN_CASE=<name>). */
   for (int i = 0; i < NSCENARIOS; i++) {
     tc = tcase_create(scenarios[i].name);
