@@ -451,6 +451,19 @@ static void clear_faults(void *arg) {
   fake_fail_clear();
 }
 
+/* The next call of `fn` fails with err; the ones after it work. */
+static void fail_once(const char *fn, cudaError_t err) {
+  fake_fail_function(fn, err);
+  fake_set_call_hook(fn, clear_faults, NULL);
+}
+
+/* Ends the capture on s, which must end well, and lets go of its graph. */
+static void end_unharmed(cusafe_stream s) {
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_release(g));
+}
+
 /* A call that fails (an end of a capture whose first cudaStreamEndCapture
  * fails) and then drains a parked follow that fails too (its buffer's
  * latest work is on a stream that other code captures): the call reports
@@ -472,8 +485,7 @@ START_TEST(test_drain_keeps_the_callers_error) {
   TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeRelaxed) ==
                 cudaSuccess,
             "other code's capture did not begin");
-  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
-  fake_set_call_hook("cudaStreamEndCapture", clear_faults, NULL);
+  fail_once("cudaStreamEndCapture", cudaErrorUnknown);
   cusafe_graph g = CUSAFE_NULL_HANDLE;
   TU_ERR(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CUDA,
          "cudaStreamEndCapture failed: unknown error");
@@ -505,9 +517,7 @@ START_TEST(test_free_after_failed_handoff_from_capture) {
   TU_ERR(cusafe_buffer_release(b), CUSAFE_ERROR_CUDA,
          "cudaStreamWaitEvent failed: invalid argument");
   fake_fail_clear();
-  cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, s));
-  TU_OK(cusafe_graph_release(g));
+  end_unharmed(s);
   TU_OK(cusafe_context_synchronize(ctx));
   ck_assert_uint_eq(fake_live_allocations(-1), before - 1);
   TU_OK(cusafe_stream_release(s));
@@ -550,14 +560,11 @@ START_TEST(test_give_back_after_failed_wait_during_capture) {
   cusafe_buffer w = wrap_noted(&owner, &g);
   TU_OK(cusafe_buffer_fill(w, 0, N, 7, CUSAFE_STREAM_DEFAULT));
   TU_OK(cusafe_stream_begin_capture(s));
-  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
-  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  fail_once("cudaStreamSynchronize", cudaErrorMemoryAllocation);
   TU_OK(cusafe_buffer_release(w));
   ck_assert_int_eq(g.calls, 1);
   ck_assert_int_eq(g.first, 7);
-  cusafe_graph graph = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&graph, s));
-  TU_OK(cusafe_graph_release(graph));
+  end_unharmed(s);
   TU_OK(cusafe_buffer_release(owner));
   TU_OK(cusafe_stream_release(s));
 }
@@ -575,8 +582,7 @@ START_TEST(test_give_back_after_capture_left_over) {
   cusafe_buffer w = wrap_noted(&owner, &g);
   TU_OK(cusafe_buffer_fill(w, 0, N, 9, s));
   TU_OK(cusafe_stream_begin_capture(s));
-  fake_fail_function("cudaStreamEndCapture", cudaErrorIllegalAddress);
-  fake_set_call_hook("cudaStreamEndCapture", clear_faults, NULL);
+  fail_once("cudaStreamEndCapture", cudaErrorIllegalAddress);
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_buffer_release(w));
   ck_assert_int_eq(g.calls, 1);
@@ -596,14 +602,11 @@ START_TEST(test_free_fails_once_during_capture) {
   TU_OK(cusafe_buffer_fill(b, 0, N, 1, CUSAFE_STREAM_DEFAULT));
   TU_OK(cusafe_stream_begin_capture(s));
   TU_OK(cusafe_buffer_fill(c, 0, N, 1, s));
-  fake_fail_function("cudaFreeAsync", cudaErrorMemoryAllocation);
-  fake_set_call_hook("cudaFreeAsync", clear_faults, NULL);
+  fail_once("cudaFreeAsync", cudaErrorMemoryAllocation);
   size_t syncs = fake_log_count("cudaDeviceSynchronize");
   TU_OK(cusafe_buffer_release(b));
   ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
-  cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, s));
-  TU_OK(cusafe_graph_release(g));
+  end_unharmed(s);
   TU_OK(cusafe_context_synchronize(ctx));
   ck_assert_uint_eq(fake_live_allocations(-1), before - 1);
   TU_OK(cusafe_buffer_release(c));
@@ -625,8 +628,7 @@ START_TEST(test_give_back_fails_once_during_foreign_capture) {
   TU_ASSERT(cs_cu->stream_begin_capture(f, cudaStreamCaptureModeRelaxed) ==
                 cudaSuccess,
             "other code's capture did not begin");
-  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
-  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  fail_once("cudaStreamSynchronize", cudaErrorMemoryAllocation);
   size_t syncs = fake_log_count("cudaDeviceSynchronize");
   TU_OK(cusafe_buffer_release(w));
   ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
@@ -705,15 +707,12 @@ START_TEST(test_deleter_fails_once_during_capture) {
   TU_OK(cusafe_stream_begin_capture(s));
   TU_OK(cusafe_buffer_fill(c, 0, N, 1, s));
   fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
-  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
-  fake_set_call_hook("cudaStreamSynchronize", clear_faults, NULL);
+  fail_once("cudaStreamSynchronize", cudaErrorMemoryAllocation);
   size_t syncs = fake_log_count("cudaDeviceSynchronize");
   t->deleter(t);
   fake_fail_clear();
   ck_assert_uint_eq(fake_log_count("cudaDeviceSynchronize"), syncs);
-  cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, s));
-  TU_OK(cusafe_graph_release(g));
+  end_unharmed(s);
   TU_OK(cusafe_buffer_release(c));
   TU_OK(cusafe_stream_release(s));
   TU_OK(cusafe_stream_release(consumer));
