@@ -140,6 +140,8 @@ void cs_parked_drain_maybe(void) {
 
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
 static cudaError_t wait_or_device(struct cs_queue *q, bool *park);
+static cusafe_status device_fallback_gated(struct cs_context *ctx,
+                                           bool may_park, cudaError_t *err);
 static cusafe_status memory_end_run(const struct memory_end *m, bool may_park);
 static void memory_end_free(struct parked *p);
 
@@ -736,6 +738,11 @@ static cusafe_status free_device_gated(const struct memory_end *m,
       if (werr != cudaSuccess && werr != cudaErrorCudartUnloading && c &&
           may_park)
         return CS_PARK;
+      if (werr != cudaSuccess && !c) { /* then fq's device's work */
+        cusafe_status fst = device_fallback_gated(fq->ctx, may_park, &werr);
+        if (fst == CS_RETRY || fst == CS_PARK)
+          return fst;
+      }
     }
     fq = &ctx->queue;
   }
@@ -744,17 +751,13 @@ static cusafe_status free_device_gated(const struct memory_end *m,
       return st;
   if (*err == cudaErrorCudartUnloading)
     return st;
-  /* A free that cannot be queued is done synchronously instead -- but not
-   * while a capture of the context is open, which no mode allows a
-   * device's synchronisation and which it would break: then it is
-   * parked, to be tried again. */
-  struct cs_capture *open = cs_capture_open_in(ctx);
-  if (open == CS_CAPTURE_BUSY)
-    return CS_RETRY;
-  if (open && may_park)
-    return CS_PARK;
-  if (!open)
-    cs_cu->device_synchronize();
+  /* A free that cannot be queued is done synchronously instead, after
+   * the device's work (device_fallback_gated: parked while a capture of
+   * the context is open, to be tried again). */
+  cudaError_t derr = *err;
+  cusafe_status fst = device_fallback_gated(ctx, may_park, &derr);
+  if (fst == CS_RETRY || fst == CS_PARK)
+    return fst;
   if (cs_cu->free(m->ptr) == cudaSuccess)
     *err = cudaSuccess;
   return st;
@@ -801,14 +804,40 @@ static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
   return st;
 }
 
+/* Where the waits for work on one of ctx's queues failed: the device's
+ * synchronisation instead (the thread gated), once what a capture of ctx
+ * left over is ended (a synchronisation fails during any capture).
+ * CS_RETRY while a capture of ctx begins or ends; CS_PARK, with
+ * `may_park`, while one is open, which no mode allows a device's
+ * synchronisation and which it would break: nothing done then.  Nothing
+ * is waited for where the device cannot be made current (CUDA unloads or
+ * is broken: nothing would run, nor end).  Else *err is the
+ * synchronisation's result, or stays. */
+static cusafe_status device_fallback_gated(struct cs_context *ctx,
+                                           bool may_park, cudaError_t *err) {
+  if (*err == cudaErrorCudartUnloading)
+    return CUSAFE_SUCCESS;
+  struct cs_capture *c = cs_capture_open_in(ctx);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  int saved;
+  if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
+    return CUSAFE_SUCCESS;
+  cusafe_status st = CUSAFE_SUCCESS;
+  if (c && may_park)
+    st = CS_PARK;
+  else if (!c && cs_context_try_leftovers(ctx))
+    *err = cs_cu->device_synchronize();
+  cs_device_leave(saved);
+  return st;
+}
+
 /* The host's wait for the work queued on q so far (cs_queue_wait_or_park;
  * a failure that passes is tried once more); where that fails, for q's
- * device instead -- unless a capture of cusafe's is open on it, which no
- * mode allows then and which it would break: then, with `park`, *park
- * (the caller parks and tries again once the capture ends).  Not where
- * the device cannot be made current (CUDA unloads or is broken): nothing
- * would run, nor end, then.  cudaSuccess if q's work or the device's is
- * done; else the first wait's error. */
+ * device instead (device_fallback_gated) -- or, with `park`, *park while
+ * a capture of the context is open (the caller parks and tries again once
+ * the capture ends).  cudaSuccess if q's work or the device's is done;
+ * else the first wait's error. */
 static cudaError_t wait_or_device(struct cs_queue *q, bool *park) {
   cudaError_t err = cudaSuccess;
   for (int i = 0; i < 2; i++) {
@@ -818,23 +847,20 @@ static cudaError_t wait_or_device(struct cs_queue *q, bool *park) {
     if (i == 0)
       err = e;
   }
-  int saved;
-  if (err == cudaErrorCudartUnloading ||
-      cs_device_enter_teardown(q->ctx->device, &saved) != CUSAFE_SUCCESS)
-    return err;
   struct cs_thread *self = cs_thread_self();
   for (;;) {
+    cudaError_t derr = err;
     cs_gate(self);
-    struct cs_capture *c = cs_capture_open_in(q->ctx);
-    cudaError_t derr = c ? err : cs_cu->device_synchronize();
+    cusafe_status st = device_fallback_gated(q->ctx, park != NULL, &derr);
     cs_ungate(self);
-    if (c == CS_CAPTURE_BUSY) {
+    if (st == CS_RETRY) {
       cs_capture_yield(); /* a capture begins or ends in the context */
       continue;
     }
-    cs_device_leave(saved);
-    if (c && park)
+    if (st == CS_PARK) {
       *park = true;
+      return cudaSuccess;
+    }
     return derr == cudaSuccess ? cudaSuccess : err;
   }
 }

@@ -558,6 +558,23 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx) {
   return ended;
 }
 
+bool cs_context_try_leftovers(struct cs_context *ctx) {
+  if (!atomic_load(&cs_leftover_streams))
+    return true;
+  for (;;) { /* one at a time: an end takes the lock itself */
+    cudaStream_t stream = NULL;
+    pthread_mutex_lock(&open_lock);
+    for (size_t i = 0; i < nleftover && !stream; i++)
+      if (leftovers[i].ctx == ctx && !leftovers[i].over)
+        stream = leftovers[i].stream;
+    pthread_mutex_unlock(&open_lock);
+    if (!stream)
+      return true;
+    if (!cs_leftover_end(stream, ctx))
+      return false;
+  }
+}
+
 void cs_context_end_leftovers(struct cs_context *ctx) {
   if (!atomic_load(&leftover_entries))
     return;

@@ -120,6 +120,10 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx);
  * on it would be captured into nothing, and a stream that waited for it
  * would join that capture. */
 cusafe_status cs_queue_leftover(struct cs_queue *q);
+/* Ends what may still capture in ctx, its ends having failed, where it
+ * can: false if something may still capture (no lock held, or only those
+ * cs_queue_leftover may be called under). */
+bool cs_context_try_leftovers(struct cs_context *ctx);
 /* ctx goes (its streams are gone): what may still capture in it, its
  * ends having failed, is ended if it can be, and forgotten. */
 void cs_context_end_leftovers(struct cs_context *ctx);

@@ -647,6 +647,35 @@ END_TEST
 /* A buffer whose latest work is a peer copy on a stream of another device
  * that now captures, its hand-off and the host's wait both failing: the
  * free is parked, not queued unordered, and follows the copy. */
+/* A buffer whose latest work is a peer copy on a stream of another
+ * device, its hand-off and the host's waits failing: the free follows the
+ * other device's synchronisation instead, not queued unordered. */
+START_TEST(test_peer_free_fails) {
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
+  cusafe_stream q1 = CUSAFE_NULL_HANDLE;
+  cusafe_buffer dst = CUSAFE_NULL_HANDLE, src = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&c0, 0));
+  TU_OK(cusafe_context_create(&c1, 1));
+  TU_OK(cusafe_stream_create(&q1, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_buffer_alloc(&dst, c0, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_alloc(&src, c1, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_copy(dst, 0, src, 0, N, q1));
+  fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
+  fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+  TU_ERR(cusafe_buffer_release(dst), CUSAFE_ERROR_OUT_OF_MEMORY,
+         "cudaStreamWaitEvent failed: out of memory");
+  fake_fail_clear();
+  TU_OK(cusafe_context_synchronize(c0)); /* the fake: no VIOLATION */
+  TU_OK(cusafe_stream_synchronize(q1));
+  TU_OK(cusafe_buffer_release(src));
+  TU_OK(cusafe_stream_release(q1));
+  TU_OK(cusafe_context_release(c1));
+  TU_OK(cusafe_context_release(c0));
+}
+END_TEST
+
 START_TEST(test_peer_free_fails_during_capture) {
   fake_set_device_count(2);
   fake_set_paused(1);
@@ -676,6 +705,37 @@ START_TEST(test_peer_free_fails_during_capture) {
   TU_OK(cusafe_stream_release(q1));
   TU_OK(cusafe_context_release(c1));
   TU_OK(cusafe_context_release(c0));
+}
+END_TEST
+
+/* Wrapped memory whose waits fail twice while a capture of another
+ * stream of the context is left over (its end failed): the device is
+ * synchronised once that capture is ended -- during it the
+ * synchronisation fails -- and only then does the memory go back. */
+START_TEST(test_give_back_fails_with_capture_left_over) {
+  cusafe_stream s = new_stream(), s2 = new_stream();
+  cusafe_buffer owner, y = new_buffer();
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
+  TU_OK(cusafe_buffer_fill(w, 0, N, 7, s));
+  TU_OK(cusafe_stream_begin_capture(s2));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, s2));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph graph = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&graph, s2), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1); /* left over */
+  fake_fail_function("cudaStreamSynchronize", cudaErrorUnknown);
+  TU_OK(cusafe_buffer_release(w));
+  fake_fail_clear();
+  ck_assert_int_eq(g.calls, 1);
+  ck_assert_int_eq(g.first, 7);
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_buffer_release(owner));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(s));
 }
 END_TEST
 
@@ -1926,6 +1986,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_give_back_after_capture_left_over);
   tcase_add_test(tc, test_free_fails_once_during_capture);
   tcase_add_test(tc, test_give_back_fails_once_during_foreign_capture);
+  tcase_add_test(tc, test_give_back_fails_with_capture_left_over);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
@@ -1939,6 +2000,7 @@ static Suite *meet_suite(void) {
   suite_add_tcase(s, tc);
 #ifdef CUSAFE_TEST_FAKE
   tc = tcase_create("peers"); /* two devices: no context of the fixture's */
+  tcase_add_test(tc, test_peer_free_fails);
   tcase_add_test(tc, test_peer_free_fails_during_capture);
   suite_add_tcase(s, tc);
 #endif
