@@ -578,16 +578,7 @@ bool cs_context_try_leftovers(struct cs_context *ctx) {
 void cs_context_end_leftovers(struct cs_context *ctx) {
   if (!atomic_load(&leftover_entries))
     return;
-  for (;;) { /* one at a time: an end takes the lock itself */
-    cudaStream_t stream = NULL;
-    pthread_mutex_lock(&open_lock);
-    for (size_t i = 0; i < nleftover && !stream; i++)
-      if (leftovers[i].ctx == ctx && !leftovers[i].over)
-        stream = leftovers[i].stream;
-    pthread_mutex_unlock(&open_lock);
-    if (!stream || !cs_leftover_end(stream, ctx))
-      break;
-  }
+  (void)cs_context_try_leftovers(ctx);
   /* What could not be ended is forgotten: the context goes. */
   pthread_mutex_lock(&open_lock);
   for (size_t i = nleftover; i-- > 0;)
