@@ -1317,8 +1317,18 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
         st = park_follow(bufs[i], q);
       goto out;
     }
-    st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
-    cs_roots_unlock(roots, nroots);
+    /* q's device current: a chain into a capture records an event of
+     * the capture's (cs_capture_use), which must be of q's device -- one
+     * of the caller's device could not be recorded there, and would stay
+     * in the capture until it ends, possibly after the caller's device's
+     * primary context went. */
+    int saved;
+    st = cs_device_enter(q->ctx->device, &saved);
+    if (st == CUSAFE_SUCCESS) {
+      st = cs_roots_chain(roots, &nroots, q, drops, &ndrops);
+      cs_roots_unlock(roots, nroots);
+      cs_device_leave(saved);
+    }
     cs_ungate(self);
     for (size_t i = 0; i < ndrops; i++)
       cs_unref(drops[i]);

@@ -45,8 +45,10 @@ extern struct cs_queue cs_queue_moving;
 #define CS_QUEUE_MOVING (&cs_queue_moving)
 
 /* Chains root's next operation on queue q after its previous one (root's
- * lock held).  The reference that root held on the queue of its previous
- * operation, if any, is handed to the caller in *drop, to be dropped
+ * lock held, q's device current: in a capture, the ordering between two of
+ * its queues is an event made and recorded on that device).  The reference
+ * that root held on the queue of its previous operation, if any, is handed
+ * to the caller in *drop, to be dropped
  * (cs_unref) once the lock is released.  Fails if q is a stream whose last
  * reference went meanwhile (peeked by a pinned launch). */
 cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,

@@ -650,6 +650,52 @@ END_TEST
 /* A buffer whose latest work is a peer copy on a stream of another
  * device, its hand-off and the host's waits failing: the free follows the
  * other device's synchronisation instead, not queued unordered. */
+/* Buffers used on a stream of device 1 that joined a capture, while the
+ * thread's current device is 0 (cusafe_stream_use_buffers, a DLPack
+ * export's consumer stream): the capture orders the stream after the
+ * buffer's captured use with an event of device 1 -- one of device 0
+ * could not be recorded there, and stayed in the capture past device 0's
+ * primary context. */
+START_TEST(test_use_on_joined_stream_of_other_device) {
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
+  cusafe_stream origin = CUSAFE_NULL_HANDLE, joined = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = CUSAFE_NULL_HANDLE;
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&c0, 0));
+  TU_OK(cusafe_context_create(&c1, 1));
+  TU_OK(cusafe_stream_create(&origin, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_create(&joined, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_buffer_alloc(&b, c1, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_event_create(&e, c1, 0));
+  TU_OK(cusafe_stream_begin_capture(origin));
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, origin));
+  TU_OK(cusafe_event_record(e, origin));
+  TU_OK(cusafe_stream_wait_event(joined, e)); /* joins the capture */
+  TU_OK(cusafe_stream_use_buffers(joined, &b, 1));
+#ifdef CUSAFE_HAVE_DLPACK
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = N;
+  TU_OK(cusafe_buffer_fill(b, 0, N, 2, origin));
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, (DLDataType){kDLUInt, 8, 1}, 1, &n,
+                                NULL, joined));
+#endif
+  TU_OK(cusafe_context_release(c0)); /* the fake: no event of it alive */
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, origin));
+#ifdef CUSAFE_HAVE_DLPACK
+  t->deleter(t);
+#endif
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(joined));
+  TU_OK(cusafe_stream_release(origin));
+  TU_OK(cusafe_context_release(c1));
+}
+END_TEST
+
 START_TEST(test_peer_free_fails) {
   fake_set_device_count(2);
   fake_set_paused(1);
@@ -2001,6 +2047,7 @@ static Suite *meet_suite(void) {
 #ifdef CUSAFE_TEST_FAKE
   tc = tcase_create("peers"); /* two devices: no context of the fixture's */
   tcase_add_test(tc, test_peer_free_fails);
+  tcase_add_test(tc, test_use_on_joined_stream_of_other_device);
   tcase_add_test(tc, test_peer_free_fails_during_capture);
   suite_add_tcase(s, tc);
 #endif
