@@ -564,8 +564,10 @@ bool cs_context_try_leftovers(struct cs_context *ctx) {
   for (;;) { /* one at a time: an end takes the lock itself */
     cudaStream_t stream = NULL;
     pthread_mutex_lock(&open_lock);
+    /* (Not another library's stream that no wrapper holds any more: its
+     * owner may have destroyed it.) */
     for (size_t i = 0; i < nleftover && !stream; i++)
-      if (leftovers[i].ctx == ctx && !leftovers[i].over)
+      if (leftovers[i].ctx == ctx && !leftovers[i].over && leftovers[i].by)
         stream = leftovers[i].stream;
     pthread_mutex_unlock(&open_lock);
     if (!stream)

@@ -122,7 +122,9 @@ bool cs_leftover_end(cudaStream_t stream, struct cs_context *ctx);
 cusafe_status cs_queue_leftover(struct cs_queue *q);
 /* Ends what may still capture in ctx, its ends having failed, where it
  * can: false if something may still capture (no lock held, or only those
- * cs_queue_leftover may be called under). */
+ * cs_queue_leftover may be called under).  Captures left over on streams
+ * of other libraries that no wrapper holds any more are not touched: their
+ * owners may have destroyed them. */
 bool cs_context_try_leftovers(struct cs_context *ctx);
 /* ctx goes (its streams are gone): what may still capture in it, its
  * ends having failed, is ended if it can be, and forgotten. */

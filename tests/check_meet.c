@@ -785,6 +785,33 @@ START_TEST(test_give_back_fails_with_capture_left_over) {
 }
 END_TEST
 
+/* A capture left over on another library's stream whose wrapper went
+ * (its ends failed), the stream then ended and destroyed by its owner: a
+ * free that cannot be queued, which ends the context's left-over captures
+ * before it synchronises the device, leaves that stream alone. */
+START_TEST(test_leftover_of_destroyed_foreign_stream) {
+  cudaStream_t raw = fake_foreign_stream(0);
+  cusafe_stream w = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = new_buffer(), y = new_buffer();
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  TU_OK(cusafe_stream_begin_capture(w));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, w));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  TU_OK(cusafe_stream_release(w)); /* the capture is left over */
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1);
+  cudaGraph_t rg = NULL; /* the owner ends it, and destroys its stream */
+  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+            "the owner's end failed");
+  cs_cu->graph_destroy(rg);
+  fake_foreign_stream_destroy(raw);
+  fake_fail_function("cudaFreeAsync", cudaErrorMemoryAllocation);
+  TU_OK(cusafe_buffer_release(b)); /* the fake: no call on that stream */
+  fake_fail_clear();
+  TU_OK(cusafe_buffer_release(y));
+}
+END_TEST
+
 START_TEST(test_release_after_legacy_work_during_capture) {
   release_after_legacy_work(false);
 }
@@ -2033,6 +2060,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_free_fails_once_during_capture);
   tcase_add_test(tc, test_give_back_fails_once_during_foreign_capture);
   tcase_add_test(tc, test_give_back_fails_with_capture_left_over);
+  tcase_add_test(tc, test_leftover_of_destroyed_foreign_stream);
   tcase_add_test(tc, test_release_after_legacy_work_during_capture);
   tcase_add_test(tc, test_shutdown_after_legacy_work_during_capture);
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
