@@ -606,7 +606,10 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream);
  *   stream that joins it.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; a stream that joins a capture first lets the
- *   operations other threads have in progress on it finish, outside. */
+ *   operations other threads have in progress on it finish, outside.  The
+ *   wait and another thread's record of the same event are made one after
+ *   the other, never interleaved: "the last record" is the one before or
+ *   the one after, never a mix of both. */
 CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
                                                   cusafe_event event);
 /* Hands out the stream's context with a new reference, so that the context
@@ -685,7 +688,11 @@ CUSAFE_API cusafe_status cusafe_event_release(cusafe_event event);
  *   shutdown / in a forked child.
  * Ownership: nothing; the event takes no reference on the stream.
  * Handles: as every call (see the top of this file).
- * Threads: thread-safe. */
+ * Threads: thread-safe.  A record into a capture waits while other threads
+ *   synchronise with, query or time the same event (CUDA would fail those
+ *   on an event last recorded in a capture, and invalidate the capture);
+ *   it and another thread's cusafe_stream_wait_event() for the event are
+ *   made one after the other. */
 CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
                                              cusafe_stream stream);
 /* Blocks until the work before the event's last record has completed.  An

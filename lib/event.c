@@ -32,13 +32,16 @@ static cusafe_status event_make(struct cs_object *obj, struct cs_context *ctx,
   cudaError_t err = cs_cu->event_create(&ev->event, cuda_flags);
   if (err != cudaSuccess)
     return cs_fail_cuda(err, "cudaEventCreateWithFlags");
+  pthread_mutex_init(&ev->lock, NULL);
   ev->ctx = ctx;
   ev->flags = flags;
   return CUSAFE_SUCCESS;
 }
 
 static void event_unmake(struct cs_object *obj) {
-  cs_cu->event_destroy(((struct cs_event *)obj)->event);
+  struct cs_event *ev = (struct cs_event *)obj;
+  cs_cu->event_destroy(ev->event);
+  pthread_mutex_destroy(&ev->lock);
 }
 
 CUSAFE_API cusafe_status cusafe_event_create(cusafe_event *out,
@@ -64,7 +67,10 @@ cusafe_status cs_event_fini(struct cs_object *obj) {
                             "cudaEventDestroy");
 }
 
-void cs_event_free(struct cs_object *obj) { free(obj); }
+void cs_event_free(struct cs_object *obj) {
+  pthread_mutex_destroy(&((struct cs_event *)obj)->lock);
+  free(obj);
+}
 
 void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
   snprintf(what, size, "device %d",
@@ -73,11 +79,24 @@ void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
 
 /* ---- records and waits --------------------------------------------------- */
 
-/* Records ev on q (the thread gated): in a capture, the graph holds it. */
-static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
-  struct cs_capture *c = cs_queue_capture(q);
-  if (c == CS_CAPTURE_BUSY)
-    return CS_RETRY;
+/* What a stream's wait for an event does depends on where the event's
+ * latest record was -- in a capture (the stream joins it, or waits in
+ * it) or outside (a plain wait, or a node that waits at each replay) --
+ * and CUDA decides by the record it finds when the wait is made: a
+ * record on another thread in between would make a stream join a capture
+ * unknown to the library, or wait in a capture for work outside it,
+ * which invalidates the capture.  So a record and a wait are one step
+ * against each other (ev->lock).  A synchronisation, query or timing of
+ * an event last recorded in a capture fails and invalidates the capture:
+ * a record into a capture waits until those in progress are done
+ * (host_waits); a record outside one need not. */
+
+/* Records ev on q (the thread gated and ev's lock held): in a capture,
+ * the graph holds it. */
+static cusafe_status record_locked(struct cs_event *ev, struct cs_queue *q,
+                                   struct cs_capture *c) {
+  if (c && ev->host_waits)
+    return CS_RETRY; /* another thread's synchronisation or query of ev */
   cusafe_status st;
   if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
@@ -97,6 +116,17 @@ static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
   return st;
 }
 
+/* Records ev on q (the thread gated). */
+static cusafe_status record_gated(struct cs_event *ev, struct cs_queue *q) {
+  struct cs_capture *c = cs_queue_capture(q);
+  if (c == CS_CAPTURE_BUSY)
+    return CS_RETRY;
+  pthread_mutex_lock(&ev->lock);
+  cusafe_status st = record_locked(ev, q, c);
+  pthread_mutex_unlock(&ev->lock);
+  return st;
+}
+
 CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
                                              cusafe_stream stream) {
   CS_ENTER();
@@ -112,7 +142,8 @@ CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
     cs_ungate(cs_call_);
     if (CS_LIKELY(st != CS_RETRY))
       return st;
-    cs_capture_yield(); /* a capture begins or ends on q */
+    cs_capture_yield(); /* a capture begins or ends on q, or another
+                           thread synchronises with ev */
   }
 }
 
@@ -141,8 +172,9 @@ static cusafe_status check_not_captured(const struct cs_event *ev,
  * capturing stream's wait for an event recorded outside becomes a node
  * that waits at each replay (cudaEventWaitExternal), and the graph holds
  * the event. */
-static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
-  /* (The thread gated: CS_RETRY while a capture begins or ends.) */
+static cusafe_status wait_locked(struct cs_stream *s, struct cs_event *ev) {
+  /* (The thread gated and ev's lock held: CS_RETRY while a capture begins
+   * or ends.) */
   struct cs_queue *q = &s->queue;
   uint64_t id = atomic_load(&ev->capture_id);
   struct cs_capture *mine = cs_queue_capture(q);
@@ -193,11 +225,19 @@ static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
   return st;
 }
 
+static cusafe_status cs_stream_wait(struct cs_stream *s, struct cs_event *ev) {
+  pthread_mutex_lock(&ev->lock);
+  cusafe_status st = wait_locked(s, ev);
+  pthread_mutex_unlock(&ev->lock);
+  return st;
+}
+
 /* s, marked joining, joins the capture ev was recorded in (the thread
  * gated again, after the gates of the operations that saw s outside it):
  * CS_RETRY, the mark taken back, if that capture ended meanwhile. */
 static cusafe_status join_finish(struct cs_stream *s, struct cs_event *ev) {
   struct cs_queue *q = &s->queue;
+  pthread_mutex_lock(&ev->lock);
   uint64_t id = atomic_load(&ev->capture_id);
   struct cs_capture *c = id ? cs_capture_find(id) : NULL;
   cusafe_status st = CS_RETRY;
@@ -209,6 +249,7 @@ static cusafe_status join_finish(struct cs_stream *s, struct cs_event *ev) {
       cs_device_leave(saved);
     }
   }
+  pthread_mutex_unlock(&ev->lock);
   cs_queue_unmark_joining(q); /* unless it joined */
   return st;
 }
@@ -238,22 +279,44 @@ CUSAFE_API cusafe_status cusafe_stream_wait_event(cusafe_stream stream,
 
 /* ---- queries ------------------------------------------------------------- */
 
+/* A synchronisation, query or timing (`what`) of ev begins: refused if
+ * ev's latest record was in a capture; until host_wait_end(), no record
+ * of ev goes into a capture. */
+static cusafe_status host_wait_begin(struct cs_event *ev, const char *what) {
+  pthread_mutex_lock(&ev->lock);
+  cusafe_status st = check_not_captured(ev, what);
+  if (st == CUSAFE_SUCCESS)
+    ev->host_waits++;
+  pthread_mutex_unlock(&ev->lock);
+  return st;
+}
+
+static void host_wait_end(struct cs_event *ev) {
+  pthread_mutex_lock(&ev->lock);
+  ev->host_waits--;
+  pthread_mutex_unlock(&ev->lock);
+}
+
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
-  cusafe_status st = check_not_captured(ev, "synchronizing with");
+  cusafe_status st = host_wait_begin(ev, "synchronizing with");
   if (st != CUSAFE_SUCCESS)
     return st;
-  return cs_device_wait(ev->ctx->device, NULL, ev->event, false);
+  st = cs_device_wait(ev->ctx->device, NULL, ev->event, false);
+  host_wait_end(ev);
+  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event) {
   CS_ENTER();
   CS_HOLD_OR_RETURN(cs_event, ev, event, CS_EVENT, "event");
-  cusafe_status st = check_not_captured(ev, "querying");
+  cusafe_status st = host_wait_begin(ev, "querying");
   if (st != CUSAFE_SUCCESS)
     return st;
-  return cs_device_wait(ev->ctx->device, NULL, ev->event, true);
+  st = cs_device_wait(ev->ctx->device, NULL, ev->event, true);
+  host_wait_end(ev);
+  return st;
 }
 
 CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
@@ -266,11 +329,14 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
   if ((a->flags | b->flags) & CUSAFE_EVENT_DISABLE_TIMING)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                    "event was created with CUSAFE_EVENT_DISABLE_TIMING");
-  cusafe_status st = check_not_captured(a, "timing");
-  if (st == CUSAFE_SUCCESS)
-    st = check_not_captured(b, "timing");
+  cusafe_status st = host_wait_begin(a, "timing");
   if (st != CUSAFE_SUCCESS)
     return st;
+  st = host_wait_begin(b, "timing");
+  if (st != CUSAFE_SUCCESS) {
+    host_wait_end(a);
+    return st;
+  }
   int saved;
   st = cs_device_enter(a->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
@@ -278,5 +344,7 @@ CUSAFE_API cusafe_status cusafe_event_elapsed_ms(float *ms, cusafe_event start,
                            "cudaEventElapsedTime");
     cs_device_leave(saved);
   }
+  host_wait_end(b);
+  host_wait_end(a);
   return st;
 }

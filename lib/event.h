@@ -2,6 +2,8 @@
 #ifndef CUSAFE_EVENT_H
 #define CUSAFE_EVENT_H
 
+#include <pthread.h>
+
 #include "handle.h"
 
 struct cs_event {
@@ -12,6 +14,13 @@ struct cs_event {
   /* The capture (its id, graph.h) that the event's latest record was in,
    * 0 if it was not in one. */
   _Atomic uint64_t capture_id;
+  /* A record and what depends on where the latest one was are one step
+   * against each other (event.c, "records and waits"): records and
+   * streams' waits take the lock; host_waits counts the synchronisations,
+   * queries and timings in progress, which a record into a capture waits
+   * for. */
+  pthread_mutex_t lock;
+  unsigned host_waits; /* under lock */
 };
 
 #endif /* CUSAFE_EVENT_H */

@@ -350,12 +350,13 @@ static void release_after_legacy_work(bool shut) {
   TU_OK(cusafe_stream_release(s));
 }
 
-/* What another thread does right after the library asked CUDA whether the
- * legacy stream can be touched (the fake's call hook): a capture of a
- * blocking stream begins -- given 50 ms, in which it cannot finish if it
- * must wait for the asking thread. */
+/* What another thread does right after the library asked CUDA something
+ * (the fake's call hook): a capture of s begins, or with e, e is recorded
+ * on s -- given 50 ms, in which it cannot finish if it must wait for the
+ * asking thread. */
 struct begins {
   cusafe_stream s;
+  cusafe_event e;
   pthread_t thread;
   _Atomic int started, done;
   cusafe_status st;
@@ -363,7 +364,8 @@ struct begins {
 
 static void *begins_main(void *arg) {
   struct begins *b = arg;
-  b->st = cusafe_stream_begin_capture(b->s);
+  b->st = b->e ? cusafe_event_record(b->e, b->s)
+               : cusafe_stream_begin_capture(b->s);
   atomic_store(&b->done, 1);
   return NULL;
 }
@@ -644,12 +646,6 @@ START_TEST(test_give_back_fails_once_during_foreign_capture) {
 }
 END_TEST
 
-/* A buffer whose latest work is a peer copy on a stream of another device
- * that now captures, its hand-off and the host's wait both failing: the
- * free is parked, not queued unordered, and follows the copy. */
-/* A buffer whose latest work is a peer copy on a stream of another
- * device, its hand-off and the host's waits failing: the free follows the
- * other device's synchronisation instead, not queued unordered. */
 /* Buffers used on a stream of device 1 that joined a capture, while the
  * thread's current device is 0 (cusafe_stream_use_buffers, a DLPack
  * export's consumer stream): the capture orders the stream after the
@@ -696,6 +692,9 @@ START_TEST(test_use_on_joined_stream_of_other_device) {
 }
 END_TEST
 
+/* A buffer whose latest work is a peer copy on a stream of another
+ * device, its hand-off and the host's waits failing: the free follows the
+ * other device's synchronisation instead, not queued unordered. */
 START_TEST(test_peer_free_fails) {
   fake_set_device_count(2);
   fake_set_paused(1);
@@ -722,6 +721,9 @@ START_TEST(test_peer_free_fails) {
 }
 END_TEST
 
+/* A buffer whose latest work is a peer copy on a stream of another device
+ * that now captures, its hand-off and the host's wait both failing: the
+ * free is parked, not queued unordered, and follows the copy. */
 START_TEST(test_peer_free_fails_during_capture) {
   fake_set_device_count(2);
   fake_set_paused(1);
@@ -2043,6 +2045,111 @@ enum { NSCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 START_TEST(test_scenario) { run_scenario(&scenarios[_i]); }
 END_TEST
 
+#ifdef CUSAFE_TEST_FAKE
+/* ---- records of an event against what depends on them ------------------- */
+
+/* Two devices, so that the library asks CUDA for the current device
+ * before each call on a stream or event: the hook's place.  A context of
+ * device 0, two streams and an event of it. */
+struct evtwo {
+  cusafe_context c;
+  cusafe_stream origin, s;
+  cusafe_event e;
+};
+
+static void evtwo_make(struct evtwo *t) {
+  fake_set_device_count(2);
+  *t = (struct evtwo){0};
+  TU_OK(cusafe_context_create(&t->c, 0));
+  TU_OK(cusafe_stream_create(&t->origin, t->c, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_create(&t->s, t->c, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_event_create(&t->e, t->c, 0));
+}
+
+static void evtwo_finish(struct evtwo *t) {
+  TU_OK(cusafe_context_synchronize(t->c));
+  TU_OK(cusafe_event_release(t->e));
+  TU_OK(cusafe_stream_release(t->s));
+  TU_OK(cusafe_stream_release(t->origin));
+  TU_OK(cusafe_context_release(t->c));
+}
+
+/* A stream's wait for an event last recorded outside a capture, while
+ * another thread records the event in a capture right after the library
+ * looked: the wait is for the earlier record, made before the other one
+ * -- made after it, CUDA would take the stream into the capture unknown
+ * to the library, and the capture could not end (a stream left
+ * unjoined). */
+START_TEST(test_record_into_capture_while_a_wait_looks) {
+  struct evtwo t;
+  evtwo_make(&t);
+  TU_OK(cusafe_event_record(t.e, t.s));
+  TU_OK(cusafe_stream_begin_capture(t.origin));
+  struct begins bg = {.s = t.origin, .e = t.e};
+  fake_set_call_hook("cudaGetDevice", begins_now, &bg);
+  TU_OK(cusafe_stream_wait_event(t.s, t.e));
+  begins_join(&bg);
+  TU_OK(cusafe_stream_synchronize(t.s)); /* it captures nothing */
+  end_unharmed(t.origin);
+  evtwo_finish(&t);
+}
+END_TEST
+
+/* A capturing stream's wait for an event recorded in its capture, while
+ * another thread records the event outside right after the library
+ * looked: the wait is an edge of the graph, made before the other record
+ * -- made after it, it would wait in the capture for work outside, which
+ * CUDA refuses, invalidating the capture. */
+START_TEST(test_record_outside_while_a_captured_wait_looks) {
+  struct evtwo t;
+  evtwo_make(&t);
+  TU_OK(cusafe_stream_begin_capture(t.origin));
+  TU_OK(cusafe_event_record(t.e, t.origin));
+  struct begins bg = {.s = t.s, .e = t.e};
+  fake_set_call_hook("cudaGetDevice", begins_now, &bg);
+  TU_OK(cusafe_stream_wait_event(t.origin, t.e));
+  begins_join(&bg);
+  end_unharmed(t.origin);
+  TU_OK(cusafe_event_synchronize(t.e)); /* the record outside is its latest */
+  evtwo_finish(&t);
+}
+END_TEST
+
+/* A synchronisation (_i 0), query (1) or timing (2) of an event last
+ * recorded outside a capture, while another thread records it in a
+ * capture right after the library looked: the record waits until it is
+ * done -- CUDA fails each of them on an event last recorded in a capture,
+ * and invalidates the capture. */
+START_TEST(test_record_into_capture_while_the_host_waits) {
+  struct evtwo t;
+  evtwo_make(&t);
+  cusafe_event start = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&start, t.c, 0));
+  TU_OK(cusafe_event_record(start, t.s));
+  TU_OK(cusafe_event_record(t.e, t.s));
+  TU_OK(cusafe_stream_begin_capture(t.origin));
+  struct begins bg = {.s = t.origin, .e = t.e};
+  fake_set_call_hook("cudaGetDevice", begins_now, &bg);
+  float ms = -1.0f;
+  switch (_i) {
+  case 0: TU_OK(cusafe_event_synchronize(t.e)); break;
+  case 1: TU_OK(cusafe_event_query(t.e)); break;
+  default:
+    TU_OK(cusafe_event_elapsed_ms(&ms, start, t.e));
+    TU_ASSERT(ms == 0.001f, "elapsed %g ms, not the fake's 0.001", (double)ms);
+  }
+  begins_join(&bg);
+  TU_ERR(cusafe_event_synchronize(t.e), CUSAFE_ERROR_CAPTURING,
+         "synchronizing with event 0x%016llx cannot be done: it was recorded "
+         "in a capture that is still open",
+         (unsigned long long)t.e);
+  end_unharmed(t.origin);
+  TU_OK(cusafe_event_release(start));
+  evtwo_finish(&t);
+}
+END_TEST
+#endif
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -2077,6 +2184,11 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_peer_free_fails);
   tcase_add_test(tc, test_use_on_joined_stream_of_other_device);
   tcase_add_test(tc, test_peer_free_fails_during_capture);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("event_records"); /* two devices, as above */
+  tcase_add_test(tc, test_record_into_capture_while_a_wait_looks);
+  tcase_add_test(tc, test_record_outside_while_a_captured_wait_looks);
+  tcase_add_loop_test(tc, test_record_into_capture_while_the_host_waits, 0, 3);
   suite_add_tcase(s, tc);
 #endif
   /* One case per scenario, named after it (CK_RUN_CASE=<name>). */
