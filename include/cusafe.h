@@ -590,11 +590,15 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream);
  * Returns: CUSAFE_SUCCESS: the wait is queued.
  *   Across captures (see Graphs): a stream outside a capture that waits
  *   for an event recorded in it joins the capture; a capturing stream's
- *   wait for an event recorded outside waits again at each replay.
+ *   wait for an event recorded outside waits again at each replay (also
+ *   a wrapper of a stream that other code captures: see "Captures of
+ *   other code").
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream or event is NULL, forged,
  *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: they belong
  *   to different contexts.  CUSAFE_ERROR_CAPTURING: the event was recorded
- *   in another stream's capture than the one this stream takes part in.
+ *   in another stream's capture than the one this stream takes part in,
+ *   or in a capture of cusafe's while other code captures this stream (a
+ *   wrapper), or its latest record was in a capture of other code.
  *   CUSAFE_ERROR_INVALID_VALUE: the event's latest record was in a capture
  *   that has ended.  CUSAFE_ERROR_NOT_SUPPORTED: a wrapped device default
  *   stream would join a capture (CUDA cannot capture it).
@@ -681,6 +685,9 @@ CUSAFE_API cusafe_status cusafe_event_release(cusafe_event event);
  * Parameters: event [in] the event; stream [in] the stream, or
  *   CUSAFE_STREAM_DEFAULT: the default stream of the event's context.
  * Returns: CUSAFE_SUCCESS: the record is queued; it replaces earlier ones.
+ *   On a wrapper of a stream that other code captures, the record is in
+ *   that capture: until the event is recorded again, nothing of cusafe's
+ *   waits for it (see cusafe_stream_wait_event()).
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: event or stream is forged, stale or
  *   not of its type, or event is NULL.  CUSAFE_ERROR_CONTEXT_MISMATCH: the
  *   stream belongs to another context.  A CUDA failure (cudaEventRecord):
@@ -700,12 +707,17 @@ CUSAFE_API cusafe_status cusafe_event_record(cusafe_event event,
  * Parameters: event [in] the event.
  * Returns: CUSAFE_SUCCESS: that work has completed.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: event is NULL, forged, stale or not
- *   an event.  A CUDA failure (cudaEventSynchronize; after a kernel fault,
- *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
- *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ *   an event.  CUSAFE_ERROR_CAPTURING: its latest record was in a capture
+ *   still open, or in one of other code.  CUSAFE_ERROR_INVALID_VALUE: its
+ *   latest record was in a capture of cusafe's that has ended (what it
+ *   stands for runs only in replays).  A CUDA failure (cudaEventSynchronize;
+ *   after a kernel fault, CUSAFE_ERROR_CUDA): its mapped status.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
- * Threads: thread-safe. */
+ * Threads: thread-safe; another thread's record of the event into a
+ *   capture waits until this call returns. */
 CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event);
 /* Tells whether the work before the event's last record has completed,
  * without waiting.
@@ -713,8 +725,9 @@ CUSAFE_API cusafe_status cusafe_event_synchronize(cusafe_event event);
  * Returns: CUSAFE_SUCCESS: it has (or the event was never recorded).
  * Errors: CUSAFE_ERROR_NOT_READY: not yet (not a failure; the thread's
  *   message and CUDA error say so too).  CUSAFE_ERROR_INVALID_HANDLE: event
- *   is NULL, forged, stale or not an event.  A CUDA failure
- *   (cudaEventQuery): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
+ *   is NULL, forged, stale or not an event.  CUSAFE_ERROR_CAPTURING /
+ *   CUSAFE_ERROR_INVALID_VALUE: as cusafe_event_synchronize().  A CUDA
+ *   failure (cudaEventQuery): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
@@ -729,6 +742,8 @@ CUSAFE_API cusafe_status cusafe_event_query(cusafe_event event);
  *   created with CUSAFE_EVENT_DISABLE_TIMING.  CUSAFE_ERROR_INVALID_HANDLE:
  *   start or end is NULL, forged, stale or not an event.
  *   CUSAFE_ERROR_CONTEXT_MISMATCH: they belong to different contexts.
+ *   CUSAFE_ERROR_CAPTURING / CUSAFE_ERROR_INVALID_VALUE: as
+ *   cusafe_event_synchronize(), for either event.
  *   CUSAFE_ERROR_NOT_READY: one of them has not completed yet.  A CUDA
  *   failure (cudaEventElapsedTime): its mapped status; an event never
  *   recorded gives CUSAFE_ERROR_CUDA.  CUSAFE_ERROR_SHUTDOWN /
@@ -1279,7 +1294,12 @@ CUSAFE_API void cusafe_python_release(void *object);
  * of cusafe_stream_interop_handle(), or on its own) is not cusafe's:
  * cusafe work queued on its stream meanwhile is captured with nothing to
  * hold what it uses, so keep those buffers, kernels and events alive until
- * that graph is gone.  Use cusafe_stream_begin_capture() instead wherever
+ * that graph is gone.  A wait of such a stream for an event recorded
+ * outside is captured as a wait at each replay; it cannot join a capture
+ * of cusafe's (CUSAFE_ERROR_CAPTURING: CUDA would merge the two).  An
+ * event recorded there is in that capture: nothing of cusafe's waits for
+ * it, nor is it synchronised with, queried or timed
+ * (CUSAFE_ERROR_CAPTURING), until it is recorded again.  Use cusafe_stream_begin_capture() instead wherever
  * you can.
  *
  * Streams that nothing may touch for a while.  While a blocking stream of

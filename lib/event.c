@@ -91,18 +91,28 @@ void cs_event_describe(const struct cs_object *obj, char *what, size_t size) {
  * a record into a capture waits until those in progress are done
  * (host_waits); a record outside one need not. */
 
+/* Whether other code captures q, a queue outside cusafe's captures with
+ * no capture of cusafe's left over: a wrapper of a stream that other code
+ * captures. */
+static bool other_captures(struct cs_queue *q) {
+  return CS_UNLIKELY(q->borrowed) && !q->wraps_default &&
+         cs_queue_untouchable(q);
+}
+
 /* Records ev on q (the thread gated and ev's lock held): in a capture,
- * the graph holds it. */
+ * the graph holds it; in one of other code, nothing does, and nothing of
+ * cusafe's may wait for it. */
 static cusafe_status record_locked(struct cs_event *ev, struct cs_queue *q,
                                    struct cs_capture *c) {
-  if (c && ev->host_waits)
-    return CS_RETRY; /* another thread's synchronisation or query of ev */
   cusafe_status st;
-  if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
-    return st;
   /* A record captured into nothing would pull its waiters in. */
   if (!c && cs_queue_has_leftover(q) &&
       (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS)
+    return st;
+  bool other = !c && other_captures(q);
+  if ((c || other) && ev->host_waits)
+    return CS_RETRY; /* another thread's synchronisation or query of ev */
+  if (c && (st = cs_capture_hold(c, &ev->hdr)) != CUSAFE_SUCCESS)
     return st;
   int saved;
   st = cs_device_enter(ev->ctx->device, &saved);
@@ -110,7 +120,9 @@ static cusafe_status record_locked(struct cs_event *ev, struct cs_queue *q,
     st = cs_status_pending(cs_cu->event_record(ev->event, q->stream),
                            "cudaEventRecord");
     if (st == CUSAFE_SUCCESS)
-      atomic_store(&ev->capture_id, c ? c->id : 0);
+      atomic_store(&ev->capture_id, c       ? c->id
+                                    : other ? CS_EVENT_OTHER_CAPTURE
+                                            : 0);
     cs_device_leave(saved);
   }
   return st;
@@ -154,6 +166,11 @@ static cusafe_status check_not_captured(const struct cs_event *ev,
   uint64_t id = atomic_load(&ev->capture_id);
   if (CS_LIKELY(!id))
     return CUSAFE_SUCCESS;
+  if (id == CS_EVENT_OTHER_CAPTURE)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "%s event 0x%016llx cannot be done: its latest record was "
+                   "in a capture of other code; record it again outside",
+                   what, (unsigned long long)ev->hdr.handle);
   if (cs_capture_open(id))
     return cs_fail(CUSAFE_ERROR_CAPTURING,
                    "%s event 0x%016llx cannot be done: it was recorded in a "
@@ -171,14 +188,15 @@ static cusafe_status check_not_captured(const struct cs_event *ev,
  * before recorded first for whoever waits for it from outside; a
  * capturing stream's wait for an event recorded outside becomes a node
  * that waits at each replay (cudaEventWaitExternal), and the graph holds
- * the event. */
+ * the event -- in a capture of other code, nothing holds it. */
 static cusafe_status wait_locked(struct cs_stream *s, struct cs_event *ev) {
   /* (The thread gated and ev's lock held: CS_RETRY while a capture begins
    * or ends.) */
   struct cs_queue *q = &s->queue;
   uint64_t id = atomic_load(&ev->capture_id);
   struct cs_capture *mine = cs_queue_capture(q);
-  struct cs_capture *theirs = id ? cs_capture_find(id) : NULL;
+  struct cs_capture *theirs =
+      id && id != CS_EVENT_OTHER_CAPTURE ? cs_capture_find(id) : NULL;
   if (mine == CS_CAPTURE_BUSY || theirs == CS_CAPTURE_BUSY)
     return CS_RETRY; /* a capture begins or ends meanwhile */
   if (id && !theirs)
@@ -189,30 +207,41 @@ static cusafe_status wait_locked(struct cs_stream *s, struct cs_event *ev) {
                    "was recorded in another stream's capture",
                    (unsigned long long)s->hdr.handle,
                    (unsigned long long)ev->hdr.handle);
-  /* q joins the capture (join_finish), once the operations that saw it
-   * outside have queued their work. */
-  if (theirs && !mine) {
-    if (cs_stream_wraps_default(s))
-      return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
-                     "stream 0x%016llx wraps a device's default stream, which "
-                     "CUDA cannot capture: it cannot wait for event 0x%016llx, "
-                     "recorded in a capture",
-                     (unsigned long long)s->hdr.handle,
-                     (unsigned long long)ev->hdr.handle);
-    return cs_queue_mark_joining(q) ? CS_JOIN : CS_RETRY;
-  }
-  /* A wait captured into nothing would be lost, and pull later work in. */
+  if (theirs && !mine && cs_stream_wraps_default(s))
+    return cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
+                   "stream 0x%016llx wraps a device's default stream, which "
+                   "CUDA cannot capture: it cannot wait for event 0x%016llx, "
+                   "recorded in a capture",
+                   (unsigned long long)s->hdr.handle,
+                   (unsigned long long)ev->hdr.handle);
+  /* A wait captured into nothing would be lost, and pull later work in;
+   * a join's record of q's work would be captured there, and CUDA would
+   * merge that capture with the one joined. */
   if (!mine && cs_queue_has_leftover(q)) {
     cusafe_status st = cs_queue_leftover(q);
     if (st != CUSAFE_SUCCESS)
       return st;
   }
+  bool other = !mine && other_captures(q);
+  if (other && theirs)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "stream 0x%016llx is being captured by other code: it "
+                   "cannot join the capture that event 0x%016llx was "
+                   "recorded in",
+                   (unsigned long long)s->hdr.handle,
+                   (unsigned long long)ev->hdr.handle);
+  /* q joins the capture (join_finish), once the operations that saw it
+   * outside have queued their work. */
+  if (theirs && !mine)
+    return cs_queue_mark_joining(q) ? CS_JOIN : CS_RETRY;
   unsigned int flags = 0;
   if (mine && !theirs) {
     cusafe_status st = cs_capture_hold(mine, &ev->hdr);
     if (st != CUSAFE_SUCCESS)
       return st;
     flags = cudaEventWaitExternal;
+  } else if (other) {
+    flags = cudaEventWaitExternal; /* a plain wait would break it */
   }
   int saved;
   cusafe_status st = cs_device_enter(q->ctx->device, &saved);

@@ -6,13 +6,17 @@
 
 #include "handle.h"
 
+/* capture_id of an event last recorded in a capture of other code. */
+#define CS_EVENT_OTHER_CAPTURE UINT64_MAX
+
 struct cs_event {
   struct cs_object hdr;
   struct cs_context *ctx; /* referenced */
   cudaEvent_t event;
   unsigned int flags;
   /* The capture (its id, graph.h) that the event's latest record was in,
-   * 0 if it was not in one. */
+   * 0 if it was not in one, CS_EVENT_OTHER_CAPTURE if in a capture of
+   * other code (on a wrapped stream). */
   _Atomic uint64_t capture_id;
   /* A record and what depends on where the latest one was are one step
    * against each other (event.c, "records and waits"): records and

@@ -2148,6 +2148,144 @@ START_TEST(test_record_into_capture_while_the_host_waits) {
   evtwo_finish(&t);
 }
 END_TEST
+/* A stream's join of a capture, while another thread records the event
+ * outside right after the library looked again: the join waits for the
+ * captured record, made before the other one -- made after it, the
+ * stream would not join, and its work captured later would wait in the
+ * capture for work outside it. */
+START_TEST(test_record_outside_while_a_join_looks) {
+  struct evtwo t;
+  evtwo_make(&t);
+  cusafe_event back = CUSAFE_NULL_HANDLE;
+  cusafe_stream other = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&back, t.c, 0));
+  TU_OK(cusafe_stream_create(&other, t.c, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_begin_capture(t.origin));
+  TU_OK(cusafe_event_record(t.e, t.origin));
+  struct begins bg = {.s = other, .e = t.e};
+  fake_set_call_hook("cudaGetDevice", begins_now, &bg); /* in join_finish */
+  TU_OK(cusafe_stream_wait_event(t.s, t.e));            /* t.s joins */
+  begins_join(&bg);
+  TU_OK(cusafe_event_record(back, t.s));
+  TU_OK(cusafe_stream_wait_event(t.origin, back));
+  end_unharmed(t.origin);
+  TU_OK(cusafe_stream_synchronize(t.s));
+  TU_OK(cusafe_event_release(back));
+  TU_OK(cusafe_stream_release(other));
+  evtwo_finish(&t);
+}
+END_TEST
+
+/* A stream where a capture of cusafe's was left over (its end failed)
+ * joins another capture: the left-over one is ended first -- else the
+ * join's record would be captured into it, and CUDA would merge the two
+ * captures, breaking both. */
+START_TEST(test_join_from_leftover) {
+  cusafe_stream origin = new_stream(), s2 = new_stream();
+  cusafe_buffer y = new_buffer();
+  cusafe_event e = CUSAFE_NULL_HANDLE, e2 = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_create(&e2, ctx, 0));
+  TU_OK(cusafe_stream_begin_capture(s2));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, s2));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph graph = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&graph, s2), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1); /* left over on s2 */
+  TU_OK(cusafe_stream_begin_capture(origin));
+  TU_OK(cusafe_event_record(e, origin));
+  TU_OK(cusafe_stream_wait_event(s2, e));      /* s2 joins */
+  ck_assert_uint_eq(fake_live_captures(0), 1); /* origin's only */
+  TU_OK(cusafe_event_record(e2, s2));
+  TU_OK(cusafe_stream_wait_event(origin, e2)); /* joined back */
+  end_unharmed(origin);
+  TU_OK(cusafe_event_release(e2));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(origin));
+}
+END_TEST
+
+/* Other code's capture on a stream of its own, and a wrapper of it. */
+static cudaStream_t other_capture_begin(cusafe_stream *w) {
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(w, ctx, raw));
+  TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeRelaxed) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  return raw;
+}
+
+/* Ends other code's capture, which must end well, and lets go of it all. */
+static void other_capture_end(cudaStream_t raw, cusafe_stream w) {
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+}
+
+/* A wrapper of a stream that other code captures cannot join a capture of
+ * cusafe's (CUDA would merge the two, breaking both); its wait for an
+ * event recorded outside is a node of the other code's graph, as its
+ * other work is (a plain wait would break that capture).  Both end
+ * unharmed. */
+START_TEST(test_wait_on_wrapper_that_other_code_captures) {
+  cusafe_stream w = CUSAFE_NULL_HANDLE, origin = new_stream(),
+                s2 = new_stream();
+  cusafe_event e = CUSAFE_NULL_HANDLE, outside = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_create(&outside, ctx, 0));
+  TU_OK(cusafe_event_record(outside, s2));
+  cudaStream_t raw = other_capture_begin(&w);
+  TU_OK(cusafe_stream_begin_capture(origin));
+  TU_OK(cusafe_event_record(e, origin));
+  TU_ERR(cusafe_stream_wait_event(w, e), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx is being captured by other code: it cannot join "
+         "the capture that event 0x%016llx was recorded in",
+         (unsigned long long)w, (unsigned long long)e);
+  TU_OK(cusafe_stream_wait_event(w, outside));
+  end_unharmed(origin);
+  other_capture_end(raw, w);
+  TU_OK(cusafe_event_release(outside));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(origin));
+}
+END_TEST
+
+/* An event recorded on a wrapper of a stream that other code captures is
+ * in that capture: no stream of cusafe's waits for it (CUDA would pull the
+ * stream into the other code's capture, unknown to cusafe), nor does the
+ * host (CUDA would break that capture); recorded again outside, it is
+ * waited for as usual. */
+START_TEST(test_record_in_capture_of_other_code) {
+  cusafe_stream w = CUSAFE_NULL_HANDLE, s2 = new_stream();
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  cudaStream_t raw = other_capture_begin(&w);
+  TU_OK(cusafe_event_record(e, w));
+  TU_ERR(cusafe_stream_wait_event(s2, e), CUSAFE_ERROR_CAPTURING,
+         "waiting for event 0x%016llx cannot be done: its latest record was "
+         "in a capture of other code; record it again outside",
+         (unsigned long long)e);
+  TU_ERR(cusafe_event_query(e), CUSAFE_ERROR_CAPTURING,
+         "querying event 0x%016llx cannot be done: its latest record was "
+         "in a capture of other code; record it again outside",
+         (unsigned long long)e);
+  TU_OK(cusafe_stream_synchronize(s2)); /* s2 captures nothing */
+  other_capture_end(raw, w);
+  TU_OK(cusafe_event_record(e, s2));
+  TU_OK(cusafe_stream_wait_event(s2, e));
+  TU_OK(cusafe_event_synchronize(e));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_stream_release(s2));
+}
+END_TEST
 #endif
 
 static Suite *meet_suite(void) {
@@ -2173,6 +2311,9 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_capture_begins_while_use_buffers_looks);
   tcase_add_test(tc, test_capture_begins_while_a_release_looks);
   tcase_add_test(tc, test_drain_keeps_the_callers_error);
+  tcase_add_test(tc, test_join_from_leftover);
+  tcase_add_test(tc, test_wait_on_wrapper_that_other_code_captures);
+  tcase_add_test(tc, test_record_in_capture_of_other_code);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
@@ -2189,6 +2330,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_record_into_capture_while_a_wait_looks);
   tcase_add_test(tc, test_record_outside_while_a_captured_wait_looks);
   tcase_add_loop_test(tc, test_record_into_capture_while_the_host_waits, 0, 3);
+  tcase_add_test(tc, test_record_outside_while_a_join_looks);
   suite_add_tcase(s, tc);
 #endif
   /* One case per scenario, named after it (CK_RUN_CASE=<name>). */
