@@ -1299,8 +1299,8 @@ CUSAFE_API void cusafe_python_release(void *object);
  * of cusafe's (CUSAFE_ERROR_CAPTURING: CUDA would merge the two).  An
  * event recorded there is in that capture: nothing of cusafe's waits for
  * it, nor is it synchronised with, queried or timed
- * (CUSAFE_ERROR_CAPTURING), until it is recorded again.  Use cusafe_stream_begin_capture() instead wherever
- * you can.
+ * (CUSAFE_ERROR_CAPTURING), until it is recorded again.  Use
+ * cusafe_stream_begin_capture() instead wherever you can.
  *
  * Streams that nothing may touch for a while.  While a blocking stream of
  * a device captures, CUDA refuses any use of its legacy default stream
