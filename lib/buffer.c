@@ -107,6 +107,10 @@ struct parked {
   /* Or the end of a released root's memory, whose latest work was queued
    * there: its context referenced. */
   struct memory_end *end;
+  /* Or references to drop once q's work is done: what a released graph
+   * held, its replay queued on q (objs referenced, NULL otherwise). */
+  struct cs_object **objs;
+  size_t nobjs;
   struct parked *next;
 };
 static pthread_mutex_t parked_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -177,10 +181,40 @@ static cusafe_status park_follow(struct cs_buffer *b, struct cs_queue *q) {
   return CUSAFE_SUCCESS;
 }
 
+cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
+                            size_t n) {
+  struct parked *p = malloc(sizeof *p);
+  struct cs_object **copy = malloc((n ? n : 1) * sizeof *copy);
+  if (!p || !copy) {
+    free(p);
+    free(copy);
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  }
+  for (size_t i = 0; i < n; i++)
+    cs_ref(copy[i] = objs[i]);
+  cs_ref(q->owner);
+  *p = (struct parked){.q = q, .objs = copy, .nobjs = n};
+  parked_push(p, p, 1);
+  return CUSAFE_SUCCESS;
+}
+
 /* Does one parked entry, if its stream can be touched now: true if done
  * (and freed). */
 static bool parked_do(struct parked *p) {
   struct cs_queue *q = p->q;
+  if (p->objs) {
+    bool park = false;
+    cudaError_t err = cs_queue_wait_or_park(q, &park);
+    if (cs_queue_wait_parks(park, err))
+      return false;
+    /* (Another failure: the replay cannot be waited for, ever.) */
+    for (size_t i = 0; i < p->nobjs; i++)
+      cs_unref(p->objs[i]);
+    cs_unref(q->owner);
+    free(p->objs);
+    free(p);
+    return true;
+  }
   if (p->end) {
     if (memory_end_run(p->end, true) == CS_PARK)
       return false;
@@ -257,6 +291,7 @@ void cs_parked_shutdown(void) {
       (void)memory_end_run(p->end, false);
       free(p->end);
     }
+    free(p->objs);
     free(p);
   }
 }

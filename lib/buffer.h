@@ -93,6 +93,13 @@ cusafe_status cs_buffer_follow(struct cs_buffer *b, struct cs_queue *q);
  * follows, with the objects they hold. */
 void cs_parked_drain(void);
 void cs_parked_shutdown(void);
+/* Keeps a new reference on each of objs[0..n) until the work queued on q
+ * so far is done, where q cannot be waited for now (a wait for it parks:
+ * cs_queue_wait_or_park, or cudaErrorStreamCaptureImplicit): what a
+ * released graph held, a replay of it queued on q.  Drained as above;
+ * forgotten by the shutdown, which frees every object. */
+cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
+                            size_t n);
 /* Bumped where a stream may have become touchable without a drain: where
  * a leftover capture ended under a lock; the next follow, end or
  * synchronisation drains (cs_parked_drain_maybe: where it may do

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer.h"
 #include "context.h"
 #include "device.h"
 #include "event.h"
@@ -1275,11 +1276,19 @@ cusafe_status cs_graph_fini(struct cs_object *obj) {
       st = cs_fail_cuda(err, "cudaGraphDestroy");
   }
   /* Its events go next: its replays, which wait for or record them, must
-   * be done. */
-  for (size_t i = 0; i < g->nreplayed; i++)
-    if ((err = cs_queue_wait(g->replayed[i])) != cudaSuccess &&
-        st == CUSAFE_SUCCESS)
+   * be done.  Where a replay's stream cannot be waited for now (a
+   * capture forbids it), what the graph holds is kept until it can be. */
+  for (size_t i = 0; i < g->nreplayed; i++) {
+    bool park = false;
+    err = cs_queue_wait_or_park(g->replayed[i], &park);
+    if (cs_queue_wait_parks(park, err)) {
+      cusafe_status pst = cs_park_drops(g->replayed[i], g->held, g->nheld);
+      if (pst != CUSAFE_SUCCESS && st == CUSAFE_SUCCESS)
+        st = pst;
+    } else if (err != cudaSuccess && st == CUSAFE_SUCCESS) {
       st = cs_fail_cuda(err, "cudaStreamSynchronize");
+    }
+  }
   cs_device_leave(saved);
   return st;
 }

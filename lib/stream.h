@@ -132,6 +132,12 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to);
  * for nothing and sets *park; without, it fails then, touching nothing. */
 cudaError_t cs_queue_wait(struct cs_queue *q);
 cudaError_t cs_queue_wait_or_park(struct cs_queue *q, bool *park);
+/* Whether such a wait found that q cannot be waited for now: *park set, or
+ * q is a device's legacy default stream while a blocking stream of the
+ * device captures (CUDA's cudaErrorStreamCaptureImplicit). */
+static inline bool cs_queue_wait_parks(bool park, cudaError_t err) {
+  return park || err == cudaErrorStreamCaptureImplicit;
+}
 /* cs_queue_wait_gated() is one try of it, the thread gated: CS_RETRY
  * while a capture begins or ends on q (nothing waited for), CS_PARK where
  * q cannot be touched now (*err cudaErrorStreamCaptureImplicit, nothing

@@ -2286,6 +2286,39 @@ START_TEST(test_record_in_capture_of_other_code) {
   TU_OK(cusafe_stream_release(s2));
 }
 END_TEST
+/* A graph released while a blocking stream captures, its replay queued on
+ * a wrapper of the legacy stream, which CUDA lets nothing wait for
+ * meanwhile: what it holds (an event its replays wait for) is kept until
+ * the replay is done, not dropped with the graph, and the release
+ * succeeds. */
+START_TEST(test_graph_released_while_blocking_stream_captures) {
+  fake_set_paused(1);
+  cusafe_stream s = CUSAFE_NULL_HANDLE, blocking = CUSAFE_NULL_HANDLE;
+  cusafe_stream legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_stream_create(&blocking, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_record(e, s));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_wait_event(s, e)); /* a node that waits for e */
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, legacy));
+  TU_OK(cusafe_stream_begin_capture(blocking));
+  size_t live = fake_live_events(0);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_event_release(e));
+  ck_assert_uint_eq(fake_live_events(0), live); /* e kept for the replay */
+  end_unharmed(blocking);
+  TU_OK(cusafe_context_synchronize(ctx)); /* the replay ran; e went */
+  ck_assert_uint_eq(fake_live_events(0), live - 1);
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(blocking));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
 #endif
 
 static Suite *meet_suite(void) {
@@ -2314,6 +2347,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_join_from_leftover);
   tcase_add_test(tc, test_wait_on_wrapper_that_other_code_captures);
   tcase_add_test(tc, test_record_in_capture_of_other_code);
+  tcase_add_test(tc, test_graph_released_while_blocking_stream_captures);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
