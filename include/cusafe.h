@@ -562,7 +562,10 @@ CUSAFE_API cusafe_status cusafe_stream_release(cusafe_stream stream);
  * Parameters: stream [in] the stream (not CUSAFE_STREAM_DEFAULT).
  * Returns: CUSAFE_SUCCESS: the stream's work has completed.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not
- *   a stream.  A CUDA failure (cudaStreamSynchronize; after a kernel fault,
+ *   a stream.  CUSAFE_ERROR_CAPTURING: it captures, or other code captures
+ *   it, or it wraps a default stream while a blocking stream of the device
+ *   captures (see "Streams that nothing may touch for a while").  A CUDA
+ *   failure (cudaStreamSynchronize; after a kernel fault,
  *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
  * Ownership: nothing.
@@ -576,7 +579,8 @@ CUSAFE_API cusafe_status cusafe_stream_synchronize(cusafe_stream stream);
  * Errors: CUSAFE_ERROR_NOT_READY: work is still pending (not a failure;
  *   the thread's message and CUDA error say so too).
  *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
- *   stream.  A CUDA failure (cudaStreamQuery): its mapped status.
+ *   stream.  CUSAFE_ERROR_CAPTURING: as cusafe_stream_synchronize().  A
+ *   CUDA failure (cudaStreamQuery): its mapped status.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.
  * Ownership: nothing.
@@ -1156,7 +1160,9 @@ CUSAFE_API cusafe_status cusafe_buffer_interop_pointer(void **out,
  *   in a forked child.  *out is NULL on every failure.
  * Ownership: cusafe keeps ownership: valid while the caller holds a
  *   reference on the stream; never destroy it.  Work queued through it on
- *   cusafe buffers is not tracked.
+ *   cusafe buffers is not tracked.  From now on cusafe looks, where it
+ *   matters, whether other code captures the stream, as for a wrapper
+ *   (see "Captures of other code").
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_stream_interop_handle(void **out,
@@ -1294,9 +1300,15 @@ CUSAFE_API void cusafe_python_release(void *object);
  * of cusafe_stream_interop_handle(), or on its own) is not cusafe's:
  * cusafe work queued on its stream meanwhile is captured with nothing to
  * hold what it uses, so keep those buffers, kernels and events alive until
- * that graph is gone.  A wait of such a stream for an event recorded
- * outside is captured as a wait at each replay; it cannot join a capture
- * of cusafe's (CUSAFE_ERROR_CAPTURING: CUDA would merge the two).  An
+ * that graph is gone.  A stream of cusafe's whose CUDA stream was handed
+ * out (cusafe_stream_interop_handle) counts as such a stream from then
+ * on.  Work there that must wait for work outside that capture (a
+ * buffer's earlier work on another stream), a replay there that must, and
+ * a synchronisation or query of the stream fail with
+ * CUSAFE_ERROR_CAPTURING, the capture unharmed.  A wait of such a stream
+ * for an event recorded outside is captured as a wait at each replay; it
+ * cannot join a capture of cusafe's (CUSAFE_ERROR_CAPTURING: CUDA would
+ * merge the two).  An
  * event recorded there is in that capture: nothing of cusafe's waits for
  * it, nor is it synchronised with, queried or timed
  * (CUSAFE_ERROR_CAPTURING), until it is recorded again.  Use
@@ -1318,11 +1330,13 @@ CUSAFE_API void cusafe_python_release(void *object);
  * which CUDA lets nothing wait for while a blocking stream of the device
  * captures", "stream 0x... is being captured by other code: nothing
  * outside that capture can wait for its work"), and the capture goes on
- * unharmed.  The frees and
- * waits of a release or of the shutdown run in CUDA's relaxed mode, so
- * they do not break a capture of other code on another stream, also one
- * begun in CUDA's global mode (the default of cudaStreamBeginCapture and
- * of torch.cuda.graph) on another thread -- with two exceptions.  The free
+ * unharmed; so do a synchronisation or query of the stream, and on a
+ * wrapper of a default stream, an event's record and a wait for an event.
+ * The frees and waits of a release or of the shutdown run in CUDA's
+ * relaxed mode, so they do not break a capture of other code on another
+ * stream, also one begun in CUDA's global mode (the default of
+ * cudaStreamBeginCapture and of torch.cuda.graph) on another thread --
+ * with two exceptions.  The free
  * of device memory is a cudaFreeAsync made in the thread's own mode, as
  * the program's own free would be.  The last release of a module waits
  * for its device to be idle (its kernels may still run), which CUDA allows
@@ -1427,7 +1441,11 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph or stream is NULL, forged,
  *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream
  *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
- *   captures.  A CUDA failure (cudaGraphInstantiate at the first replay,
+ *   captures, or other code captures it, or it wraps a default stream
+ *   while a blocking stream of the device captures (where the replay must
+ *   wait for work of other streams; else CUDA answers, with
+ *   cudaGraphLaunch's status).  A CUDA failure (cudaGraphInstantiate at
+ *   the first replay,
  *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
  *   status.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a

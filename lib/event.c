@@ -109,6 +109,9 @@ static cusafe_status record_locked(struct cs_event *ev, struct cs_queue *q,
   if (!c && cs_queue_has_leftover(q) &&
       (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS)
     return st;
+  if (!c && CS_UNLIKELY(q->borrowed) && q->wraps_default &&
+      cs_queue_untouchable(q))
+    return cs_untouchable_refuse("recording an event", q);
   bool other = !c && other_captures(q);
   if ((c || other) && ev->host_waits)
     return CS_RETRY; /* another thread's synchronisation or query of ev */
@@ -222,6 +225,9 @@ static cusafe_status wait_locked(struct cs_stream *s, struct cs_event *ev) {
     if (st != CUSAFE_SUCCESS)
       return st;
   }
+  if (!mine && CS_UNLIKELY(q->borrowed) && q->wraps_default &&
+      cs_queue_untouchable(q))
+    return cs_untouchable_refuse("waiting for an event", q);
   bool other = !mine && other_captures(q);
   if (other && theirs)
     return cs_fail(CUSAFE_ERROR_CAPTURING,

@@ -1157,6 +1157,8 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
     return CS_RETRY;
   if (c)
     return cs_capturing("a graph replay", q);
+  if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q))
+    return cs_untouchable_refuse("a graph replay", q);
   int saved;
   st = cs_device_enter(g->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {

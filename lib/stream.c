@@ -112,6 +112,19 @@ cusafe_status cs_untouchable_fail(struct cs_queue *q) {
                  (unsigned long long)q->owner->handle);
 }
 
+cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q) {
+  if (q->wraps_default)
+    return cs_fail(CUSAFE_ERROR_CAPTURING,
+                   "%s cannot be done: stream 0x%016llx wraps a device's "
+                   "default stream, which CUDA lets nothing use while a "
+                   "blocking stream of the device captures",
+                   what, (unsigned long long)q->owner->handle);
+  return cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "%s cannot be done: stream 0x%016llx is being captured by "
+                 "other code",
+                 what, (unsigned long long)q->owner->handle);
+}
+
 cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
   /* Ordering never goes into a capture: work that a capture's queue
    * must follow is captured work's, which the capture orders itself
@@ -122,6 +135,10 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
     return tc == CS_CAPTURE_BUSY
                ? CS_RETRY
                : cs_capturing("ordering work after another stream", to);
+  /* Nor into a capture of other code: a wait there for work outside
+   * would break it (and on a default stream, CUDA refuses any wait). */
+  if (CS_UNLIKELY(to->borrowed) && cs_queue_untouchable(to))
+    return cs_untouchable_refuse("ordering work after another stream", to);
   int saved;
   cusafe_status st = cs_device_enter(from->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
@@ -442,11 +459,14 @@ static cusafe_status stream_wait(struct cs_stream *s, bool query,
   struct cs_thread *self = cs_thread_self();
   for (;;) {
     cs_gate(self);
-    struct cs_capture *c = cs_queue_capture(&s->queue);
-    cusafe_status st = c == CS_CAPTURE_BUSY ? CS_RETRY
-                       : c                  ? cs_capturing(what, &s->queue)
-                           : cs_device_wait(s->queue.ctx->device,
-                                            s->queue.stream, NULL, query);
+    struct cs_queue *q = &s->queue;
+    struct cs_capture *c = cs_queue_capture(q);
+    cusafe_status st =
+        c == CS_CAPTURE_BUSY ? CS_RETRY
+        : c                  ? cs_capturing(what, q)
+        : CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q)
+            ? cs_untouchable_refuse(what, q)
+            : cs_device_wait(q->ctx->device, q->stream, NULL, query);
     cs_ungate(self);
     if (CS_LIKELY(st != CS_RETRY))
       return st;
@@ -472,5 +492,7 @@ CUSAFE_API cusafe_status cusafe_stream_query(cusafe_stream stream) {
 CS_QUERY(cusafe_stream_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
          cs_stream, CS_STREAM, "stream",
          st = cs_context_hand_out(o->queue.ctx, out))
+/* Other code may capture the stream from now on (see cs_queue.borrowed). */
 CS_QUERY(cusafe_stream_interop_handle, void *, NULL, cs_stream, CS_STREAM,
-         "stream", *out = (void *)o->queue.stream)
+         "stream", atomic_store(&o->queue.borrowed, true);
+         *out = (void *)o->queue.stream)

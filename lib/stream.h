@@ -35,9 +35,12 @@ struct cs_queue {
    * over the same CUDA stream see the mark too. */
   struct cs_queue *joining_next;
   bool joining_listed;
-  /* A wrapper's queue (cusafe_stream_wrap): of another library's stream,
-   * or (wraps_default) of a device's default stream. */
-  bool borrowed, wraps_default;
+  /* Whether other code can reach the CUDA stream, and so capture it: a
+   * wrapper's queue (cusafe_stream_wrap: of another library's stream, or
+   * -- wraps_default -- of a device's default stream), or one whose
+   * stream was handed out (cusafe_stream_interop_handle). */
+  _Atomic bool borrowed;
+  bool wraps_default;
 };
 
 struct cs_stream {
@@ -148,14 +151,19 @@ cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err);
 /* Whether q is a wrapper's queue that nothing may touch now (a record,
  * wait or synchronisation there would break a capture or join one): the
  * legacy default stream -- which a wrapped default stream stands for --
- * while a blocking stream of its device captures, or another library's
- * stream while it captures, other than in a capture of cusafe's.  The
+ * while a blocking stream of its device captures, or a stream that other
+ * code reaches (`borrowed`) while it captures, other than in a capture of
+ * cusafe's.  The
  * thread gated where the answer must hold until its CUDA calls: a capture
  * of cusafe's that begins meanwhile waits for the gate. */
 bool cs_queue_untouchable(struct cs_queue *q);
 /* What an ordering after q, which cannot be touched now, fails with:
  * CUSAFE_ERROR_CAPTURING, saying why. */
 cusafe_status cs_untouchable_fail(struct cs_queue *q);
+/* CUSAFE_ERROR_CAPTURING for `what` (a call's work on q, or the host's
+ * wait for it), where q cannot be touched now: CUDA would refuse it, and
+ * break the capture that forbids it. */
+cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q);
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);

@@ -2319,6 +2319,163 @@ START_TEST(test_graph_released_while_blocking_stream_captures) {
   TU_OK(cusafe_stream_release(s));
 }
 END_TEST
+/* A stream of cusafe's whose CUDA stream other code captures, through
+ * cusafe_stream_interop_handle(), is taken as a wrapper of it would be:
+ * an event recorded there is in that capture, and no other stream waits
+ * for it; the stream joins no capture of cusafe's, and its waits for
+ * events recorded outside are nodes of the other code's graph. */
+START_TEST(test_own_stream_that_other_code_captures) {
+  cusafe_stream s = new_stream(), s2 = new_stream(), origin = new_stream();
+  cusafe_event e = CUSAFE_NULL_HANDLE, mine = CUSAFE_NULL_HANDLE,
+               outside = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_create(&mine, ctx, 0));
+  TU_OK(cusafe_event_create(&outside, ctx, 0));
+  TU_OK(cusafe_event_record(outside, s2));
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, s));
+  TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeRelaxed) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  TU_OK(cusafe_event_record(e, s)); /* in other code's capture */
+  TU_ERR(cusafe_stream_wait_event(s2, e), CUSAFE_ERROR_CAPTURING,
+         "waiting for event 0x%016llx cannot be done: its latest record was "
+         "in a capture of other code; record it again outside",
+         (unsigned long long)e);
+  TU_OK(cusafe_stream_synchronize(s2)); /* s2 captures nothing */
+  TU_OK(cusafe_stream_begin_capture(origin));
+  TU_OK(cusafe_event_record(mine, origin));
+  TU_ERR(cusafe_stream_wait_event(s, mine), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx is being captured by other code: it cannot join "
+         "the capture that event 0x%016llx was recorded in",
+         (unsigned long long)s, (unsigned long long)mine);
+  TU_OK(cusafe_stream_wait_event(s, outside));
+  end_unharmed(origin);
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+  TU_OK(cusafe_event_release(outside));
+  TU_OK(cusafe_event_release(mine));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_stream_release(origin));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* Work on a wrapper of a stream that other code captures that must be
+ * ordered after work outside that capture (a buffer's earlier work on the
+ * context's stream) is refused, and the capture goes on unharmed: a wait
+ * there for work outside would break it.  A replay there is refused too,
+ * and so are the host's waits for the stream. */
+START_TEST(test_work_on_wrapper_that_other_code_captures) {
+  cusafe_stream w = CUSAFE_NULL_HANDLE, s = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(b, 0, N, 2, s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_instantiate(g));
+  cudaStream_t raw = other_capture_begin(&w);
+  TU_ERR(cusafe_buffer_fill(b, 0, N, 2, w), CUSAFE_ERROR_CAPTURING,
+         "ordering work after another stream cannot be done: stream "
+         "0x%016llx is being captured by other code",
+         (unsigned long long)w);
+  TU_ERR(cusafe_graph_launch(g, w), CUSAFE_ERROR_CAPTURING,
+         "a graph replay cannot be done: stream 0x%016llx is being captured "
+         "by other code",
+         (unsigned long long)w);
+  TU_ERR(cusafe_stream_synchronize(w), CUSAFE_ERROR_CAPTURING,
+         "synchronizing cannot be done: stream 0x%016llx is being captured "
+         "by other code",
+         (unsigned long long)w);
+  TU_ERR(cusafe_stream_query(w), CUSAFE_ERROR_CAPTURING,
+         "querying cannot be done: stream 0x%016llx is being captured by "
+         "other code",
+         (unsigned long long)w);
+  cudaStream_t kept = raw;
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(kept, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+  TU_OK(cusafe_buffer_fill(b, 0, N, 3, w)); /* ended: ordered as usual */
+  TU_OK(cusafe_graph_launch(g, w));
+  TU_OK(cusafe_stream_synchronize(w));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(b, 0, got, N));
+  ck_assert_uint_eq(got[0], 2); /* the replay's fill came last */
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(kept);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* A record on, or a wait of, a wrapper of the legacy stream while a
+ * blocking stream captures is refused: CUDA would refuse it and break
+ * the capture, which ends unharmed. */
+START_TEST(test_event_on_default_while_a_blocking_stream_captures) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE,
+                s2 = new_stream();
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_record(e, s2));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_ERR(cusafe_event_record(e, legacy), CUSAFE_ERROR_CAPTURING,
+         "recording an event cannot be done: stream 0x%016llx wraps a "
+         "device's default stream, which CUDA lets nothing use while a "
+         "blocking stream of the device captures",
+         (unsigned long long)legacy);
+  TU_ERR(cusafe_stream_wait_event(legacy, e), CUSAFE_ERROR_CAPTURING,
+         "waiting for an event cannot be done: stream 0x%016llx wraps a "
+         "device's default stream, which CUDA lets nothing use while a "
+         "blocking stream of the device captures",
+         (unsigned long long)legacy);
+  end_unharmed(s);
+  TU_OK(cusafe_stream_wait_event(legacy, e));
+  TU_OK(cusafe_event_record(e, legacy));
+  TU_OK(cusafe_event_synchronize(e));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* A record into a capture of other code waits, as one into a capture of
+ * cusafe's, while another thread synchronises with the event (CUDA would
+ * fail that and break the capture). */
+START_TEST(test_record_in_capture_of_other_code_while_the_host_waits) {
+  struct evtwo t;
+  evtwo_make(&t);
+  cusafe_stream w = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_record(t.e, t.s));
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, t.c, raw));
+  TU_ASSERT(cs_cu->stream_begin_capture(raw, cudaStreamCaptureModeRelaxed) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  struct begins bg = {.s = w, .e = t.e};
+  fake_set_call_hook("cudaGetDevice", begins_now, &bg);
+  TU_OK(cusafe_event_synchronize(t.e));
+  begins_join(&bg);
+  TU_ERR(cusafe_event_query(t.e), CUSAFE_ERROR_CAPTURING,
+         "querying event 0x%016llx cannot be done: its latest record was "
+         "in a capture of other code; record it again outside",
+         (unsigned long long)t.e);
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  evtwo_finish(&t);
+}
+END_TEST
 #endif
 
 static Suite *meet_suite(void) {
@@ -2348,6 +2505,9 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_wait_on_wrapper_that_other_code_captures);
   tcase_add_test(tc, test_record_in_capture_of_other_code);
   tcase_add_test(tc, test_graph_released_while_blocking_stream_captures);
+  tcase_add_test(tc, test_own_stream_that_other_code_captures);
+  tcase_add_test(tc, test_work_on_wrapper_that_other_code_captures);
+  tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
@@ -2365,6 +2525,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_record_outside_while_a_captured_wait_looks);
   tcase_add_loop_test(tc, test_record_into_capture_while_the_host_waits, 0, 3);
   tcase_add_test(tc, test_record_outside_while_a_join_looks);
+  tcase_add_test(tc, test_record_in_capture_of_other_code_while_the_host_waits);
   suite_add_tcase(s, tc);
 #endif
   /* One case per scenario, named after it (CK_RUN_CASE=<name>). */
