@@ -1441,11 +1441,12 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph or stream is NULL, forged,
  *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream
  *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
- *   captures, or other code captures it, or it wraps a default stream
- *   while a blocking stream of the device captures (where the replay must
- *   wait for work of other streams; else CUDA answers, with
- *   cudaGraphLaunch's status).  A CUDA failure (cudaGraphInstantiate at
- *   the first replay,
+ *   captures; or other code captures it, or it wraps a default stream
+ *   while a blocking stream of the device captures -- looked at on every
+ *   replay but the common one (a graph without events whose buffers'
+ *   latest work is on the stream already, no capture of cusafe's open),
+ *   where CUDA answers instead, with cudaGraphLaunch's status.  A CUDA
+ *   failure (cudaGraphInstantiate at the first replay,
  *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
  *   status.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a

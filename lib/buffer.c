@@ -194,7 +194,7 @@ cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
     cs_ref(copy[i] = objs[i]);
   cs_ref(q->owner);
   *p = (struct parked){.q = q, .objs = copy, .nobjs = n};
-  parked_push(p, p, 1);
+  park(p, q);
   return CUSAFE_SUCCESS;
 }
 
@@ -203,8 +203,12 @@ cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
 static bool parked_do(struct parked *p) {
   struct cs_queue *q = p->q;
   if (p->objs) {
+    /* In relaxed capture mode, as every teardown's wait (handle.c). */
+    enum cudaStreamCaptureMode mode;
+    bool relaxed = cs_relax(&mode);
     bool park = false;
     cudaError_t err = cs_queue_wait_or_park(q, &park);
+    cs_unrelax(relaxed, mode);
     if (cs_queue_wait_parks(park, err))
       return false;
     /* (Another failure: the replay cannot be waited for, ever.) */

@@ -2476,6 +2476,107 @@ START_TEST(test_record_in_capture_of_other_code_while_the_host_waits) {
   evtwo_finish(&t);
 }
 END_TEST
+/* Other code's capture in CUDA's global mode, on a thread of its own,
+ * begun and then ended when told. */
+struct global_capture {
+  cudaStream_t raw;
+  cudaError_t begun, ended;
+  _Atomic int go, started;
+  pthread_t thread;
+};
+
+static void *global_capture_main(void *arg) {
+  struct global_capture *r = arg;
+  r->begun = cs_cu->stream_begin_capture(r->raw, cudaStreamCaptureModeGlobal);
+  atomic_store(&r->started, 1);
+  while (!atomic_load(&r->go))
+    usleep(1000);
+  cudaGraph_t rg = NULL;
+  r->ended = cs_cu->stream_end_capture(r->raw, &rg);
+  if (rg)
+    cs_cu->graph_destroy(rg);
+  return NULL;
+}
+
+/* A graph's held references parked (its replay's stream, a wrapper of the
+ * legacy one, cannot be waited for while a blocking stream captures) are
+ * dropped when that capture ends, waiting for the replay in relaxed
+ * capture mode: a global-mode capture of other code on another thread
+ * goes on unharmed. */
+START_TEST(test_parked_drops_drained_in_relaxed_mode) {
+  cusafe_stream s = new_stream(), blocking = CUSAFE_NULL_HANDLE,
+                legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&blocking, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_record(e, s));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_wait_event(s, e));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, legacy));
+  TU_OK(cusafe_stream_begin_capture(blocking));
+  TU_OK(cusafe_graph_release(g)); /* parked */
+  TU_OK(cusafe_event_release(e));
+  struct global_capture r = {0};
+  TU_ASSERT(cs_cu->stream_create(&r.raw, cudaStreamNonBlocking, 0) ==
+                cudaSuccess,
+            "no raw stream");
+  TU_ASSERT(pthread_create(&r.thread, NULL, global_capture_main, &r) == 0,
+            "pthread_create failed");
+  while (!atomic_load(&r.started))
+    usleep(1000);
+  TU_ASSERT(r.begun == cudaSuccess, "other code's capture did not begin");
+  end_unharmed(blocking); /* drains */
+  atomic_store(&r.go, 1);
+  pthread_join(r.thread, NULL);
+  TU_ASSERT(r.ended == cudaSuccess,
+            "other code's global capture on another thread was broken "
+            "(cudaStreamEndCapture: %d)",
+            (int)r.ended);
+  cs_cu->stream_destroy(r.raw);
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(blocking));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+static void end_raw_capture(void *arg) {
+  cudaGraph_t rg = NULL;
+  TU_ASSERT(cs_cu->stream_end_capture((cudaStream_t)arg, &rg) == cudaSuccess,
+            "other code's capture was broken");
+  cs_cu->graph_destroy(rg);
+}
+
+/* A graph released while its replay's stream cannot be waited for (a
+ * wrapper of the legacy stream, other code's capture of a blocking stream
+ * open), that capture ending right after the library looked: the parked
+ * references look again once pushed, and go at once. */
+START_TEST(test_parked_drops_looked_at_again) {
+  cusafe_stream s = new_stream(), legacy = CUSAFE_NULL_HANDLE,
+                w = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, ctx, 0));
+  TU_OK(cusafe_event_record(e, s));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_wait_event(s, e));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, legacy));
+  TU_OK(cusafe_event_release(e));
+  cudaStream_t raw = other_capture_begin(&w);
+  size_t live = fake_live_events(0);
+  fake_set_call_hook("cudaStreamIsCapturing", end_raw_capture, raw);
+  TU_OK(cusafe_graph_release(g));
+  ck_assert_uint_eq(fake_live_events(0), live - 1);
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
 #endif
 
 static Suite *meet_suite(void) {
@@ -2508,6 +2609,8 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_own_stream_that_other_code_captures);
   tcase_add_test(tc, test_work_on_wrapper_that_other_code_captures);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
+  tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
+  tcase_add_test(tc, test_parked_drops_looked_at_again);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
