@@ -99,6 +99,14 @@ static bool other_captures(struct cs_queue *q) {
          cs_queue_untouchable(q);
 }
 
+/* Whether q wraps a default stream that cannot be touched now (a
+ * blocking stream of its device captures): CUDA refuses a record or wait
+ * there, invalidating that capture. */
+static bool default_untouchable(struct cs_queue *q) {
+  return CS_UNLIKELY(q->borrowed) && q->wraps_default &&
+         cs_queue_untouchable(q);
+}
+
 /* Records ev on q (the thread gated and ev's lock held): in a capture,
  * the graph holds it; in one of other code, nothing does, and nothing of
  * cusafe's may wait for it. */
@@ -109,8 +117,7 @@ static cusafe_status record_locked(struct cs_event *ev, struct cs_queue *q,
   if (!c && cs_queue_has_leftover(q) &&
       (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS)
     return st;
-  if (!c && CS_UNLIKELY(q->borrowed) && q->wraps_default &&
-      cs_queue_untouchable(q))
+  if (!c && default_untouchable(q))
     return cs_untouchable_refuse("recording an event", q);
   bool other = !c && other_captures(q);
   if ((c || other) && ev->host_waits)
@@ -225,8 +232,7 @@ static cusafe_status wait_locked(struct cs_stream *s, struct cs_event *ev) {
     if (st != CUSAFE_SUCCESS)
       return st;
   }
-  if (!mine && CS_UNLIKELY(q->borrowed) && q->wraps_default &&
-      cs_queue_untouchable(q))
+  if (!mine && default_untouchable(q))
     return cs_untouchable_refuse("waiting for an event", q);
   bool other = !mine && other_captures(q);
   if (other && theirs)

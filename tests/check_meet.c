@@ -2219,12 +2219,18 @@ static cudaStream_t other_capture_begin(cusafe_stream *w) {
   return raw;
 }
 
-/* Ends other code's capture, which must end well, and lets go of it all. */
-static void other_capture_end(cudaStream_t raw, cusafe_stream w) {
+/* Ends other code's capture on the CUDA stream arg, which must end well
+ * (also as a call hook). */
+static void end_raw_capture(void *arg) {
   cudaGraph_t rg = NULL;
-  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
+  TU_ASSERT(cs_cu->stream_end_capture((cudaStream_t)arg, &rg) == cudaSuccess,
             "other code's capture was broken");
   cs_cu->graph_destroy(rg);
+}
+
+/* Ends other code's capture, which must end well, and lets go of it all. */
+static void other_capture_end(cudaStream_t raw, cusafe_stream w) {
+  end_raw_capture(raw);
   TU_OK(cusafe_stream_release(w));
   fake_foreign_stream_destroy(raw);
 }
@@ -2351,10 +2357,7 @@ START_TEST(test_own_stream_that_other_code_captures) {
          (unsigned long long)s, (unsigned long long)mine);
   TU_OK(cusafe_stream_wait_event(s, outside));
   end_unharmed(origin);
-  cudaGraph_t rg = NULL;
-  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
-            "other code's capture was broken");
-  cs_cu->graph_destroy(rg);
+  end_raw_capture(raw);
   TU_OK(cusafe_event_release(outside));
   TU_OK(cusafe_event_release(mine));
   TU_OK(cusafe_event_release(e));
@@ -2394,11 +2397,7 @@ START_TEST(test_work_on_wrapper_that_other_code_captures) {
          "querying cannot be done: stream 0x%016llx is being captured by "
          "other code",
          (unsigned long long)w);
-  cudaStream_t kept = raw;
-  cudaGraph_t rg = NULL;
-  TU_ASSERT(cs_cu->stream_end_capture(kept, &rg) == cudaSuccess,
-            "other code's capture was broken");
-  cs_cu->graph_destroy(rg);
+  end_raw_capture(raw);
   TU_OK(cusafe_buffer_fill(b, 0, N, 3, w)); /* ended: ordered as usual */
   TU_OK(cusafe_graph_launch(g, w));
   TU_OK(cusafe_stream_synchronize(w));
@@ -2406,7 +2405,7 @@ START_TEST(test_work_on_wrapper_that_other_code_captures) {
   TU_OK(cusafe_buffer_read(b, 0, got, N));
   ck_assert_uint_eq(got[0], 2); /* the replay's fill came last */
   TU_OK(cusafe_stream_release(w));
-  fake_foreign_stream_destroy(kept);
+  fake_foreign_stream_destroy(raw);
   TU_OK(cusafe_graph_release(g));
   TU_OK(cusafe_buffer_release(b));
   TU_OK(cusafe_stream_release(s));
@@ -2467,10 +2466,7 @@ START_TEST(test_record_in_capture_of_other_code_while_the_host_waits) {
          "querying event 0x%016llx cannot be done: its latest record was "
          "in a capture of other code; record it again outside",
          (unsigned long long)t.e);
-  cudaGraph_t rg = NULL;
-  TU_ASSERT(cs_cu->stream_end_capture(raw, &rg) == cudaSuccess,
-            "other code's capture was broken");
-  cs_cu->graph_destroy(rg);
+  end_raw_capture(raw);
   TU_OK(cusafe_stream_release(w));
   fake_foreign_stream_destroy(raw);
   evtwo_finish(&t);
@@ -2541,13 +2537,6 @@ START_TEST(test_parked_drops_drained_in_relaxed_mode) {
   TU_OK(cusafe_stream_release(s));
 }
 END_TEST
-
-static void end_raw_capture(void *arg) {
-  cudaGraph_t rg = NULL;
-  TU_ASSERT(cs_cu->stream_end_capture((cudaStream_t)arg, &rg) == cudaSuccess,
-            "other code's capture was broken");
-  cs_cu->graph_destroy(rg);
-}
 
 /* A graph released while its replay's stream cannot be waited for (a
  * wrapper of the legacy stream, other code's capture of a blocking stream
