@@ -1331,7 +1331,9 @@ CUSAFE_API void cusafe_python_release(void *object);
  * captures", "stream 0x... is being captured by other code: nothing
  * outside that capture can wait for its work"), and the capture goes on
  * unharmed; so do a synchronisation or query of the stream, and on a
- * wrapper of a default stream, an event's record and a wait for an event.
+ * wrapper of a default stream, an event's record and a wait for an event,
+ * and -- while the blocking stream's capture is cusafe's -- any work
+ * queued there (a fill, copy, launch, replay or allocation).
  * The frees and waits of a release or of the shutdown run in CUDA's
  * relaxed mode, so they do not break a capture of other code on another
  * stream, also one begun in CUDA's global mode (the default of

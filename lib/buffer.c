@@ -58,6 +58,8 @@ cusafe_status cs_buffer_chain(struct cs_buffer *root, struct cs_queue *q,
     if (st != CUSAFE_SUCCESS)
       return st;
   }
+  if (cs_queue_default_forbidden(q))
+    return cs_untouchable_refuse("queueing work", q);
   struct cs_queue *last =
       atomic_load_explicit(root->last, memory_order_relaxed);
   if (CS_LIKELY(last == q))
@@ -583,6 +585,11 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_async(cusafe_buffer *out,
         (st = cs_queue_leftover(&s->queue)) != CUSAFE_SUCCESS) {
       cs_ungate(cs_call_);
       return st;
+    }
+    if (cs_queue_default_forbidden(&s->queue)) {
+      cs_ungate(cs_call_);
+      return cs_untouchable_refuse("an allocation (cusafe_buffer_alloc_async)",
+                                   &s->queue);
     }
     cs_ref(&ctx->hdr);
     st = buffer_alloc(out, ctx, CUSAFE_MEMORY_DEVICE, size, &s->queue, true);

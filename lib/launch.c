@@ -182,6 +182,8 @@ static cusafe_status launch(struct cs_kernel *k, struct cs_queue *q,
   } else if (CS_UNLIKELY(cs_queue_has_leftover(q)) &&
              (st = cs_queue_leftover(q)) != CUSAFE_SUCCESS) {
     /* a kernel captured into nothing would never run: nothing queued */
+  } else if (cs_queue_default_forbidden(q)) {
+    st = cs_untouchable_refuse("a launch", q);
   } else if (CS_UNLIKELY(!all_on(lb, q))) {
     st = launch_locked(k, q, stream, c, argv, lb);
   } else {

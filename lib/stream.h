@@ -25,6 +25,13 @@ struct cs_queue {
    * the pointer carries CS_CAPTURE_BEGINNING or CS_CAPTURE_ENDING in its
    * low bits: operations that meet it are tried again (CS_RETRY). */
   _Atomic(struct cs_capture *) capture;
+  /* Whether other code can reach the CUDA stream, and so capture it: a
+   * wrapper's queue (cusafe_stream_wrap: of another library's stream, or
+   * -- wraps_default -- of a device's default stream), or one whose
+   * stream was handed out (cusafe_stream_interop_handle).  Next to
+   * `capture`, which the same operations read. */
+  _Atomic bool borrowed;
+  bool wraps_default;
   struct cs_object *owner;
   /* Recorded to hand work over to another stream; created on first need. */
   _Atomic(cudaEvent_t) handoff;
@@ -35,12 +42,6 @@ struct cs_queue {
    * over the same CUDA stream see the mark too. */
   struct cs_queue *joining_next;
   bool joining_listed;
-  /* Whether other code can reach the CUDA stream, and so capture it: a
-   * wrapper's queue (cusafe_stream_wrap: of another library's stream, or
-   * -- wraps_default -- of a device's default stream), or one whose
-   * stream was handed out (cusafe_stream_interop_handle). */
-  _Atomic bool borrowed;
-  bool wraps_default;
 };
 
 struct cs_stream {
@@ -164,6 +165,15 @@ cusafe_status cs_untouchable_fail(struct cs_queue *q);
  * wait for it), where q cannot be touched now: CUDA would refuse it, and
  * break the capture that forbids it. */
 cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q);
+/* Whether q wraps a default stream that CUDA lets nothing use now: while
+ * a capture of cusafe's on a blocking stream of its device is open (a
+ * capture of other code's, which cusafe does not count, is left to CUDA's
+ * answer).  Costs a load where no capture of cusafe's is open. */
+static inline bool cs_queue_default_forbidden(struct cs_queue *q) {
+  return CS_UNLIKELY(q->wraps_default) &&
+         atomic_load_explicit(&cs_hot.captures, memory_order_relaxed) &&
+         cs_queue_untouchable(q);
+}
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its
  * CUDA stream: returns the stream's cudaStreamDestroy answer. */
 cudaError_t cs_queue_fini(struct cs_queue *q, bool owned);

@@ -2566,6 +2566,49 @@ START_TEST(test_parked_drops_looked_at_again) {
   TU_OK(cusafe_stream_release(s));
 }
 END_TEST
+/* Work on a wrapper of the legacy stream while a blocking stream's capture
+ * of cusafe's is open -- a fill, a launch, an allocation, on a buffer
+ * whose latest work is there already (no hand-off to refuse) -- is
+ * refused: CUDA would refuse it and break the capture, which ends
+ * unharmed. */
+START_TEST(test_work_on_default_while_a_blocking_stream_captures) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_buffer b = new_buffer(), a = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, legacy));
+  TU_OK(cusafe_stream_begin_capture(s));
+  const char *why = "stream 0x%016llx wraps a device's default stream, "
+                    "which CUDA lets nothing use while a blocking stream of "
+                    "the device captures";
+  char want[256];
+  snprintf(want, sizeof want, "queueing work cannot be done: %s", why);
+  TU_ERR(cusafe_buffer_fill(b, 0, N, 2, legacy), CUSAFE_ERROR_CAPTURING, want,
+         (unsigned long long)legacy);
+  cusafe_module mod = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&mod, ctx));
+  cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
+  cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, legacy};
+  snprintf(want, sizeof want, "a launch cannot be done: %s", why);
+  TU_ERR(CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(b), CUSAFE_ARG_F32V(1.0f),
+                       CUSAFE_ARG_U64V(N / 4)),
+         CUSAFE_ERROR_CAPTURING, want, (unsigned long long)legacy);
+  snprintf(want, sizeof want,
+           "an allocation (cusafe_buffer_alloc_async) cannot be done: %s", why);
+  TU_ERR(cusafe_buffer_alloc_async(&a, legacy, N), CUSAFE_ERROR_CAPTURING, want,
+         (unsigned long long)legacy);
+  end_unharmed(s);
+  TU_OK(cusafe_buffer_fill(b, 0, N, 3, legacy));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(b, 0, got, N));
+  ck_assert_uint_eq(got[N - 1], 3);
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(mod));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
 #endif
 
 static Suite *meet_suite(void) {
@@ -2600,6 +2643,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
+  tcase_add_test(tc, test_work_on_default_while_a_blocking_stream_captures);
 #endif
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
