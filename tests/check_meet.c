@@ -692,32 +692,48 @@ START_TEST(test_use_on_joined_stream_of_other_device) {
 }
 END_TEST
 
+/* Two devices, paused: a buffer of device 0 (dst) whose latest work is a
+ * peer copy from one of device 1 (src) on a stream of device 1 (q1). */
+struct peers {
+  cusafe_context c0, c1;
+  cusafe_stream q1;
+  cusafe_buffer dst, src;
+};
+
+static void peers_make(struct peers *p) {
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  *p = (struct peers){0};
+  TU_OK(cusafe_context_create(&p->c0, 0));
+  TU_OK(cusafe_context_create(&p->c1, 1));
+  TU_OK(cusafe_stream_create(&p->q1, p->c1, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_buffer_alloc(&p->dst, p->c0, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_alloc(&p->src, p->c1, CUSAFE_MEMORY_DEVICE, N));
+  TU_OK(cusafe_buffer_copy(p->dst, 0, p->src, 0, N, p->q1));
+}
+
+/* After dst's release: everything ran (the fake: no VIOLATION), and goes. */
+static void peers_finish(struct peers *p) {
+  TU_OK(cusafe_context_synchronize(p->c0));
+  TU_OK(cusafe_stream_synchronize(p->q1));
+  TU_OK(cusafe_buffer_release(p->src));
+  TU_OK(cusafe_stream_release(p->q1));
+  TU_OK(cusafe_context_release(p->c1));
+  TU_OK(cusafe_context_release(p->c0));
+}
+
 /* A buffer whose latest work is a peer copy on a stream of another
  * device, its hand-off and the host's waits failing: the free follows the
  * other device's synchronisation instead, not queued unordered. */
 START_TEST(test_peer_free_fails) {
-  fake_set_device_count(2);
-  fake_set_paused(1);
-  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
-  cusafe_stream q1 = CUSAFE_NULL_HANDLE;
-  cusafe_buffer dst = CUSAFE_NULL_HANDLE, src = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_context_create(&c0, 0));
-  TU_OK(cusafe_context_create(&c1, 1));
-  TU_OK(cusafe_stream_create(&q1, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
-  TU_OK(cusafe_buffer_alloc(&dst, c0, CUSAFE_MEMORY_DEVICE, N));
-  TU_OK(cusafe_buffer_alloc(&src, c1, CUSAFE_MEMORY_DEVICE, N));
-  TU_OK(cusafe_buffer_copy(dst, 0, src, 0, N, q1));
+  struct peers p;
+  peers_make(&p);
   fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
   fake_fail_function("cudaStreamSynchronize", cudaErrorMemoryAllocation);
-  TU_ERR(cusafe_buffer_release(dst), CUSAFE_ERROR_OUT_OF_MEMORY,
+  TU_ERR(cusafe_buffer_release(p.dst), CUSAFE_ERROR_OUT_OF_MEMORY,
          "cudaStreamWaitEvent failed: out of memory");
   fake_fail_clear();
-  TU_OK(cusafe_context_synchronize(c0)); /* the fake: no VIOLATION */
-  TU_OK(cusafe_stream_synchronize(q1));
-  TU_OK(cusafe_buffer_release(src));
-  TU_OK(cusafe_stream_release(q1));
-  TU_OK(cusafe_context_release(c1));
-  TU_OK(cusafe_context_release(c0));
+  peers_finish(&p);
 }
 END_TEST
 
@@ -725,34 +741,20 @@ END_TEST
  * that now captures, its hand-off and the host's wait both failing: the
  * free is parked, not queued unordered, and follows the copy. */
 START_TEST(test_peer_free_fails_during_capture) {
-  fake_set_device_count(2);
-  fake_set_paused(1);
-  cusafe_context c0 = CUSAFE_NULL_HANDLE, c1 = CUSAFE_NULL_HANDLE;
-  cusafe_stream q1 = CUSAFE_NULL_HANDLE;
-  cusafe_buffer dst = CUSAFE_NULL_HANDLE, src = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_context_create(&c0, 0));
-  TU_OK(cusafe_context_create(&c1, 1));
-  TU_OK(cusafe_stream_create(&q1, c1, CUSAFE_STREAM_NON_BLOCKING, 0));
-  TU_OK(cusafe_buffer_alloc(&dst, c0, CUSAFE_MEMORY_DEVICE, N));
-  TU_OK(cusafe_buffer_alloc(&src, c1, CUSAFE_MEMORY_DEVICE, N));
-  TU_OK(cusafe_buffer_copy(dst, 0, src, 0, N, q1));
-  TU_OK(cusafe_stream_begin_capture(q1));
+  struct peers p;
+  peers_make(&p);
+  TU_OK(cusafe_stream_begin_capture(p.q1));
   fake_fail_function("cudaStreamWaitEvent", cudaErrorMemoryAllocation);
   fake_fail_function("cudaEventSynchronize", cudaErrorMemoryAllocation);
   size_t frees = fake_log_count("cudaFreeAsync");
-  TU_OK(cusafe_buffer_release(dst));
+  TU_OK(cusafe_buffer_release(p.dst));
   fake_fail_clear();
   ck_assert_uint_eq(fake_log_count("cudaFreeAsync"), frees);
   cusafe_graph g = CUSAFE_NULL_HANDLE;
-  TU_OK(cusafe_stream_end_capture(&g, q1)); /* drains the parked free */
+  TU_OK(cusafe_stream_end_capture(&g, p.q1)); /* drains the parked free */
   TU_OK(cusafe_graph_release(g));
   ck_assert_uint_eq(fake_log_count("cudaFreeAsync"), frees + 1);
-  TU_OK(cusafe_context_synchronize(c0));
-  TU_OK(cusafe_stream_synchronize(q1));
-  TU_OK(cusafe_buffer_release(src));
-  TU_OK(cusafe_stream_release(q1));
-  TU_OK(cusafe_context_release(c1));
-  TU_OK(cusafe_context_release(c0));
+  peers_finish(&p);
 }
 END_TEST
 
