@@ -277,6 +277,10 @@ void cs_context_settle(struct cs_object *obj) {
   int saved;
   if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
     return;
+  /* No device can be synchronised while a capture runs in it: those of
+   * cusafe's whose end failed are ended first (the open ones are ended
+   * already, cs_captures_abort_all). */
+  (void)cs_context_try_leftovers(ctx);
   /* A sticky error makes this fail; shutdown goes on regardless. */
   cs_cu->device_synchronize();
   cs_device_leave(saved);

@@ -78,7 +78,8 @@ void cs_context_orphan_graph(struct cs_context *ctx, cudaGraph_t graph,
 /* Whether ctx keeps such graphs: its libraries must wait for them. */
 bool cs_context_graphs_orphaned(struct cs_context *ctx);
 
-/* The first step of the ordered shutdown: synchronises ctx's device. */
+/* The first step of the ordered shutdown: ends the captures of cusafe's
+ * left over in ctx, then synchronises its device. */
 void cs_context_settle(struct cs_object *obj);
 
 #endif /* CUSAFE_CONTEXT_H */

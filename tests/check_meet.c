@@ -856,6 +856,35 @@ START_TEST(test_deleter_fails_once_during_capture) {
 }
 END_TEST
 
+/* The shutdown while a capture of cusafe's is left over (its end failed)
+ * on a DLPack consumer's stream, whose work queued there before that
+ * capture still uses the memory of a tensor never deleted: the left-over
+ * capture is ended before the devices are synchronised (a
+ * synchronisation fails during it), so the memory goes after that work. */
+START_TEST(test_shutdown_with_capture_left_over) {
+  cusafe_stream consumer = new_stream();
+  cusafe_buffer b = new_buffer();
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, consumer));
+  TU_OK(cusafe_buffer_release(b));
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, consumer));
+  TU_ASSERT(cs_cu->memset_async(t->dl_tensor.data, 1, N, raw) == cudaSuccess,
+            "the consumer's memset failed");
+  TU_OK(cusafe_stream_begin_capture(consumer));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, consumer), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1); /* left over */
+  TU_OK(cusafe_shutdown());                    /* the fake: no VIOLATION */
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  t->deleter(t); /* after the shutdown: frees the tensor only */
+}
+END_TEST
+
 /* A tensor deleted while its consumer's stream captures: the memory is
  * freed after the consumer's work queued on that stream before the
  * capture, and the capture holds nothing of the tensor's. */
@@ -2650,6 +2679,7 @@ static Suite *meet_suite(void) {
 #if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
   tcase_add_test(tc, test_deleter_fails_once_during_capture);
+  tcase_add_test(tc, test_shutdown_with_capture_left_over);
 #endif
   suite_add_tcase(s, tc);
 #ifdef CUSAFE_TEST_FAKE
