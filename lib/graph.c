@@ -979,7 +979,12 @@ void cs_captures_abort_all(void) {
     int saved;
     cudaGraph_t g = NULL;
     if (cs_device_enter_teardown(c->ctx->device, &saved) == CUSAFE_SUCCESS) {
-      cs_cu->stream_end_capture(c->origin->stream, &g);
+      /* Tried twice, as every end: one that stays would break the
+       * devices' synchronisation and the streams' destruction. */
+      if (cs_cu->stream_end_capture(c->origin->stream, &g) != cudaSuccess) {
+        g = NULL;
+        cs_cu->stream_end_capture(c->origin->stream, &g);
+      }
       discard_graph(c->ctx, g);
       cs_device_leave(saved);
     }

@@ -166,12 +166,14 @@ cusafe_status cs_untouchable_fail(struct cs_queue *q);
  * break the capture that forbids it. */
 cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q);
 /* Whether q wraps a default stream that CUDA lets nothing use now: while
- * a capture of cusafe's on a blocking stream of its device is open (a
- * capture of other code's, which cusafe does not count, is left to CUDA's
- * answer).  Costs a load where no capture of cusafe's is open. */
+ * a capture of cusafe's on a blocking stream of its device is open, or
+ * left over there (its end failed) -- a capture of other code's, which
+ * cusafe does not count, is left to CUDA's answer.  Costs a load where no
+ * capture of cusafe's is open. */
 static inline bool cs_queue_default_forbidden(struct cs_queue *q) {
   return CS_UNLIKELY(q->wraps_default) &&
-         atomic_load_explicit(&cs_hot.captures, memory_order_relaxed) &&
+         (atomic_load_explicit(&cs_hot.captures, memory_order_relaxed) ||
+          atomic_load_explicit(&cs_leftover_streams, memory_order_relaxed)) &&
          cs_queue_untouchable(q);
 }
 /* Destroys a queue's hand-off event, if it was made, and, if `owned`, its

@@ -885,6 +885,27 @@ START_TEST(test_shutdown_with_capture_left_over) {
 }
 END_TEST
 
+/* The same where the capture is still open at the shutdown, whose end of
+ * it fails once: it is tried again, and nothing outlives it. */
+START_TEST(test_shutdown_end_of_capture_fails_once) {
+  cusafe_stream consumer = new_stream();
+  cusafe_buffer b = new_buffer();
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, consumer));
+  TU_OK(cusafe_buffer_release(b));
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, consumer));
+  TU_ASSERT(cs_cu->memset_async(t->dl_tensor.data, 1, N, raw) == cudaSuccess,
+            "the consumer's memset failed");
+  TU_OK(cusafe_stream_begin_capture(consumer));
+  fail_once("cudaStreamEndCapture", cudaErrorUnknown);
+  TU_OK(cusafe_shutdown()); /* the fake: no VIOLATION */
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  t->deleter(t);
+}
+END_TEST
+
 /* A tensor deleted while its consumer's stream captures: the memory is
  * freed after the consumer's work queued on that stream before the
  * capture, and the capture holds nothing of the tensor's. */
@@ -2629,6 +2650,19 @@ START_TEST(test_work_on_default_while_a_blocking_stream_captures) {
   TU_ERR(cusafe_buffer_alloc_async(&a, legacy, N), CUSAFE_ERROR_CAPTURING, want,
          (unsigned long long)legacy);
   end_unharmed(s);
+  /* The same while such a capture is left over (its end failed). */
+  TU_OK(cusafe_stream_begin_capture(s));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1);
+  snprintf(want, sizeof want, "queueing work cannot be done: %s", why);
+  TU_ERR(cusafe_buffer_fill(b, 0, N, 2, legacy), CUSAFE_ERROR_CAPTURING, want,
+         (unsigned long long)legacy);
+  TU_OK(cusafe_buffer_fill(b, 0, N, 4, s)); /* ends the left-over capture */
+  ck_assert_uint_eq(fake_live_captures(0), 0);
   TU_OK(cusafe_buffer_fill(b, 0, N, 3, legacy));
   unsigned char got[N];
   TU_OK(cusafe_buffer_read(b, 0, got, N));
@@ -2680,6 +2714,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_export_deleted_while_consumer_captures);
   tcase_add_test(tc, test_deleter_fails_once_during_capture);
   tcase_add_test(tc, test_shutdown_with_capture_left_over);
+  tcase_add_test(tc, test_shutdown_end_of_capture_fails_once);
 #endif
   suite_add_tcase(s, tc);
 #ifdef CUSAFE_TEST_FAKE
