@@ -484,9 +484,20 @@ CUSAFE_API cusafe_status cusafe_context_get_device(int *out,
  * Parameters: ctx [in] the context.
  * Returns: CUSAFE_SUCCESS: the device was idle when the call returned.
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
- *   context.  A CUDA failure (cudaDeviceSynchronize; after a kernel fault,
- *   CUSAFE_ERROR_CUDA): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
- *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ *   context.  CUSAFE_ERROR_CAPTURING, before any wait (CUDA would break the
+ *   capture): a stream of the context captures ("synchronizing the context
+ *   of device 0 cannot be done while one of its streams captures"), or
+ *   nothing may touch a stream of it that other code can reach -- a
+ *   wrapper, or a stream handed out by cusafe_stream_interop_handle() --
+ *   because other code captures it, or because it wraps a default stream
+ *   while a blocking stream of the device captures ("synchronizing the
+ *   context of device 0 cannot be done: stream 0x... is being captured by
+ *   other code"; see "Streams that nothing may touch for a while").  A
+ *   capture of other code's on a stream that cusafe does not know is not
+ *   seen: CUDA answers, and breaks it.  A CUDA failure
+ *   (cudaDeviceSynchronize; after a kernel fault, CUSAFE_ERROR_CUDA): its
+ *   mapped status.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after
+ *   shutdown / in a forked child.
  * Ownership: nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; blocks the calling thread only. */
@@ -1232,6 +1243,14 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
  *   cudaStreamWaitEvent, cudaSetDevice): its mapped status; buffers before
  *   the failing one may be recorded already.  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ *   A stream that nothing may touch now -- other code captures it, or it
+ *   wraps a default stream while a blocking stream of the device captures
+ *   (see "Streams that nothing may touch for a while"), also where that
+ *   capture begins while the call runs -- is no error: the call records
+ *   the stream's work queued before that capture, and the buffers follow
+ *   it once the stream can be touched, never freed before it.  Work queued
+ *   there during that capture is the capture's, which cusafe does not
+ *   order (see "Captures of other code").
  * Ownership: nothing changes hands; the buffers hold a reference on the
  *   stream while their latest work is on it.
  * Handles: as every call (see the top of this file).
@@ -1443,11 +1462,9 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph or stream is NULL, forged,
  *   stale or not of its type.  CUSAFE_ERROR_CONTEXT_MISMATCH: the stream
  *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
- *   captures; or other code captures it, or it wraps a default stream
- *   while a blocking stream of the device captures -- looked at on every
- *   replay but the common one (a graph without events whose buffers'
- *   latest work is on the stream already, no capture of cusafe's open),
- *   where CUDA answers instead, with cudaGraphLaunch's status.  A CUDA
+ *   captures; or other code captures it (a wrapper, or a stream handed
+ *   out by cusafe_stream_interop_handle()), or it wraps a default stream
+ *   while a blocking stream of the device captures.  A CUDA
  *   failure (cudaGraphInstantiate at the first replay,
  *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
  *   status.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.

@@ -1354,14 +1354,7 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
      * chains' CUDA calls. */
     if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q)) {
       cs_ungate(self);
-      if (!may_park) {
-        st = cs_untouchable_fail(q);
-        goto out;
-      }
-      st = CUSAFE_SUCCESS;
-      for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
-        st = park_follow(bufs[i], q);
-      goto out;
+      goto untouchable;
     }
     /* q's device current: a chain into a capture records an event of
      * the capture's (cs_capture_use), which must be of q's device -- one
@@ -1378,12 +1371,26 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     cs_ungate(self);
     for (size_t i = 0; i < ndrops; i++)
       cs_unref(drops[i]);
+    /* Other code began a capture of q after the look: its hand-off into
+     * q was refused, and the buffers not chained yet follow as above. */
+    if (st == CUSAFE_ERROR_CAPTURING && CS_UNLIKELY(q->borrowed) &&
+        cs_queue_untouchable(q))
+      goto untouchable;
     if (st == CS_RETRY) {
       cs_capture_yield();            /* a capture begins or ends on q */
       for (size_t i = 0; i < n; i++) /* the sort made them unique */
         roots[i] = bufs[i]->root;
     }
   } while (st == CS_RETRY);
+  goto out;
+untouchable:
+  if (!may_park) {
+    st = cs_untouchable_fail(q);
+  } else {
+    st = CUSAFE_SUCCESS;
+    for (size_t i = 0; i < n && st == CUSAFE_SUCCESS; i++)
+      st = park_follow(bufs[i], q);
+  }
 out:
   if (roots != roots_stack) {
     free(roots);

@@ -302,8 +302,8 @@ cusafe_status cs_context_hand_out(struct cs_context *ctx, cusafe_context *out) {
 CS_QUERY(cusafe_context_get_device, int, -1, cs_context, CS_CONTEXT, "context",
          *out = o->device)
 
-/* Waits for the device's work unless one of ctx's streams captures (the
- * thread gated). */
+/* Waits for the device's work unless one of ctx's streams captures, or
+ * nothing may touch one of them (the thread gated). */
 static cusafe_status context_wait_gated(struct cs_context *ctx) {
   struct cs_capture *c = cs_capture_open_in(ctx);
   if (c == CS_CAPTURE_BUSY)
@@ -313,8 +313,17 @@ static cusafe_status context_wait_gated(struct cs_context *ctx) {
                    "synchronizing the context of device %d cannot be done "
                    "while one of its streams captures",
                    ctx->device);
+  /* Nor while other code captures a stream that cusafe knows: the wait
+   * would break that capture (cusafe_stream_synchronize of the stream is
+   * refused too). */
+  char what[64];
+  snprintf(what, sizeof what, "synchronizing the context of device %d",
+           ctx->device);
+  cusafe_status st = cs_streams_lent_check(ctx, what);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   int saved;
-  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  st = cs_device_enter(ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->device_synchronize();
     if (err != cudaSuccess)

@@ -1176,7 +1176,8 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
 /* The common replay, in few instructions and cache lines (between two
  * replays the driver's own work evicts much of what the last one read):
  * an executable graph of no events and up to CS_GRAPH_LASTS buffers,
- * replayed on a stream of one device while no capture is open, whose
+ * replayed on a stream of one device that other code cannot reach (not a
+ * wrapper, never handed out) while no capture is open, whose
  * buffers' latest work is on that stream already.  It reads the graph and
  * the stream in their handle slots only (handle.h), and the graph's
  * buffers' `last` in theirs.  No capture open (cs_hot.captures, counted
@@ -1198,6 +1199,7 @@ static inline cusafe_status replay_fast(cusafe_graph graph,
   uint32_t n = gd->graph.nlasts;
   struct cs_queue *q = sd->stream.queue;
   if (!x || n > CS_GRAPH_LASTS || sd->stream.ctx != gd->graph.ctx ||
+      atomic_load_explicit(&sd->stream.lent, memory_order_relaxed) ||
       !atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed) ||
       atomic_load(&cs_hot.captures))
     return CS_SLOW;

@@ -263,6 +263,58 @@ static void stream_fill(struct cs_object *obj, union cs_slot_data *data) {
   data->stream.queue = &s->queue;
   data->stream.ctx = s->queue.ctx;
   data->stream.stream = s->queue.stream;
+  atomic_init(&data->stream.lent, s->queue.borrowed);
+  s->slot = data;
+}
+
+/* ---- streams that other code may capture --------------------------------- */
+
+/* The streams whose CUDA streams other code may reach (queue.borrowed),
+ * until they are destroyed: a context's synchronisation looks at them. */
+static pthread_mutex_t lent_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cs_stream *lent_head;
+
+/* From now on other code may capture s's CUDA stream: so say its queue,
+ * its slot (replays take the slow path, which looks) and the list. */
+static void lend(struct cs_stream *s) {
+  atomic_store(&s->queue.borrowed, true);
+  atomic_store(&s->slot->stream.lent, true);
+  pthread_mutex_lock(&lent_lock);
+  if (!s->lent_listed) {
+    s->lent_prev = NULL;
+    s->lent_next = lent_head;
+    if (lent_head)
+      lent_head->lent_prev = s;
+    lent_head = s;
+    s->lent_listed = true;
+  }
+  pthread_mutex_unlock(&lent_lock);
+}
+
+/* s leaves the list, before its CUDA stream is destroyed. */
+static void lent_leave(struct cs_stream *s) {
+  pthread_mutex_lock(&lent_lock);
+  if (s->lent_listed) {
+    if (s->lent_prev)
+      s->lent_prev->lent_next = s->lent_next;
+    else
+      lent_head = s->lent_next;
+    if (s->lent_next)
+      s->lent_next->lent_prev = s->lent_prev;
+    s->lent_listed = false;
+  }
+  pthread_mutex_unlock(&lent_lock);
+}
+
+cusafe_status cs_streams_lent_check(struct cs_context *ctx, const char *what) {
+  cusafe_status st = CUSAFE_SUCCESS;
+  pthread_mutex_lock(&lent_lock);
+  for (struct cs_stream *s = lent_head; s && st == CUSAFE_SUCCESS;
+       s = s->lent_next)
+    if (s->queue.ctx == ctx && cs_queue_untouchable(&s->queue))
+      st = cs_untouchable_refuse(what, &s->queue);
+  pthread_mutex_unlock(&lent_lock);
+  return st;
 }
 
 /* ---- cusafe's own CUDA streams ------------------------------------------- */
@@ -381,10 +433,16 @@ static cusafe_status wrap_make(struct cs_object *obj, struct cs_context *ctx,
   s->queue.stream = stream;
   s->queue.ctx = ctx;
   s->queue.owner = obj;
-  s->queue.borrowed = true;
   s->queue.wraps_default = dflt;
   s->borrowed = true;
   return CUSAFE_SUCCESS;
+}
+
+/* stream_fill(), and the wrapper, just made, is lent (before its handle is
+ * published: another library owns its stream). */
+static void wrap_fill(struct cs_object *obj, union cs_slot_data *data) {
+  stream_fill(obj, data);
+  lend((struct cs_stream *)obj);
 }
 
 /* A wrapper that could not be entered lets go of the stream it held. */
@@ -401,7 +459,7 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
                                       .size = sizeof(struct cs_stream),
                                       .make = wrap_make,
                                       .unmake = wrap_unmake,
-                                      .fill = stream_fill};
+                                      .fill = wrap_fill};
   CS_ENTER_OUT(out, CUSAFE_NULL_HANDLE);
   cudaStream_t stream = (cudaStream_t)cuda_stream;
   return cs_context_child(out, ctx, &how, &stream);
@@ -412,6 +470,7 @@ CUSAFE_API cusafe_status cusafe_stream_wrap(cusafe_stream *out,
  * runs: CUDA defers the destruction until it is done. */
 static cudaError_t queue_fini(void *obj) {
   struct cs_stream *s = obj;
+  lent_leave(s);
   if (!s->borrowed)
     owned_leave(s);
   cs_capture_discard(&s->queue); /* a capture that began on it ends */
@@ -494,5 +553,5 @@ CS_QUERY(cusafe_stream_get_context, cusafe_context, CUSAFE_NULL_HANDLE,
          st = cs_context_hand_out(o->queue.ctx, out))
 /* Other code may capture the stream from now on (see cs_queue.borrowed). */
 CS_QUERY(cusafe_stream_interop_handle, void *, NULL, cs_stream, CS_STREAM,
-         "stream", atomic_store(&o->queue.borrowed, true);
+         "stream", lend(o);
          *out = (void *)o->queue.stream)

@@ -57,6 +57,12 @@ struct cs_stream {
    * still to be destroyed (stream.c), for wrappers to find. */
   struct cs_stream *owned_prev, *owned_next;
   bool owned_listed;
+  /* Its handle slot's data (stream_fill), while the handle lives. */
+  union cs_slot_data *slot;
+  /* A stream that other code may capture (queue.borrowed), in the list
+   * of those (stream.c) that a context's synchronisation looks at. */
+  struct cs_stream *lent_prev, *lent_next;
+  bool lent_listed;
 };
 
 /* The open capture whose queues include the CUDA stream `stream` (another
@@ -165,6 +171,11 @@ cusafe_status cs_untouchable_fail(struct cs_queue *q);
  * wait for it), where q cannot be touched now: CUDA would refuse it, and
  * break the capture that forbids it. */
 cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q);
+/* cs_untouchable_refuse(what, q) for the first stream q of ctx that other
+ * code may capture (a wrapper, or a stream handed out) and that nothing
+ * may touch now, else CUSAFE_SUCCESS: a wait for ctx's device would break
+ * that capture.  The thread gated. */
+cusafe_status cs_streams_lent_check(struct cs_context *ctx, const char *what);
 /* Whether q wraps a default stream that CUDA lets nothing use now: while
  * a capture of cusafe's on a blocking stream of its device is open, or
  * left over there (its end failed) -- a capture of other code's, which

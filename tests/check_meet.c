@@ -2464,6 +2464,124 @@ START_TEST(test_work_on_wrapper_that_other_code_captures) {
 }
 END_TEST
 
+/* Begins other code's capture on the CUDA stream arg, in relaxed mode
+ * (also as a call hook). */
+static void begin_raw_capture(void *arg) {
+  TU_ASSERT(cs_cu->stream_begin_capture(
+                (cudaStream_t)arg, cudaStreamCaptureModeRelaxed) == cudaSuccess,
+            "other code's capture did not begin");
+}
+
+/* Replays that would take the fast path (the executable graph made, the
+ * buffer's latest work on the stream already) onto a wrapper, and onto a
+ * stream handed out, that other code captures are refused as the others
+ * are; both captures end unharmed, and the replays after them run. */
+START_TEST(test_replay_on_stream_that_other_code_captures) {
+  cusafe_stream s = new_stream(), mine = new_stream(), w = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(b, 0, N, 2, s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  void *handed = NULL;
+  TU_OK(cusafe_stream_interop_handle(&handed, mine));
+  const cusafe_stream on[2] = {w, mine};
+  cudaStream_t raws[2] = {raw, (cudaStream_t)handed};
+  for (int i = 0; i < 2; i++) {
+    TU_OK(cusafe_graph_launch(g, on[i]));
+    TU_OK(cusafe_graph_launch(g, on[i]));
+    begin_raw_capture(raws[i]);
+    TU_ERR(cusafe_graph_launch(g, on[i]), CUSAFE_ERROR_CAPTURING,
+           "a graph replay cannot be done: stream 0x%016llx is being "
+           "captured by other code",
+           (unsigned long long)on[i]);
+    end_raw_capture(raws[i]);
+    TU_OK(cusafe_graph_launch(g, on[i]));
+  }
+  TU_OK(cusafe_context_synchronize(ctx));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(b, 0, got, N));
+  ck_assert_uint_eq(got[N - 1], 2);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(mine));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* The synchronisation of a context while other code captures a stream
+ * that cusafe knows -- a wrapper, a stream handed out, or, as a blocking
+ * stream, what a wrapper of the default stream stands for -- is refused,
+ * as the stream's own is (CUDA would break that capture); each capture
+ * ends unharmed. */
+START_TEST(test_context_synchronize_while_other_code_captures) {
+  cusafe_stream mine = new_stream(), w = CUSAFE_NULL_HANDLE,
+                legacy = CUSAFE_NULL_HANDLE;
+  void *handed = NULL;
+  TU_OK(cusafe_stream_interop_handle(&handed, mine));
+  cudaStream_t raw = other_capture_begin(&w);
+  TU_ERR(cusafe_context_synchronize(ctx), CUSAFE_ERROR_CAPTURING,
+         "synchronizing the context of device 0 cannot be done: stream "
+         "0x%016llx is being captured by other code",
+         (unsigned long long)w);
+  end_raw_capture(raw);
+  begin_raw_capture(handed);
+  TU_ERR(cusafe_context_synchronize(ctx), CUSAFE_ERROR_CAPTURING,
+         "synchronizing the context of device 0 cannot be done: stream "
+         "0x%016llx is being captured by other code",
+         (unsigned long long)mine);
+  end_raw_capture(handed);
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cudaStream_t blocking = NULL;
+  TU_ASSERT(cs_cu->stream_create(&blocking, 0, 0) == cudaSuccess,
+            "no blocking stream");
+  begin_raw_capture(blocking);
+  TU_ERR(cusafe_context_synchronize(ctx), CUSAFE_ERROR_CAPTURING,
+         "synchronizing the context of device 0 cannot be done: stream "
+         "0x%016llx wraps a device's default stream, which CUDA lets "
+         "nothing use while a blocking stream of the device captures",
+         (unsigned long long)legacy);
+  end_raw_capture(blocking);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_ASSERT(cs_cu->stream_destroy(blocking) == cudaSuccess,
+            "blocking stream not destroyed");
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(mine));
+}
+END_TEST
+
+/* Other code begins a capture of a wrapper's stream right after
+ * cusafe_stream_use_buffers() looked at it: the buffer follows the
+ * stream's work queued before that capture once it ends, as where the
+ * capture began before the look -- the call succeeds, and the free comes
+ * after other code's work on the buffer's memory. */
+START_TEST(test_other_capture_begins_while_use_buffers_looks) {
+  cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
+  void *mem = NULL;
+  TU_OK(cusafe_buffer_interop_pointer(&mem, b));
+  TU_ASSERT(cs_cu->memset_async(mem, 0x11, N, raw) == cudaSuccess,
+            "other code's memset failed");
+  fake_set_call_hook("cudaStreamIsCapturing", begin_raw_capture, raw);
+  TU_OK(cusafe_stream_use_buffers(w, &b, 1));
+  TU_OK(cusafe_buffer_release(b));
+  end_raw_capture(raw);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 /* A record on, or a wait of, a wrapper of the legacy stream while a
  * blocking stream captures is refused: CUDA would refuse it and break
  * the capture, which ends unharmed. */
@@ -2705,6 +2823,9 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_graph_released_while_blocking_stream_captures);
   tcase_add_test(tc, test_own_stream_that_other_code_captures);
   tcase_add_test(tc, test_work_on_wrapper_that_other_code_captures);
+  tcase_add_test(tc, test_replay_on_stream_that_other_code_captures);
+  tcase_add_test(tc, test_context_synchronize_while_other_code_captures);
+  tcase_add_test(tc, test_other_capture_begins_while_use_buffers_looks);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
