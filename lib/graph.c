@@ -23,6 +23,7 @@
 #include "device.h"
 #include "event.h"
 #include "graph.h"
+#include "init.h"
 #include "kernel.h"
 
 /* The open captures, for the shutdown and the checks by id; the queues
@@ -1176,8 +1177,9 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
 /* The common replay, in few instructions and cache lines (between two
  * replays the driver's own work evicts much of what the last one read):
  * an executable graph of no events and up to CS_GRAPH_LASTS buffers,
- * replayed on a stream of one device that other code cannot reach (not a
- * wrapper, never handed out) while no capture is open, whose
+ * replayed on a stream of one device while no capture is open (for a
+ * stream that other code can reach -- a wrapper, or one handed out -- the
+ * driver is asked whether it captures), whose
  * buffers' latest work is on that stream already.  It reads the graph and
  * the stream in their handle slots only (handle.h), and the graph's
  * buffers' `last` in theirs.  No capture open (cs_hot.captures, counted
@@ -1199,9 +1201,17 @@ static inline cusafe_status replay_fast(cusafe_graph graph,
   uint32_t n = gd->graph.nlasts;
   struct cs_queue *q = sd->stream.queue;
   if (!x || n > CS_GRAPH_LASTS || sd->stream.ctx != gd->graph.ctx ||
-      atomic_load_explicit(&sd->stream.lent, memory_order_relaxed) ||
       !atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed) ||
       atomic_load(&cs_hot.captures))
+    return CS_SLOW;
+  /* A stream that other code may capture: unless the driver says, in one
+   * call, that it captures nothing now, the slow path looks (a replay
+   * into other code's capture breaks it).  A default stream's special
+   * handle always goes there. */
+  if (CS_UNLIKELY(
+          atomic_load_explicit(&sd->stream.lent, memory_order_relaxed)) &&
+      ((uintptr_t)sd->stream.stream <= (uintptr_t)cudaStreamPerThread ||
+       !cs_stream_surely_free(sd->stream.stream)))
     return CS_SLOW;
   _Atomic(struct cs_queue *) *const *lasts =
       n <= CS_SLOT_LASTS ? gd->graph.lasts : ((struct cs_graph *)g)->lasts;

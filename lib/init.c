@@ -17,14 +17,16 @@ typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*release_fn)(CUdevice);
 typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
 typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*capturing_fn)(CUstream, CUstreamCaptureStatus *);
 static retain_fn primary_retain;
 static release_fn primary_release;
 static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
 static range_fn mem_get_address_range;   /* NULL where missing */
+static capturing_fn stream_is_capturing; /* NULL where missing */
 /* Optional functions whose look-up failed (an error, not an answer that
  * the driver lacks them): looked up again at their next use, so that one
  * failed call does not turn their checks off for good. */
-static _Atomic bool retry_get_module, retry_range;
+static _Atomic bool retry_get_module, retry_range, retry_capturing;
 
 static void at_exit(void) { cusafe_shutdown(); }
 
@@ -78,6 +80,9 @@ static cusafe_status init_driver(int n) {
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuMemGetAddressRange", (void **)&mem_get_address_range,
                       false, &retry_range);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuStreamIsCapturing", (void **)&stream_is_capturing,
+                      false, &retry_capturing);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;
@@ -154,6 +159,16 @@ CUresult cs_mem_range(const void *ptr, char **base, size_t *size, bool *have) {
   CUresult res = range(&b, size, (CUdeviceptr)(uintptr_t)ptr);
   *base = (char *)(uintptr_t)b;
   return res;
+}
+
+bool cs_stream_surely_free(cudaStream_t stream) {
+  entry_again("cuStreamIsCapturing", (void **)&stream_is_capturing,
+              &retry_capturing);
+  capturing_fn capturing = atomic_load_explicit(
+      (_Atomic(capturing_fn) *)&stream_is_capturing, memory_order_relaxed);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return capturing && capturing((CUstream)stream, &status) == CUDA_SUCCESS &&
+         status == CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 CUresult cs_library_load_now(cudaLibrary_t library) {

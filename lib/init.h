@@ -24,6 +24,12 @@ CUresult cs_primary_ctx_release(int device);
  * is asked); otherwise the call's answer -- a CUDA_ERROR_NOT_SUPPORTED
  * among them, which is an error like any other. */
 CUresult cs_mem_range(const void *ptr, char **base, size_t *size, bool *have);
+/* Whether the driver says that `stream` (not a default stream's special
+ * handle) captures nothing, in one driver call (cuStreamIsCapturing,
+ * cheaper than the runtime's): false where it says otherwise, fails, or
+ * lacks the function.  For a replay's fast path on a stream that other
+ * code may capture. */
+bool cs_stream_surely_free(cudaStream_t stream);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

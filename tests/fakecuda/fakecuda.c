@@ -1702,6 +1702,27 @@ static CUresult CUDAAPI fk_mem_get_address_range(CUdeviceptr *base,
   return leave_driver(cudaSuccess);
 }
 
+/* cuStreamIsCapturing: the runtime's answer (fk_stream_is_capturing) as
+ * the driver gives it. */
+static CUresult CUDAAPI
+fk_drv_stream_is_capturing(CUstream hstream, CUstreamCaptureStatus *status) {
+  ENTER_DRIVER_OR_RETURN("cuStreamIsCapturing");
+  struct fstream *s;
+  cudaError_t e =
+      resolve_stream("cuStreamIsCapturing", (cudaStream_t)hstream, &s);
+  if (e != cudaSuccess)
+    return leave_driver(e);
+  if (!status)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (s->builtin) /* answers, and invalidates nothing */
+    return leave_driver(legacy_call(s, 0));
+  if (s->capture)
+    *status = s->capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                      : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return leave_driver(CUDA_SUCCESS);
+}
+
 static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
   ENTER_DRIVER_OR_RETURN("cuDevicePrimaryCtxRelease");
   if (!valid_device(dev))
@@ -1761,6 +1782,11 @@ fk_get_driver_entry_point(const char *symbol, void **func,
         fk_mem_get_address_range;
     result = cudaDriverEntryPointSuccess;
     memcpy(&fn, &range, sizeof fn);
+  } else if (strcmp(symbol, "cuStreamIsCapturing") == 0) {
+    CUresult (*capturing)(CUstream, CUstreamCaptureStatus *) =
+        fk_drv_stream_is_capturing;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &capturing, sizeof fn);
   } else if (strcmp(symbol, "cuLibraryGetModule") == 0) {
     CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
     result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
