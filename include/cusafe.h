@@ -486,7 +486,9 @@ CUSAFE_API cusafe_status cusafe_context_get_device(int *out,
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
  *   context.  CUSAFE_ERROR_CAPTURING, before any wait (CUDA would break the
  *   capture): a stream of the context captures ("synchronizing the context
- *   of device 0 cannot be done while one of its streams captures"), or
+ *   of device 0 cannot be done while one of its streams captures"); a
+ *   capture of cusafe's whose end failed may still run on one of them and
+ *   cannot be ended (one that can is ended first); or
  *   nothing may touch a stream of it that other code can reach -- a
  *   wrapper, or a stream handed out by cusafe_stream_interop_handle() --
  *   because other code captures it, or because it wraps a default stream
@@ -1464,7 +1466,9 @@ CUSAFE_API cusafe_status cusafe_graph_instantiate(cusafe_graph graph);
  *   belongs to another context.  CUSAFE_ERROR_CAPTURING: the stream
  *   captures; or other code captures it (a wrapper, or a stream handed
  *   out by cusafe_stream_interop_handle()), or it wraps a default stream
- *   while a blocking stream of the device captures.  A CUDA
+ *   while a blocking stream of the device captures; or a capture of
+ *   cusafe's whose end failed may still run there and cannot be ended (one
+ *   that can is ended first, as before any work).  A CUDA
  *   failure (cudaGraphInstantiate at the first replay,
  *   cudaEventRecord, cudaStreamWaitEvent, cudaGraphLaunch): its mapped
  *   status.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.

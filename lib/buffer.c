@@ -482,7 +482,11 @@ static void memory_free_now(void *ptr, cusafe_memory kind, struct cs_queue *q) {
     cs_cu->free_host(ptr);
   } else if (kind != CUSAFE_MEMORY_DEVICE ||
              cs_cu->free_async(ptr, q->stream) != cudaSuccess) {
-    cs_cu->device_synchronize(); /* a free that cannot be queued */
+    /* A free that cannot be queued, after the device's work -- unless
+     * that wait would break other code's capture of a stream that cusafe
+     * knows (cudaFree waits for the allocation itself). */
+    if (!cs_streams_lent_busy(q->ctx))
+      cs_cu->device_synchronize();
     cs_cu->free(ptr);
   }
 }
@@ -855,7 +859,9 @@ static cusafe_status free_memory(const struct memory_end *m, bool may_park) {
  * left over is ended (a synchronisation fails during any capture).
  * CS_RETRY while a capture of ctx begins or ends; CS_PARK, with
  * `may_park`, while one is open, which no mode allows a device's
- * synchronisation and which it would break: nothing done then.  Nothing
+ * synchronisation and which it would break, or while other code captures
+ * a stream of ctx that cusafe knows (cs_streams_lent_busy): nothing done
+ * then (nor without `may_park`).  Nothing
  * is waited for where the device cannot be made current (CUDA unloads or
  * is broken: nothing would run, nor end).  Else *err is the
  * synchronisation's result, or stays. */
@@ -869,10 +875,13 @@ static cusafe_status device_fallback_gated(struct cs_context *ctx,
   int saved;
   if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
     return CUSAFE_SUCCESS;
+  /* Other code's capture of a stream that cusafe knows would break too:
+   * the same as one of cusafe's. */
+  bool busy = c || cs_streams_lent_busy(ctx);
   cusafe_status st = CUSAFE_SUCCESS;
-  if (c && may_park)
+  if (busy && may_park)
     st = CS_PARK;
-  else if (!c && cs_context_try_leftovers(ctx))
+  else if (!busy && cs_context_try_leftovers(ctx))
     *err = cs_cu->device_synchronize();
   cs_device_leave(saved);
   return st;
@@ -1344,6 +1353,7 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
   }
   cs_parked_drain_maybe();
   struct cs_thread *self = cs_thread_self();
+  int again = 0;
   do {
     size_t nroots = n, ndrops = 0;
     cs_gate(self);
@@ -1372,10 +1382,15 @@ cusafe_status cs_buffers_use_on(struct cs_buffer **bufs, size_t n,
     for (size_t i = 0; i < ndrops; i++)
       cs_unref(drops[i]);
     /* Other code began a capture of q after the look: its hand-off into
-     * q was refused, and the buffers not chained yet follow as above. */
-    if (st == CUSAFE_ERROR_CAPTURING && CS_UNLIKELY(q->borrowed) &&
-        cs_queue_untouchable(q))
-      goto untouchable;
+     * q was refused, and the buffers not chained yet follow as above --
+     * or, where that capture has ended already, are chained again (a
+     * follow done now would miss the work that the caller queues next). */
+    if (st == CUSAFE_ERROR_CAPTURING && CS_UNLIKELY(q->borrowed)) {
+      if (cs_queue_untouchable(q))
+        goto untouchable;
+      if (again++ < 4)
+        st = CS_RETRY;
+    }
     if (st == CS_RETRY) {
       cs_capture_yield();            /* a capture begins or ends on q */
       for (size_t i = 0; i < n; i++) /* the sort made them unique */

@@ -313,23 +313,28 @@ static cusafe_status context_wait_gated(struct cs_context *ctx) {
                    "synchronizing the context of device %d cannot be done "
                    "while one of its streams captures",
                    ctx->device);
-  /* Nor while other code captures a stream that cusafe knows: the wait
-   * would break that capture (cusafe_stream_synchronize of the stream is
-   * refused too). */
+  int saved;
+  cusafe_status st = cs_device_enter(ctx->device, &saved);
+  if (st != CUSAFE_SUCCESS)
+    return st;
   char what[64];
   snprintf(what, sizeof what, "synchronizing the context of device %d",
            ctx->device);
-  cusafe_status st = cs_streams_lent_check(ctx, what);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  int saved;
-  st = cs_device_enter(ctx->device, &saved);
-  if (st == CUSAFE_SUCCESS) {
+  /* Captures of cusafe's whose ends failed are ended first (the wait
+   * fails during any capture); nor does it wait while other code
+   * captures a stream that cusafe knows: the wait would break that
+   * capture (cusafe_stream_synchronize of the stream is refused too). */
+  if (!cs_context_try_leftovers(ctx)) {
+    st = cs_fail(CUSAFE_ERROR_CAPTURING,
+                 "%s cannot be done: a capture whose end failed may still run "
+                 "on one of its streams",
+                 what);
+  } else if ((st = cs_streams_lent_check(ctx, what)) == CUSAFE_SUCCESS) {
     cudaError_t err = cs_cu->device_synchronize();
     if (err != cudaSuccess)
       st = cs_fail_cuda(err, "cudaDeviceSynchronize");
-    cs_device_leave(saved);
   }
+  cs_device_leave(saved);
   return st;
 }
 

@@ -984,7 +984,10 @@ void cs_captures_abort_all(void) {
        * devices' synchronisation and the streams' destruction. */
       if (cs_cu->stream_end_capture(c->origin->stream, &g) != cudaSuccess) {
         g = NULL;
-        cs_cu->stream_end_capture(c->origin->stream, &g);
+        /* Left over where it fails again: the contexts' settling ends it
+         * before their devices' synchronisation (cs_context_settle). */
+        if (cs_cu->stream_end_capture(c->origin->stream, &g) != cudaSuccess)
+          mark_leftover(c);
       }
       discard_graph(c->ctx, g);
       cs_device_leave(saved);
@@ -1168,7 +1171,11 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
   int saved;
   st = cs_device_enter(g->ctx->device, &saved);
   if (st == CUSAFE_SUCCESS) {
-    st = replay(g, x, q, sp);
+    /* A capture of cusafe's left over on q is ended first: the replay
+     * would break it (cs_queue_leftover), as other work would. */
+    if (!cs_queue_has_leftover(q) ||
+        (st = cs_queue_leftover(q)) == CUSAFE_SUCCESS)
+      st = replay(g, x, q, sp);
     cs_device_leave(saved);
   }
   return st;
@@ -1202,7 +1209,8 @@ static inline cusafe_status replay_fast(cusafe_graph graph,
   struct cs_queue *q = sd->stream.queue;
   if (!x || n > CS_GRAPH_LASTS || sd->stream.ctx != gd->graph.ctx ||
       !atomic_load_explicit(&cs_hot.single_device, memory_order_relaxed) ||
-      atomic_load(&cs_hot.captures))
+      atomic_load(&cs_hot.captures) ||
+      atomic_load_explicit(&cs_leftover_streams, memory_order_relaxed))
     return CS_SLOW;
   /* A stream that other code may capture: unless the driver says, in one
    * call, that it captures nothing now, the slow path looks (a replay

@@ -104,8 +104,8 @@ struct cs_stream_slot {
   struct cs_queue *queue;
   struct cs_context *ctx;
   struct CUstream_st *stream; /* the queue's cudaStream_t */
-  /* The queue's `borrowed`: other code may capture the stream, which
-   * only the slow path of a replay looks at. */
+  /* The queue's `borrowed`: other code may capture the stream, so a
+   * replay's fast path asks the driver first (graph.c, replay_fast). */
   _Atomic bool lent;
 };
 /* How many buffers a graph's slot names itself (the bench's graphs, and

@@ -157,6 +157,12 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
       if (err != cudaSuccess)
         st = cs_fail_cuda(err, "cudaEventRecord");
     }
+    /* Other code may have begun a capture of from's stream since
+     * queue_point() looked: then the record may be in that capture, and
+     * a wait for it would pull `to` in.  Looked at again. */
+    if (st == CUSAFE_SUCCESS && CS_UNLIKELY(from->borrowed) &&
+        cs_queue_untouchable(from))
+      st = cs_untouchable_fail(from);
   }
   cs_spin_unlock(&from->capture_lock);
   cs_device_leave(saved);
@@ -275,7 +281,7 @@ static pthread_mutex_t lent_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cs_stream *lent_head;
 
 /* From now on other code may capture s's CUDA stream: so say its queue,
- * its slot (replays take the slow path, which looks) and the list. */
+ * its slot (a replay's fast path asks the driver) and the list. */
 static void lend(struct cs_stream *s) {
   atomic_store(&s->queue.borrowed, true);
   atomic_store(&s->slot->stream.lent, true);
@@ -306,15 +312,30 @@ static void lent_leave(struct cs_stream *s) {
   pthread_mutex_unlock(&lent_lock);
 }
 
+/* The first lent stream of ctx that nothing may touch now, or NULL
+ * (lent_lock held). */
+static struct cs_stream *lent_busy_locked(struct cs_context *ctx) {
+  for (struct cs_stream *s = lent_head; s; s = s->lent_next)
+    if (s->queue.ctx == ctx && cs_queue_untouchable(&s->queue))
+      return s;
+  return NULL;
+}
+
 cusafe_status cs_streams_lent_check(struct cs_context *ctx, const char *what) {
   cusafe_status st = CUSAFE_SUCCESS;
   pthread_mutex_lock(&lent_lock);
-  for (struct cs_stream *s = lent_head; s && st == CUSAFE_SUCCESS;
-       s = s->lent_next)
-    if (s->queue.ctx == ctx && cs_queue_untouchable(&s->queue))
-      st = cs_untouchable_refuse(what, &s->queue);
+  struct cs_stream *s = lent_busy_locked(ctx);
+  if (s)
+    st = cs_untouchable_refuse(what, &s->queue);
   pthread_mutex_unlock(&lent_lock);
   return st;
+}
+
+bool cs_streams_lent_busy(struct cs_context *ctx) {
+  pthread_mutex_lock(&lent_lock);
+  bool busy = lent_busy_locked(ctx) != NULL;
+  pthread_mutex_unlock(&lent_lock);
+  return busy;
 }
 
 /* ---- cusafe's own CUDA streams ------------------------------------------- */

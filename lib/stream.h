@@ -176,6 +176,10 @@ cusafe_status cs_untouchable_refuse(const char *what, struct cs_queue *q);
  * may touch now, else CUSAFE_SUCCESS: a wait for ctx's device would break
  * that capture.  The thread gated. */
 cusafe_status cs_streams_lent_check(struct cs_context *ctx, const char *what);
+/* The same as a question, with no error set: whether a wait for ctx's
+ * device would break other code's capture of a stream that cusafe knows
+ * (every fallback that synchronises a device asks it first). */
+bool cs_streams_lent_busy(struct cs_context *ctx);
 /* Whether q wraps a default stream that CUDA lets nothing use now: while
  * a capture of cusafe's on a blocking stream of its device is open, or
  * left over there (its end failed) -- a capture of other code's, which

@@ -2797,6 +2797,163 @@ START_TEST(test_work_on_default_while_a_blocking_stream_captures) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+/* A free whose cudaFreeAsync fails falls back to the device's
+ * synchronisation, which would break other code's capture of a wrapper
+ * of the context: the free waits (parked) until that capture has ended,
+ * unharmed, and is done then. */
+START_TEST(test_free_falls_back_while_other_code_captures) {
+  cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
+  cudaStream_t raw = other_capture_begin(&w);
+  fake_fail_function("cudaFreeAsync", cudaErrorUnknown);
+  TU_OK(cusafe_buffer_release(b)); /* the free cannot be queued */
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_allocations(0), 1);
+  other_capture_end(raw, w);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* Ends a capture begun on s, whose ends fail twice: left over. */
+static void leave_capture_over(cusafe_stream s) {
+  TU_OK(cusafe_stream_begin_capture(s));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&g, s), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  fake_fail_clear();
+  ck_assert_uint_eq(fake_live_captures(0), 1);
+}
+
+/* A replay (one that would take the fast path) on a stream where a
+ * capture of cusafe's is left over ends that capture first, as a fill or
+ * a launch there does, and runs. */
+START_TEST(test_replay_on_stream_with_leftover) {
+  cusafe_stream s = new_stream(), t = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(b, 0, N, 2, s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, t)); /* the executable graph; b's work on t */
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, t));
+  leave_capture_over(t);
+  TU_OK(cusafe_graph_launch(g, t));
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  TU_OK(cusafe_stream_synchronize(t));
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(b, 0, got, N));
+  ck_assert_uint_eq(got[0], 2);
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(t));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* A context's synchronisation while a capture of cusafe's is left over
+ * in it ends that capture first (the wait fails during any capture). */
+START_TEST(test_context_synchronize_with_leftover) {
+  cusafe_stream t = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, t));
+  leave_capture_over(t);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(t));
+}
+END_TEST
+
+static void rehook_clear(void *arg) {
+  fake_set_call_hook((const char *)arg, clear_faults, NULL);
+}
+
+/* The next two calls of `fn` fail with err; the ones after them work. */
+static void fail_twice(const char *fn, cudaError_t err) {
+  fake_fail_function(fn, err);
+  fake_set_call_hook(fn, rehook_clear, (void *)fn);
+}
+
+/* Other code's capture of a wrapper's stream begins after
+ * cusafe_stream_use_buffers() looked, and ends after the hand-off into it
+ * was refused: the buffer is chained again, the call succeeds. */
+static void end_raw_capture_hook(void *arg) { end_raw_capture(arg); }
+static void begin_then_end(void *arg) {
+  begin_raw_capture(arg);
+  fake_set_call_hook("cudaStreamIsCapturing", end_raw_capture_hook, arg);
+}
+START_TEST(test_other_capture_begins_and_ends_while_use_buffers_looks) {
+  cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
+  fake_set_call_hook("cudaStreamIsCapturing", begin_then_end, raw);
+  TU_OK(cusafe_stream_use_buffers(w, &b, 1));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* Other code's capture of a wrapper's stream begins right after a
+ * hand-off from that wrapper looked at it: the hand-off's record may be
+ * in that capture, so nothing waits for it -- the work fails, and the
+ * capture ends unharmed, with no stream of cusafe's in it. */
+START_TEST(test_other_capture_begins_while_a_handoff_looks) {
+  cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
+  cudaStream_t raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, w));
+  fake_set_call_hook("cudaStreamIsCapturing", begin_raw_capture, raw);
+  TU_ERR(cusafe_buffer_fill(b, 0, N, 2, s), CUSAFE_ERROR_CAPTURING,
+         "stream 0x%016llx is being captured by other code: nothing outside "
+         "that capture can wait for its work",
+         (unsigned long long)w);
+  end_raw_capture(raw);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(raw);
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+#endif
+
+#if defined(CUSAFE_HAVE_DLPACK) && defined(CUSAFE_TEST_FAKE)
+/* The shutdown's end of an open capture fails twice: the capture is
+ * left over, and the contexts' settling ends it before their devices'
+ * synchronisation -- no stream is destroyed while it captures, and the
+ * memory goes after the consumer's work queued ahead. */
+START_TEST(test_shutdown_end_of_capture_fails_twice) {
+  cusafe_stream consumer = new_stream();
+  cusafe_buffer b = new_buffer();
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = N;
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, u8, 1, &n, NULL, consumer));
+  TU_OK(cusafe_buffer_release(b));
+  void *raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&raw, consumer));
+  TU_ASSERT(cs_cu->memset_async(t->dl_tensor.data, 1, N, raw) == cudaSuccess,
+            "the consumer's memset failed");
+  TU_OK(cusafe_stream_begin_capture(consumer));
+  fail_twice("cudaStreamEndCapture", cudaErrorUnknown);
+  TU_OK(cusafe_shutdown()); /* the fake: no VIOLATION */
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  t->deleter(t);
+}
+END_TEST
+#endif
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -2829,6 +2986,12 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_replay_on_stream_that_other_code_captures);
   tcase_add_test(tc, test_context_synchronize_while_other_code_captures);
   tcase_add_test(tc, test_other_capture_begins_while_use_buffers_looks);
+  tcase_add_test(tc,
+                 test_other_capture_begins_and_ends_while_use_buffers_looks);
+  tcase_add_test(tc, test_other_capture_begins_while_a_handoff_looks);
+  tcase_add_test(tc, test_free_falls_back_while_other_code_captures);
+  tcase_add_test(tc, test_replay_on_stream_with_leftover);
+  tcase_add_test(tc, test_context_synchronize_with_leftover);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
@@ -2839,6 +3002,7 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_deleter_fails_once_during_capture);
   tcase_add_test(tc, test_shutdown_with_capture_left_over);
   tcase_add_test(tc, test_shutdown_end_of_capture_fails_once);
+  tcase_add_test(tc, test_shutdown_end_of_capture_fails_twice);
 #endif
   suite_add_tcase(s, tc);
 #ifdef CUSAFE_TEST_FAKE
