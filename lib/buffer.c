@@ -183,6 +183,32 @@ static cusafe_status park_follow(struct cs_buffer *b, struct cs_queue *q) {
   return CUSAFE_SUCCESS;
 }
 
+/* park_follow() for a thread that only peeked at b and q (pinned): their
+ * references are tried, and the entry is pushed without a drain (a drain
+ * may drop references, which no pinned thread does; a later call's drain
+ * does it).  False, nothing parked, where q's owner is going already or
+ * there is no memory; where only b is going, an entry that drops q's
+ * owner after q's work is parked instead, and false. */
+static bool park_follow_pinned(struct cs_buffer *b, struct cs_queue *q) {
+  struct parked *p = malloc(sizeof *p);
+  struct cs_object **none = malloc(sizeof *none);
+  if (!p || !none || !cs_try_ref(q->owner)) {
+    free(p);
+    free(none);
+    return false;
+  }
+  bool held = cs_try_ref(&b->hdr);
+  if (held) {
+    free(none);
+    *p = (struct parked){.b = b, .q = q};
+  } else {
+    *p = (struct parked){.q = q, .objs = none, .nobjs = 0};
+  }
+  parked_push(p, p, 1);
+  atomic_fetch_add(&cs_parked_epoch, 1);
+  return held;
+}
+
 cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
                             size_t n) {
   struct parked *p = malloc(sizeof *p);
@@ -400,8 +426,14 @@ void cs_roots_unlock(struct cs_buffer **roots, size_t n) {
 void cs_buffer_settle(struct cs_buffer *root, struct cs_queue *q) {
   cs_spin_lock(&root->lock);
   struct cs_queue *now = atomic_load_explicit(root->last, memory_order_relaxed);
-  /* If the hand-off fails, the kernel must end before anything later. */
-  if (now != q && cs_queue_handoff(q, now) != CUSAFE_SUCCESS)
+  /* If the hand-off fails, the kernel must end before anything later --
+   * unless other code captures q now (a synchronisation would break that
+   * capture): then the buffer follows q once q can be touched, so that
+   * at least its memory outlives the kernel (parked; synchronised where
+   * that cannot be done). */
+  if (now != q && cs_queue_handoff(q, now) != CUSAFE_SUCCESS &&
+      !(CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q) &&
+        park_follow_pinned(root, q)))
     cs_cu->stream_synchronize(q->stream);
   cs_spin_unlock(&root->lock);
 }
@@ -876,12 +908,19 @@ static cusafe_status device_fallback_gated(struct cs_context *ctx,
   if (cs_device_enter_teardown(ctx->device, &saved) != CUSAFE_SUCCESS)
     return CUSAFE_SUCCESS;
   /* Other code's capture of a stream that cusafe knows would break too:
-   * the same as one of cusafe's. */
-  bool busy = c || cs_streams_lent_busy(ctx);
+   * the same as one of cusafe's -- looked at once cusafe's left-over
+   * captures are ended (a wrapper of the legacy stream cannot be touched
+   * while one runs on a blocking stream). */
+  bool busy = c != NULL;
+  bool sync = !busy && cs_context_try_leftovers(ctx);
+  if (sync && cs_streams_lent_busy(ctx)) {
+    busy = true;
+    sync = false;
+  }
   cusafe_status st = CUSAFE_SUCCESS;
   if (busy && may_park)
     st = CS_PARK;
-  else if (!busy && cs_context_try_leftovers(ctx))
+  else if (sync)
     *err = cs_cu->device_synchronize();
   cs_device_leave(saved);
   return st;

@@ -1173,8 +1173,12 @@ static cusafe_status launch_pinned(cusafe_graph graph, cusafe_stream stream,
   if (st == CUSAFE_SUCCESS) {
     /* A capture of cusafe's left over on q is ended first: the replay
      * would break it (cs_queue_leftover), as other work would. */
-    if (!cs_queue_has_leftover(q) ||
-        (st = cs_queue_leftover(q)) == CUSAFE_SUCCESS)
+    if (cs_queue_has_leftover(q) &&
+        (st = cs_queue_leftover(q)) == CUSAFE_SUCCESS &&
+        CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q))
+      /* the mark hid a capture of other code's, begun since its end */
+      st = cs_untouchable_refuse("a graph replay", q);
+    else if (st == CUSAFE_SUCCESS)
       st = replay(g, x, q, sp);
     cs_device_leave(saved);
   }

@@ -164,21 +164,34 @@ cusafe_status cs_queue_handoff(struct cs_queue *from, struct cs_queue *to) {
         cs_queue_untouchable(from))
       st = cs_untouchable_fail(from);
   }
-  cs_spin_unlock(&from->capture_lock);
+  /* From such a stream the lock is kept until the wait is made: another
+   * hand-off's record of the same event, into a capture begun since this
+   * look, would else come first, and the wait would join that capture. */
+  bool keep = st == CUSAFE_SUCCESS && CS_UNLIKELY(from->borrowed);
+  if (!keep)
+    cs_spin_unlock(&from->capture_lock);
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS)
     return st;
   st = cs_device_enter(to->ctx->device, &saved);
-  if (st != CUSAFE_SUCCESS)
-    return st;
-  cudaError_t err = cs_cu->stream_wait_event(to->stream, ev, 0);
-  if (err != cudaSuccess)
-    st = cs_fail_cuda(err, "cudaStreamWaitEvent");
-  cs_device_leave(saved);
+  if (st == CUSAFE_SUCCESS) {
+    cudaError_t err = cs_cu->stream_wait_event(to->stream, ev, 0);
+    if (err != cudaSuccess)
+      st = cs_fail_cuda(err, "cudaStreamWaitEvent");
+    cs_device_leave(saved);
+  }
+  if (keep)
+    cs_spin_unlock(&from->capture_lock);
   return st;
 }
 
 cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
+  /* q's device current: a default stream's special handle names the
+   * current device's (a drain may run on a thread whose device is
+   * another).  Tried also where that fails, as every teardown. */
+  int saved;
+  bool entered =
+      cs_device_enter_teardown(q->ctx->device, &saved) == CUSAFE_SUCCESS;
   cudaEvent_t entry;
   /* As a record: a synchronisation of a stream that a capture left over
    * would fail, and break it; that capture is ended first. */
@@ -192,6 +205,8 @@ cusafe_status cs_queue_wait_gated(struct cs_queue *q, cudaError_t *err) {
     *err = cudaSuccess;
   else /* the left-over capture could not be ended: as CUDA would answer */
     *err = cudaErrorStreamCaptureInvalidated;
+  if (entered)
+    cs_device_leave(saved);
   return st;
 }
 

@@ -8,6 +8,7 @@
  * synchronisation needs it, its VIOLATIONs the oracle) and against the real
  * runtime (check_meet_gpu, skipped without a GPU), where the results are
  * checked element by element. */
+#define _GNU_SOURCE /* pthread_timedjoin_np */
 #include <check.h>
 #include <pthread.h>
 #include <sched.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cusafe.h"
@@ -721,6 +723,39 @@ static void peers_finish(struct peers *p) {
   TU_OK(cusafe_context_release(p->c1));
   TU_OK(cusafe_context_release(p->c0));
 }
+
+/* A graph with an event wait node, replayed on a wrapper of device 1's
+ * legacy stream, is released while a blocking stream of device 1
+ * captures: what it holds waits (parked) for that replay.  The wait, done
+ * when the capture ends on a thread whose current device is 0, is for
+ * device 1's legacy stream -- the event outlives the replay. */
+START_TEST(test_parked_wait_on_default_wrapper_of_other_device) {
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  cusafe_context c1 = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&c1, 1));
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, c1, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, c1, (void *)cudaStreamLegacy));
+  cusafe_event e = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_event_create(&e, c1, 0));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_stream_wait_event(s, e)); /* an event wait node */
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  TU_OK(cusafe_graph_launch(g, legacy));
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_graph_release(g)); /* parks what it holds */
+  cusafe_graph g2 = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g2, s)); /* drains */
+  TU_OK(cusafe_graph_release(g2));
+  TU_OK(cusafe_event_release(e));
+  TU_OK(cusafe_context_synchronize(c1)); /* the fake: no VIOLATION */
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_release(c1));
+}
+END_TEST
 
 /* A buffer whose latest work is a peer copy on a stream of another
  * device, its hand-off and the host's waits failing: the free follows the
@@ -2855,6 +2890,26 @@ START_TEST(test_replay_on_stream_with_leftover) {
 }
 END_TEST
 
+/* The free of memory last used on a blocking stream where a capture of
+ * cusafe's is left over, with a wrapper of the legacy stream alive: the
+ * free's fallback ends that capture before it looks whether a wrapper
+ * cannot be touched (the legacy one could not, during it), and frees. */
+START_TEST(test_free_falls_back_with_leftover_and_legacy_wrapper) {
+  cusafe_stream s = CUSAFE_NULL_HANDLE, legacy = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_create(&s, ctx, 0 /* blocking */, 0));
+  TU_OK(cusafe_stream_wrap(&legacy, ctx, (void *)cudaStreamLegacy));
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
+  leave_capture_over(s);
+  TU_OK(cusafe_buffer_release(b));
+  ck_assert_uint_eq(fake_live_captures(0), 0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
+  TU_OK(cusafe_stream_release(legacy));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
 /* A context's synchronisation while a capture of cusafe's is left over
  * in it ends that capture first (the wait fails during any capture). */
 START_TEST(test_context_synchronize_with_leftover) {
@@ -2954,6 +3009,193 @@ START_TEST(test_shutdown_end_of_capture_fails_twice) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+/* Two hand-offs from one wrapper share its hand-off event.  A's record is
+ * made outside any capture and its second look passes; before A's wait,
+ * other code begins a capture of the wrapper's stream, and B hands off
+ * from the wrapper too.  B waits until A's wait is made (else it would
+ * record the same event into that capture first, and A's stream would
+ * join it); B's record then is in the capture, and B is refused. */
+struct handoffs {
+  cudaStream_t raw;
+  cusafe_buffer b2;
+  cusafe_stream s3;
+  cusafe_status b_status;
+  pthread_t b;
+  bool b_done;
+};
+static void *handoff_b(void *arg) {
+  struct handoffs *r = arg;
+  r->b_status = cusafe_buffer_fill(r->b2, 0, N, 6, r->s3);
+  return NULL;
+}
+static void handoffs_h3(void *arg) { /* after A's cudaGetDevice for `to` */
+  struct handoffs *r = arg;
+  fake_set_call_hook("cudaStreamIsCapturing", begin_raw_capture, r->raw);
+  pthread_create(&r->b, NULL, handoff_b, r);
+  /* B finishes only if nothing holds it back until A's wait. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 1;
+  r->b_done = pthread_timedjoin_np(r->b, NULL, &until) == 0;
+}
+static void handoffs_h2(void *arg) { /* after A's second look */
+  fake_set_call_hook("cudaGetDevice", handoffs_h3, arg);
+}
+static void handoffs_h1(void *arg) { /* after A's record */
+  fake_set_call_hook("cudaStreamIsCapturing", handoffs_h2, arg);
+}
+START_TEST(test_handoffs_from_wrapper_while_other_code_begins_a_capture) {
+  /* Two devices: the library asks for the current device between the
+   * hand-off's unlock and its wait (the hook's place). */
+  fake_set_device_count(2);
+  fake_set_paused(1);
+  TU_OK(cusafe_context_create(&ctx, 0));
+  cusafe_stream s2 = new_stream(), w = CUSAFE_NULL_HANDLE;
+  struct handoffs r = {.s3 = new_stream()};
+  r.raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, r.raw));
+  cusafe_buffer b1 = new_buffer();
+  r.b2 = new_buffer();
+  TU_OK(cusafe_buffer_fill(b1, 0, N, 1, w));
+  TU_OK(cusafe_buffer_fill(r.b2, 0, N, 1, w));
+  fake_set_call_hook("cudaEventRecord", handoffs_h1, &r);
+  cusafe_status a = cusafe_buffer_fill(b1, 0, N, 5, s2); /* thread A */
+  if (!r.b_done)
+    pthread_join(r.b, NULL);
+  ck_assert_int_eq(r.b_status, CUSAFE_ERROR_CAPTURING); /* B refused */
+  ck_assert_int_eq(a, CUSAFE_SUCCESS);
+  void *s2raw = NULL;
+  TU_OK(cusafe_stream_interop_handle(&s2raw, s2));
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  (void)cs_cu->stream_is_capturing((cudaStream_t)s2raw, &cs);
+  ck_assert_msg(cs == cudaStreamCaptureStatusNone,
+                "s2 was pulled into other code's capture (status %d)", cs);
+  end_raw_capture(r.raw);
+  unsigned char got[N];
+  TU_OK(cusafe_buffer_read(b1, 0, got, N));
+  ck_assert_uint_eq(got[0], 5);
+  TU_OK(cusafe_buffer_release(b1));
+  TU_OK(cusafe_buffer_release(r.b2));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(r.raw);
+  TU_OK(cusafe_stream_release(r.s3));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_context_release(ctx));
+}
+END_TEST
+
+/* A capture of cusafe's left over on a stream handed out; other code
+ * ends it (the stream is its too) and begins its own.  The mark hides
+ * that capture from the replay's first look; once the left-over's end
+ * finds the mark over, the replay looks again, and is refused. */
+START_TEST(test_replay_after_leftover_ended_by_other_code) {
+  cusafe_stream s = new_stream(), mine = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_buffer_fill(b, 0, N, 2, s));
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  void *handed = NULL;
+  TU_OK(cusafe_stream_interop_handle(&handed, mine));
+  TU_OK(cusafe_graph_launch(g, mine));
+  leave_capture_over(mine);
+  end_raw_capture(handed);   /* other code ends the left-over capture */
+  begin_raw_capture(handed); /* and begins its own */
+  TU_ERR(cusafe_graph_launch(g, mine), CUSAFE_ERROR_CAPTURING,
+         "a graph replay cannot be done: stream 0x%016llx is being "
+         "captured by other code",
+         (unsigned long long)mine);
+  end_raw_capture(handed);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(b));
+  TU_OK(cusafe_stream_release(mine));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* The same for a free's fallback: it looks at the streams that other code
+ * may capture once the left-over marks are ended, and parks instead of
+ * synchronising the device. */
+START_TEST(test_fallback_after_leftover_ended_by_other_code) {
+  cusafe_stream s = new_stream(), mine = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
+  void *handed = NULL;
+  TU_OK(cusafe_stream_interop_handle(&handed, mine));
+  leave_capture_over(mine);
+  end_raw_capture(handed);
+  begin_raw_capture(handed);
+  size_t syncs = fake_log_count("cudaDeviceSynchronize");
+  fake_fail_function("cudaFreeAsync", cudaErrorUnknown);
+  TU_OK(cusafe_buffer_release(b)); /* parks, as without the leftover */
+  fake_fail_clear();
+  ck_assert_msg(fake_log_count("cudaDeviceSynchronize") == syncs,
+                "the fallback synchronised the device while other code "
+                "captures a stream handed out");
+  end_raw_capture(handed);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
+  TU_OK(cusafe_stream_release(mine));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+
+/* A launch on a wrapper (all its buffers there: no lock) meets a buffer
+ * moved meanwhile and settles it; other code's capture of the wrapper's
+ * stream begins after the settle's look, so the hand-off's second look
+ * refuses.  The settle does not synchronise that stream (which would
+ * break the capture): the buffer follows it once the capture ends. */
+struct r4 {
+  cudaStream_t raw;
+  cusafe_buffer b;
+  cusafe_stream s2;
+};
+static void *r4_mover(void *arg) {
+  struct r4 *r = arg;
+  TU_OK(cusafe_buffer_fill(r->b, 0, N, 7, r->s2));
+  return NULL;
+}
+static void r4_after_launch(void *arg) {
+  struct r4 *r = arg;
+  pthread_t t;
+  pthread_create(&t, NULL, r4_mover, r);
+  pthread_join(t, NULL);
+  fake_set_call_hook("cudaStreamIsCapturing", begin_raw_capture, r->raw);
+}
+START_TEST(test_settle_while_other_code_begins_a_capture) {
+  struct r4 r = {.s2 = new_stream(), .b = new_buffer()};
+  cusafe_stream w = CUSAFE_NULL_HANDLE;
+  r.raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, r.raw));
+  TU_OK(cusafe_buffer_fill(r.b, 0, N, 1, w));
+  cusafe_module mod = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&mod, ctx));
+  cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
+  cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, w};
+  size_t records = fake_log_count("cudaEventRecord");
+  size_t syncs = fake_log_count("cudaStreamSynchronize");
+  fake_set_call_hook("cudaLaunchKernel", r4_after_launch, &r);
+  (void)CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(r.b), CUSAFE_ARG_F32V(1.0f),
+                      CUSAFE_ARG_U64V(N / 4));
+  /* The mover's hand-off and the settle's, recorded into the capture. */
+  ck_assert_uint_eq(fake_log_count("cudaEventRecord"), records + 2);
+  ck_assert_msg(fake_log_count("cudaStreamSynchronize") == syncs,
+                "cs_buffer_settle synchronised a stream that other code "
+                "captures");
+  end_raw_capture(r.raw);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(mod));
+  TU_OK(cusafe_buffer_release(r.b));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(r.raw);
+  TU_OK(cusafe_stream_release(r.s2));
+}
+END_TEST
+#endif
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -2992,6 +3234,10 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_free_falls_back_while_other_code_captures);
   tcase_add_test(tc, test_replay_on_stream_with_leftover);
   tcase_add_test(tc, test_context_synchronize_with_leftover);
+  tcase_add_test(tc, test_free_falls_back_with_leftover_and_legacy_wrapper);
+  tcase_add_test(tc, test_replay_after_leftover_ended_by_other_code);
+  tcase_add_test(tc, test_fallback_after_leftover_ended_by_other_code);
+  tcase_add_test(tc, test_settle_while_other_code_begins_a_capture);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
@@ -3010,6 +3256,9 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_peer_free_fails);
   tcase_add_test(tc, test_use_on_joined_stream_of_other_device);
   tcase_add_test(tc, test_peer_free_fails_during_capture);
+  tcase_add_test(tc, test_parked_wait_on_default_wrapper_of_other_device);
+  tcase_add_test(tc,
+                 test_handoffs_from_wrapper_while_other_code_begins_a_capture);
   suite_add_tcase(s, tc);
   tc = tcase_create("event_records"); /* two devices, as above */
   tcase_add_test(tc, test_record_into_capture_while_a_wait_looks);
