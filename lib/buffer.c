@@ -912,11 +912,10 @@ static cusafe_status device_fallback_gated(struct cs_context *ctx,
    * captures are ended (a wrapper of the legacy stream cannot be touched
    * while one runs on a blocking stream). */
   bool busy = c != NULL;
-  bool sync = !busy && cs_context_try_leftovers(ctx);
-  if (sync && cs_streams_lent_busy(ctx)) {
-    busy = true;
-    sync = false;
-  }
+  bool ended = !busy && cs_context_try_leftovers(ctx);
+  if (!busy && cs_streams_lent_busy(ctx))
+    busy = true; /* also where a left-over could not be ended */
+  bool sync = ended && !busy;
   cusafe_status st = CUSAFE_SUCCESS;
   if (busy && may_park)
     st = CS_PARK;

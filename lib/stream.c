@@ -73,8 +73,11 @@ static cusafe_status queue_point(struct cs_queue *q, bool record,
     *entry = cs_queue_entry(q);
     return CUSAFE_SUCCESS;
   }
-  if (record && cs_queue_has_leftover(q))
-    return cs_queue_leftover(q);
+  if (record && cs_queue_has_leftover(q)) {
+    cusafe_status st = cs_queue_leftover(q);
+    if (st != CUSAFE_SUCCESS)
+      return st;
+  }
   if (CS_UNLIKELY(q->borrowed) && cs_queue_untouchable(q))
     return CS_PARK;
   return CUSAFE_SUCCESS;
@@ -91,10 +94,16 @@ bool cs_queue_untouchable(struct cs_queue *q) {
   if (q->wraps_default) /* (the per-thread stream taken as the legacy one) */
     no = cs_cu->stream_is_capturing(cudaStreamLegacy, &cs) ==
          cudaErrorStreamCaptureImplicit;
-  else
+  else {
+    /* A left-over mark may hide a capture that other code began since
+     * the left-over one ended: the end (which only ends cusafe's own)
+     * finds that and takes the mark away first. */
+    if (cs_queue_capture(q) == NULL && cs_queue_has_leftover(q))
+      (void)cs_leftover_end(q->stream, q->ctx);
     no = cs_queue_capture(q) == NULL && !cs_queue_has_leftover(q) &&
          cs_cu->stream_is_capturing(q->stream, &cs) == cudaSuccess &&
          cs != cudaStreamCaptureStatusNone;
+  }
   cs_device_leave(saved);
   return no;
 }

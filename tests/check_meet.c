@@ -3179,6 +3179,150 @@ START_TEST(test_settle_while_other_code_begins_a_capture) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+/* A left-over mark on a stream handed out, whose capture other code
+ * ended before it began its own there: the mark no longer hides that
+ * capture from the looks at the stream (cs_queue_untouchable ends it
+ * first).  The free of pinned memory last used there parks instead of
+ * synchronising the stream. */
+static void *handed_with_stale_mark(cusafe_stream mine) {
+  void *handed = NULL;
+  TU_OK(cusafe_stream_interop_handle(&handed, mine));
+  leave_capture_over(mine);
+  end_raw_capture(handed);   /* other code ends the left-over capture */
+  begin_raw_capture(handed); /* and begins its own */
+  return handed;
+}
+START_TEST(test_pinned_free_after_leftover_ended_by_other_code) {
+  cusafe_stream mine = new_stream();
+  cusafe_buffer p = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_alloc(&p, ctx, CUSAFE_MEMORY_HOST_PINNED, N));
+  TU_OK(cusafe_stream_use_buffers(mine, &p, 1)); /* latest work on mine */
+  void *handed = handed_with_stale_mark(mine);
+  size_t syncs = fake_log_count("cudaStreamSynchronize");
+  TU_OK(cusafe_buffer_release(p)); /* must park, not synchronise */
+  ck_assert_msg(fake_log_count("cudaStreamSynchronize") == syncs,
+                "the free of pinned memory synchronised a stream that "
+                "other code captures");
+  end_raw_capture(handed);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_stream_release(mine));
+}
+END_TEST
+
+/* The same for device memory: the free parks instead of being queued
+ * into other code's capture. */
+START_TEST(test_device_free_after_leftover_ended_by_other_code) {
+  cusafe_stream mine = new_stream();
+  cusafe_buffer b = new_buffer();
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, mine)); /* latest work on mine */
+  void *handed = handed_with_stale_mark(mine);
+  size_t frees = fake_log_count("cudaFreeAsync");
+  TU_OK(cusafe_buffer_release(b)); /* must park */
+  ck_assert_msg(fake_log_count("cudaFreeAsync") == frees,
+                "the free was queued on a stream that other code captures");
+  end_raw_capture(handed);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_stream_synchronize(mine));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
+  TU_OK(cusafe_stream_release(mine));
+}
+END_TEST
+
+/* And cusafe_stream_synchronize() is refused, as without the mark. */
+START_TEST(test_stream_sync_after_leftover_ended_by_other_code) {
+  cusafe_stream mine = new_stream();
+  void *handed = handed_with_stale_mark(mine);
+  TU_ERR(cusafe_stream_synchronize(mine), CUSAFE_ERROR_CAPTURING,
+         "synchronizing cannot be done: stream 0x%016llx is being captured "
+         "by other code",
+         (unsigned long long)mine);
+  end_raw_capture(handed);
+  TU_OK(cusafe_stream_release(mine));
+}
+END_TEST
+#endif
+
+#ifdef CUSAFE_TEST_FAKE
+/* The waits for a wrapped buffer's latest work fail, a capture of
+ * cusafe's is left over that cannot be ended, and other code captures a
+ * wrapper: the give-back's fallback parks (it can neither synchronise the
+ * device nor give the memory back while its fill is queued). */
+START_TEST(test_give_back_with_stuck_leftover_while_other_code_captures) {
+  fake_set_paused(1);
+  cusafe_stream s = new_stream(), s2 = new_stream(), wf = CUSAFE_NULL_HANDLE;
+  cusafe_buffer owner, y = new_buffer();
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
+  TU_OK(cusafe_buffer_fill(w, 0, N, 7, s)); /* queued, not run (paused) */
+  TU_OK(cusafe_stream_begin_capture(s2));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, s2));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph graph = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&graph, s2), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  /* (cudaStreamEndCapture keeps failing: the left-over stays) */
+  cudaStream_t raw = other_capture_begin(&wf);
+  fake_fail_function("cudaStreamSynchronize", cudaErrorUnknown);
+  (void)cusafe_buffer_release(w);
+  int calls = g.calls;
+  fake_fail_clear();
+  ck_assert_msg(calls == 0,
+                "wrapped memory was given back (first byte %d, the fill "
+                "of 7 still queued) while nothing waited for its work",
+                g.first);
+  other_capture_end(raw, wf);
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_buffer_release(owner));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+#endif
+
+#ifdef CUSAFE_TEST_FAKE
+/* The settle of test_settle_while_other_code_begins_a_capture parks a
+ * follow of the buffer, pushed without a drain.  Other code's capture
+ * ends; the program releases the buffer and goes on launching: the
+ * launches drain, and the memory goes. */
+START_TEST(test_settle_park_drained_by_launches) {
+  size_t live0 = fake_live_allocations(0);
+  struct r4 r = {.s2 = new_stream(), .b = new_buffer()};
+  cusafe_stream w = CUSAFE_NULL_HANDLE;
+  r.raw = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w, ctx, r.raw));
+  TU_OK(cusafe_buffer_fill(r.b, 0, N, 1, w));
+  cusafe_module mod = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&mod, ctx));
+  cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
+  cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, w};
+  fake_set_call_hook("cudaLaunchKernel", r4_after_launch, &r);
+  (void)CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(r.b), CUSAFE_ARG_F32V(1.0f),
+                      CUSAFE_ARG_U64V(N / 4));
+  end_raw_capture(r.raw);
+  TU_OK(cusafe_buffer_release(r.b));
+  cusafe_buffer other = new_buffer();
+  for (int i = 0; i < 100; i++)
+    TU_OK(CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(other),
+                        CUSAFE_ARG_F32V(2.0f), CUSAFE_ARG_U64V(N / 4)));
+  unsigned char got[4];
+  TU_OK(cusafe_buffer_read(other, 0, got, 4));
+  ck_assert_msg(fake_live_allocations(0) == live0 + 1,
+                "%zu allocations live, %zu expected: the released buffer's "
+                "parked follow was never drained",
+                fake_live_allocations(0), live0 + 1);
+  TU_OK(cusafe_buffer_release(other));
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(mod));
+  TU_OK(cusafe_stream_release(w));
+  fake_foreign_stream_destroy(r.raw);
+  TU_OK(cusafe_stream_release(r.s2));
+}
+END_TEST
+#endif
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -3221,6 +3365,12 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_replay_after_leftover_ended_by_other_code);
   tcase_add_test(tc, test_fallback_after_leftover_ended_by_other_code);
   tcase_add_test(tc, test_settle_while_other_code_begins_a_capture);
+  tcase_add_test(tc, test_pinned_free_after_leftover_ended_by_other_code);
+  tcase_add_test(tc, test_device_free_after_leftover_ended_by_other_code);
+  tcase_add_test(tc, test_stream_sync_after_leftover_ended_by_other_code);
+  tcase_add_test(tc,
+                 test_give_back_with_stuck_leftover_while_other_code_captures);
+  tcase_add_test(tc, test_settle_park_drained_by_launches);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
