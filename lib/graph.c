@@ -1282,7 +1282,7 @@ CUSAFE_API CS_HOT cusafe_status cusafe_graph_launch(cusafe_graph graph,
   cs_unpin(cs_call_);
   if (CS_UNLIKELY(st == CS_SLOW))
     st = graph_launch_slow(graph, stream, cs_call_);
-  cs_parked_drain_maybe(); /* a settle may have parked (unpinned now) */
+  cs_parked_follows_drain_maybe(); /* a settle may have parked */
   return st;
 }
 

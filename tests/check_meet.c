@@ -3323,6 +3323,132 @@ START_TEST(test_settle_park_drained_by_launches) {
 END_TEST
 #endif
 
+#ifdef CUSAFE_TEST_FAKE
+/* A free parked while other code captured w1's stream; that capture ends
+ * (nothing of cusafe's sees it).  Other code then captures its stream raw2
+ * in global mode on this thread (as PyTorch's graphs do) and launches a
+ * cusafe kernel into it, which is legal.  The launch drains follows only:
+ * the parked free, a cudaFreeAsync that global mode forbids, waits for a
+ * later call, and other code's capture ends unharmed. */
+START_TEST(test_launch_into_global_capture_frees_nothing) {
+  cusafe_stream w1 = CUSAFE_NULL_HANDLE, w2 = CUSAFE_NULL_HANDLE;
+  cudaStream_t raw1 = fake_foreign_stream(0), raw2 = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w1, ctx, raw1));
+  TU_OK(cusafe_stream_wrap(&w2, ctx, raw2));
+  cusafe_buffer b = new_buffer(), y = new_buffer();
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, w2)); /* y's latest work on w2 */
+  TU_OK(cusafe_buffer_fill(b, 0, N, 1, w1));
+  cusafe_module mod = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&mod, ctx));
+  cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
+  begin_raw_capture(raw1);
+  TU_OK(cusafe_buffer_release(b)); /* parks: other code captures raw1 */
+  end_raw_capture(raw1);           /* unseen by cusafe */
+  TU_ASSERT(cs_cu->stream_begin_capture(raw2, cudaStreamCaptureModeGlobal) ==
+                cudaSuccess,
+            "other code's capture did not begin");
+  cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, w2};
+  size_t frees = fake_log_count("cudaFreeAsync");
+  TU_OK(CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(y), CUSAFE_ARG_F32V(1.0f),
+                      CUSAFE_ARG_U64V(N / 4)));
+  size_t frees_in_launch = fake_log_count("cudaFreeAsync") - frees;
+  end_raw_capture(raw2); /* must end well */
+  ck_assert_msg(frees_in_launch == 0, "the launch queued %zu frees",
+                frees_in_launch);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(mod));
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_stream_release(w1));
+  TU_OK(cusafe_stream_release(w2));
+  fake_foreign_stream_destroy(raw1);
+  fake_foreign_stream_destroy(raw2);
+}
+END_TEST
+
+/* A pinned buffer's free parked while other code captured the stream of
+ * its latest work; that capture ends unseen.  The next launch, on another
+ * stream, does not wait on the host for that stream (the parked free's
+ * wait): it drains follows only. */
+START_TEST(test_launch_does_not_wait_for_parked_free) {
+  cusafe_stream w1 = CUSAFE_NULL_HANDLE, s = new_stream();
+  cudaStream_t raw1 = fake_foreign_stream(0);
+  TU_OK(cusafe_stream_wrap(&w1, ctx, raw1));
+  cusafe_buffer p = CUSAFE_NULL_HANDLE, y = new_buffer();
+  TU_OK(cusafe_buffer_alloc(&p, ctx, CUSAFE_MEMORY_HOST_PINNED, N));
+  TU_OK(cusafe_stream_use_buffers(w1, &p, 1));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, s));
+  cusafe_module mod = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&mod, ctx));
+  cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
+  begin_raw_capture(raw1);
+  TU_OK(cusafe_buffer_release(p)); /* parks */
+  end_raw_capture(raw1);
+  cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, s};
+  size_t syncs = fake_log_count("cudaStreamSynchronize");
+  TU_OK(CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(y), CUSAFE_ARG_F32V(1.0f),
+                      CUSAFE_ARG_U64V(N / 4)));
+  ck_assert_msg(fake_log_count("cudaStreamSynchronize") == syncs,
+                "a launch synchronised another stream on the host (%zu)",
+                fake_log_count("cudaStreamSynchronize") - syncs);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(mod));
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_stream_release(w1));
+  TU_OK(cusafe_stream_release(s));
+  fake_foreign_stream_destroy(raw1);
+}
+END_TEST
+#endif
+
+#ifdef CUSAFE_TEST_FAKE
+/* test_give_back_with_stuck_leftover_while_other_code_captures, the
+ * failures lasting past other code's capture: once that capture ends, the
+ * next drain still cannot end the left-over capture, nor wait for the
+ * memory's work, and keeps the give-back parked instead of giving the
+ * memory back with its fill still queued. */
+START_TEST(test_give_back_parked_while_leftover_stuck) {
+  fake_set_paused(1);
+  cusafe_stream s = new_stream(), s2 = new_stream(), wf = CUSAFE_NULL_HANDLE;
+  cusafe_buffer owner, y = new_buffer();
+  struct given g;
+  cusafe_buffer w = wrap_noted(&owner, &g);
+  TU_OK(cusafe_buffer_fill(w, 0, N, 7, s)); /* queued, not run (paused) */
+  TU_OK(cusafe_stream_begin_capture(s2));
+  TU_OK(cusafe_buffer_fill(y, 0, N, 1, s2));
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  cusafe_graph graph = CUSAFE_NULL_HANDLE;
+  TU_ERR(cusafe_stream_end_capture(&graph, s2), CUSAFE_ERROR_CUDA,
+         "cudaStreamEndCapture failed: unknown error");
+  cudaStream_t raw = other_capture_begin(&wf);
+  fake_fail_function("cudaStreamSynchronize", cudaErrorUnknown);
+  (void)cusafe_buffer_release(w);
+  ck_assert_int_eq(g.calls, 0); /* parked, as the commit's test checks */
+  fake_fail_clear();
+  end_raw_capture(raw); /* other code's capture ends (CUDA lets it) */
+  fake_fail_function("cudaStreamEndCapture", cudaErrorUnknown);
+  fake_fail_function("cudaStreamSynchronize", cudaErrorUnknown);
+  cusafe_buffer z = new_buffer();
+  (void)cusafe_buffer_release(z); /* any call that drains */
+  int calls = g.calls;
+  fake_fail_clear();
+  ck_assert_msg(calls == 0,
+                "wrapped memory was given back (first byte %d, the fill "
+                "of 7 still queued) while nothing waited for its work",
+                g.first);
+  TU_OK(cusafe_stream_release(wf));
+  fake_foreign_stream_destroy(raw);
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_buffer_release(y));
+  TU_OK(cusafe_buffer_release(owner));
+  TU_OK(cusafe_stream_release(s2));
+  TU_OK(cusafe_stream_release(s));
+}
+END_TEST
+#endif
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -3371,6 +3497,9 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc,
                  test_give_back_with_stuck_leftover_while_other_code_captures);
   tcase_add_test(tc, test_settle_park_drained_by_launches);
+  tcase_add_test(tc, test_launch_into_global_capture_frees_nothing);
+  tcase_add_test(tc, test_launch_does_not_wait_for_parked_free);
+  tcase_add_test(tc, test_give_back_parked_while_leftover_stuck);
   tcase_add_test(tc, test_event_on_default_while_a_blocking_stream_captures);
   tcase_add_test(tc, test_parked_drops_drained_in_relaxed_mode);
   tcase_add_test(tc, test_parked_drops_looked_at_again);
