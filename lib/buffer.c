@@ -132,31 +132,17 @@ static _Atomic unsigned long parked_epoch_seen;
  * the last one -- or once every as many chances as entries wait (a
  * capture of other code's ends unseen): each entry is looked at about
  * once per operation, not once per entry per operation. */
-static void parked_drain(bool follows_only);
-
-/* The launches' and replays' own count and epoch: their drains of follows
- * only do not stand in for the others'. */
-static _Atomic size_t follow_skips;
-static _Atomic unsigned long follow_epoch_seen;
-
-static void drain_maybe(bool follows_only) {
+void cs_parked_drain_maybe(void) {
   if (CS_LIKELY(!atomic_load_explicit(&parked_any, memory_order_relaxed)))
     return;
-  _Atomic size_t *skips = follows_only ? &follow_skips : &parked_skips;
-  _Atomic unsigned long *seen =
-      follows_only ? &follow_epoch_seen : &parked_epoch_seen;
   unsigned long epoch = atomic_load(&cs_parked_epoch);
-  if (epoch == atomic_load(seen) &&
-      atomic_fetch_add(skips, 1) + 1 < atomic_load(&parked_count))
+  if (epoch == atomic_load(&parked_epoch_seen) &&
+      atomic_fetch_add(&parked_skips, 1) + 1 < atomic_load(&parked_count))
     return;
-  atomic_store(skips, 0);
-  atomic_store(seen, epoch);
-  parked_drain(follows_only);
+  atomic_store(&parked_skips, 0);
+  atomic_store(&parked_epoch_seen, epoch);
+  cs_parked_drain();
 }
-
-void cs_parked_drain_maybe(void) { drain_maybe(false); }
-
-void cs_parked_follows_drain_maybe(void) { drain_maybe(true); }
 
 static cusafe_status follow_or_wait(struct cs_buffer *b, struct cs_queue *q);
 static cudaError_t wait_or_device(struct cs_queue *q, bool *park);
@@ -277,24 +263,11 @@ static bool parked_do(struct parked *p) {
   return true;
 }
 
-/* Whether a call that wants every entry done came while a drain of
- * follows only ran: its next round does them all. */
-static _Atomic bool drain_all_wanted;
-
-void cs_parked_drain(void) { parked_drain(false); }
-
-/* With `follows_only` (a launch's or a replay's), only the follows are
- * done -- records and waits, which no capture of other code forbids --
- * not the ends of memory or the drops, which may synchronise or free
- * (CUDA refuses a free in another library's global-mode capture, and a
- * launch must not wait on the host). */
-static void parked_drain(bool follows_only) {
+void cs_parked_drain(void) {
   /* (Not in the ordered shutdown, which does the ends first and forgets
    * the follows, nor in a forked child.) */
   if (!atomic_load(&parked_any) || atomic_load(&cs_hot.state) != CS_RUNNING)
     return;
-  if (!follows_only)
-    atomic_store(&drain_all_wanted, true);
   unsigned seen = atomic_fetch_add(&drain_calls, 1);
   if (seen) /* a drain runs: it goes again */
     return;
@@ -304,7 +277,6 @@ static void parked_drain(bool follows_only) {
   struct cs_saved_error saved;
   cs_error_save(&saved);
   for (;;) {
-    bool only = !atomic_exchange(&drain_all_wanted, false) && follows_only;
     pthread_mutex_lock(&parked_lock);
     struct parked *all = parked_head;
     parked_head = NULL;
@@ -316,7 +288,7 @@ static void parked_drain(bool follows_only) {
       struct parked *p = all;
       all = p->next;
       taken++;
-      if ((only && (p->objs || p->end)) || !parked_do(p)) {
+      if (!parked_do(p)) {
         p->next = keep;
         keep = p;
         kept++;

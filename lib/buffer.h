@@ -106,9 +106,6 @@ cusafe_status cs_park_drops(struct cs_queue *q, struct cs_object *const *objs,
  * something, or once every as many calls as entries wait). */
 extern _Atomic unsigned long cs_parked_epoch;
 void cs_parked_drain_maybe(void);
-/* The same for launches and replays (a settle parks follows): only the
- * follows are done, never a free, a give-back or a host wait. */
-void cs_parked_follows_drain_maybe(void);
 /* Settles a launch queued on q without root's lock, which found that
  * root's operations moved to another queue meanwhile: orders that queue
  * after q. */

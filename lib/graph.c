@@ -1280,10 +1280,9 @@ CUSAFE_API CS_HOT cusafe_status cusafe_graph_launch(cusafe_graph graph,
   cs_pin(cs_call_);
   cusafe_status st = replay_fast(graph, stream);
   cs_unpin(cs_call_);
-  if (CS_UNLIKELY(st == CS_SLOW))
-    st = graph_launch_slow(graph, stream, cs_call_);
-  cs_parked_follows_drain_maybe(); /* a settle may have parked */
-  return st;
+  if (CS_LIKELY(st != CS_SLOW))
+    return st;
+  return graph_launch_slow(graph, stream, cs_call_);
 }
 
 /* Destroys the executable graph (legal with replays queued: CUDA frees it

@@ -297,7 +297,6 @@ cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
     for (size_t i = 0; i < sp.lb.ndrops; i++)
       cs_unref(sp.lb.drops[i]);
     space_free(&sp);
-    cs_parked_follows_drain_maybe(); /* a settle may have parked */
     if (CS_LIKELY(st != CS_RETRY))
       return st;
     cs_capture_yield(); /* a capture begins or ends on the stream */
