@@ -2573,11 +2573,19 @@ START_TEST(test_context_synchronize_while_other_code_captures) {
 }
 END_TEST
 
+static void end_raw_capture_hook(void *arg) { end_raw_capture(arg); }
+static void begin_then_end(void *arg) {
+  begin_raw_capture(arg);
+  fake_set_call_hook("cudaStreamIsCapturing", end_raw_capture_hook, arg);
+}
+
 /* Other code begins a capture of a wrapper's stream right after
  * cusafe_stream_use_buffers() looked at it: the buffer follows the
  * stream's work queued before that capture once it ends, as where the
- * capture began before the look -- the call succeeds, and the free comes
- * after other code's work on the buffer's memory. */
+ * capture began before the look.  With _i 1 the capture also ends again
+ * after the hand-off into the stream was refused: the buffer is chained
+ * again.  Either way the call succeeds, and the free comes after other
+ * code's work on the buffer's memory. */
 START_TEST(test_other_capture_begins_while_use_buffers_looks) {
   cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
   cudaStream_t raw = fake_foreign_stream(0);
@@ -2588,11 +2596,14 @@ START_TEST(test_other_capture_begins_while_use_buffers_looks) {
   TU_OK(cusafe_buffer_interop_pointer(&mem, b));
   TU_ASSERT(cs_cu->memset_async(mem, 0x11, N, raw) == cudaSuccess,
             "other code's memset failed");
-  fake_set_call_hook("cudaStreamIsCapturing", begin_raw_capture, raw);
+  fake_set_call_hook("cudaStreamIsCapturing",
+                     _i ? begin_then_end : begin_raw_capture, raw);
   TU_OK(cusafe_stream_use_buffers(w, &b, 1));
   TU_OK(cusafe_buffer_release(b));
-  end_raw_capture(raw);
+  if (!_i)
+    end_raw_capture(raw);
   TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_allocations(0), 0);
   TU_OK(cusafe_stream_release(w));
   fake_foreign_stream_destroy(raw);
   TU_OK(cusafe_stream_release(s));
@@ -2912,31 +2923,6 @@ static void fail_twice(const char *fn, cudaError_t err) {
   fake_fail_function(fn, err);
   fake_set_call_hook(fn, rehook_clear, (void *)fn);
 }
-
-/* Other code's capture of a wrapper's stream begins after
- * cusafe_stream_use_buffers() looked, and ends after the hand-off into it
- * was refused: the buffer is chained again, the call succeeds. */
-static void end_raw_capture_hook(void *arg) { end_raw_capture(arg); }
-static void begin_then_end(void *arg) {
-  begin_raw_capture(arg);
-  fake_set_call_hook("cudaStreamIsCapturing", end_raw_capture_hook, arg);
-}
-START_TEST(test_other_capture_begins_and_ends_while_use_buffers_looks) {
-  cusafe_stream s = new_stream(), w = CUSAFE_NULL_HANDLE;
-  cudaStream_t raw = fake_foreign_stream(0);
-  TU_OK(cusafe_stream_wrap(&w, ctx, raw));
-  cusafe_buffer b = new_buffer();
-  TU_OK(cusafe_buffer_fill(b, 0, N, 1, s));
-  fake_set_call_hook("cudaStreamIsCapturing", begin_then_end, raw);
-  TU_OK(cusafe_stream_use_buffers(w, &b, 1));
-  TU_OK(cusafe_buffer_release(b));
-  TU_OK(cusafe_context_synchronize(ctx));
-  ck_assert_uint_eq(fake_live_allocations(0), 0);
-  TU_OK(cusafe_stream_release(w));
-  fake_foreign_stream_destroy(raw);
-  TU_OK(cusafe_stream_release(s));
-}
-END_TEST
 
 /* Other code's capture of a wrapper's stream begins right after a
  * hand-off from that wrapper looked at it: the hand-off's record may be
@@ -3446,9 +3432,8 @@ static Suite *meet_suite(void) {
   tcase_add_test(tc, test_work_on_wrapper_that_other_code_captures);
   tcase_add_test(tc, test_replay_on_stream_that_other_code_captures);
   tcase_add_test(tc, test_context_synchronize_while_other_code_captures);
-  tcase_add_test(tc, test_other_capture_begins_while_use_buffers_looks);
-  tcase_add_test(tc,
-                 test_other_capture_begins_and_ends_while_use_buffers_looks);
+  tcase_add_loop_test(tc, test_other_capture_begins_while_use_buffers_looks, 0,
+                      2);
   tcase_add_test(tc, test_other_capture_begins_while_a_handoff_looks);
   tcase_add_test(tc, test_free_falls_back_while_other_code_captures);
   tcase_add_test(tc, test_replay_on_stream_with_leftover);
