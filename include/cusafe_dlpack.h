@@ -7,15 +7,17 @@
  * producer's deleter once, after the last reference and the last queued
  * work are gone.
  *
- * The structures are DLPack's own (dlpack/dlpack.h, DLPack 1.0 or newer):
- * include this header with it on the include path (pkg-config --cflags
- * cusafe gives the one cusafe was built with).  Both ABIs are served: the
- * versioned DLManagedTensorVersioned (DLPack >= 1.0, the one current
- * consumers ask for; cusafe produces version 1.x of the header it was built
- * with, flags 0) and the legacy DLManagedTensor (the `_legacy` calls, for
- * consumers that ask for no version).  The calls exist only when the
- * library was built with DLPack (./configure reports it); the Python
- * binding checks for them.
+ * The structures are DLPack 1.x's, as cusafe declares them itself
+ * (cusafe_dlpack_abi.h, installed beside this header: DLPack 1.3, checked
+ * against DLPack's own dlpack/dlpack.h wherever the build finds one), so
+ * nothing else is needed.  With DLPack's own header in the same file,
+ * include it first to get its declarations (cusafe_dlpack_abi.h then
+ * declares nothing); included after this header, it is empty.  Both ABIs
+ * are served: the versioned DLManagedTensorVersioned (DLPack >= 1.0, the
+ * one current consumers ask for; cusafe produces version
+ * CUSAFE_DLPACK_ABI_MAJOR.CUSAFE_DLPACK_ABI_MINOR, flags 0) and the legacy
+ * DLManagedTensor (the `_legacy` calls, for consumers that ask for no
+ * version).  Every build of the library has the calls.
  *
  * Data types.  A tensor's element is dtype.lanes values of dtype.bits
  * bits: its size, bits * lanes / 8 bytes, must be whole (sub-byte types are
@@ -26,7 +28,7 @@
 #ifndef CUSAFE_DLPACK_H
 #define CUSAFE_DLPACK_H
 
-#include <dlpack/dlpack.h>
+#include "cusafe_dlpack_abi.h"
 
 #include "cusafe.h"
 
@@ -69,8 +71,8 @@ extern "C" {
  *   strides in elements, or NULL for row-major order; stream [in] the
  *   consumer's stream (of buffer's context), or CUSAFE_NULL_HANDLE for
  *   none (see above).
- * Returns: CUSAFE_SUCCESS: *out is the tensor, version {1, minor of the
- *   header}, flags 0.
+ * Returns: CUSAFE_SUCCESS: *out is the tensor, of version
+ *   {CUSAFE_DLPACK_ABI_MAJOR, CUSAFE_DLPACK_ABI_MINOR}, flags 0.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, shape is NULL while ndim
  *   is not 0, ndim is out of range, a size is negative, or the element is
  *   not a whole number of bytes ("dtype of 4 bits x 1 lanes is not a whole

@@ -1,12 +1,11 @@
 /* dlpack.c -- buffers as DLPack tensors, out (a reference on the buffer
  * travels with the tensor) and in (the producer's deleter travels with the
  * wrapped buffer): interop keeps lifetimes (invariant 2 across the border;
- * shared/DESIGN.md, "Interop").  Built only with DLPack's header. */
+ * shared/DESIGN.md, "Interop").  Built in every build: the DLPack ABI is
+ * cusafe's own (cusafe_dlpack_abi.h). */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <dlpack/dlpack.h>
 
 #include "buffer.h"
 #include "context.h"
@@ -193,7 +192,8 @@ static cusafe_status export_tensor(struct exported **out, DLTensor *dl,
 static void *tensor_of(struct exported *e, const DLTensor *dl, bool versioned) {
   if (versioned) {
     DLManagedTensorVersioned *t = &e->tensor.versioned;
-    t->version = (DLPackVersion){DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    t->version =
+        (DLPackVersion){CUSAFE_DLPACK_ABI_MAJOR, CUSAFE_DLPACK_ABI_MINOR};
     t->manager_ctx = e;
     t->deleter = delete_versioned;
     t->flags = 0;
