@@ -20,24 +20,33 @@ CXX=${DLPACK_CHECK_CXX:-}
 case ${cusafe_dlpack_check:-no} in
 yes) ;;
 off)
-	echo "SKIP: dlpack-abi: the check is off (./configure --without-dlpack)"
+	echo "dlpack-abi: SKIP: the check is off (./configure --without-dlpack)"
 	exit 77 ;;
 *)
-	echo "SKIP: dlpack-abi: configure found no official dlpack/dlpack.h 1.0 or newer (--with-dlpack=DIR)"
+	echo "dlpack-abi: SKIP: configure found no official dlpack/dlpack.h 1.0 or newer (--with-dlpack=DIR)"
 	exit 77 ;;
 esac
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+passed=0
 compile() { # name, then the command (stderr must stay empty)
 	name=$1; shift
 	if "$@" -o "$tmp/o" >"$tmp/log" 2>&1 && ! test -s "$tmp/log"; then
-		echo "PASS: dlpack-abi: $name"
+		echo "dlpack-abi: PASS: $name"; passed=$((passed + 1))
 	else
-		echo "FAIL: dlpack-abi: $name"; sed 's/^/    /' "$tmp/log"; fail=1
+		echo "dlpack-abi: FAIL: $name"; sed 's/^/    /' "$tmp/log"; fail=1
 	fi
 }
 inc="-I$top_srcdir/include $DLPACK_CHECK_CPPFLAGS"
+# Which header, and which version: the log says what was checked.
+# shellcheck disable=SC2086
+official=$(printf '#include <dlpack/dlpack.h>\n' | $CC $inc -E - 2>/dev/null |
+	sed -n 's/^# *[0-9]* "\(.*dlpack\/dlpack\.h\)".*/\1/p' | head -n 1)
+# shellcheck disable=SC2086
+version=$(printf '#include <dlpack/dlpack.h>\nDLPACK_MAJOR_VERSION.DLPACK_MINOR_VERSION\n' |
+	$CC $inc -E -P - 2>/dev/null | tail -n 1 | tr -d ' ')
+echo "dlpack-abi: the official header: ${official:-?} (DLPack ${version:-?})"
 check=$top_srcdir/tests/dlpack_abi_check.c
 # shellcheck disable=SC2086
 compile "C11" $CC -std=c11 -Wall -Wextra $inc -c "$check"
@@ -45,7 +54,7 @@ if test -n "$CXX" && command -v "${CXX%% *}" >/dev/null 2>&1; then
 	# shellcheck disable=SC2086
 	compile "C++11" $CXX -x c++ -std=c++11 -Wall -Wextra $inc -c "$check"
 else
-	echo "SKIP: dlpack-abi: C++11 (no C++ compiler)"
+	echo "dlpack-abi: SKIP: C++11 (no C++ compiler)"
 fi
 for order in alone ours-first official-first; do
 	case $order in
@@ -67,4 +76,7 @@ EOT
 		compile "header $order, C++ ($std)" $CXX -x c++ -std=$std -Wall -Wextra $inc -c "$tmp/use.c"
 	fi
 done
+if test $fail -eq 0; then
+	echo "dlpack-abi: PASS: cusafe's DLPack declarations match DLPack ${version:-?} of $official ($passed compiles)"
+fi
 exit $fail

@@ -14,7 +14,7 @@ top_builddir=${top_builddir:-.}
 PYTHON=${PYTHON:-python3}
 
 if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
-	echo "pytest: SKIP: $PYTHON has no pytest (pip install pytest)"
+	echo "pytest: SKIP: $PYTHON has no pytest (Debian, Ubuntu: apt-get install python3-pytest)"
 	exit 77
 fi
 package_dir=${cusafe_package:-$top_srcdir/python}

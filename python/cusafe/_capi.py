@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import importlib
 import operator
 import os
 import threading
@@ -266,7 +267,8 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "cusafe_graph_launch": (c_status, [_h, _h]),
     "cusafe_graph_retain": (c_status, [_h]),
     "cusafe_graph_release": (c_status, [_h]),
-    # cusafe_dlpack.h (a library built with DLPack): tensors as addresses
+    # cusafe_dlpack.h (absent from a library built with --disable-dlpack):
+    # tensors as addresses
     "cusafe_buffer_to_dlpack": (c_status, [_P(_vp), _h, _sz, _DLDataType,
                                            ctypes.c_int32, _P(ctypes.c_int64),
                                            _P(ctypes.c_int64), _h]),
@@ -477,11 +479,11 @@ def _installed_library() -> Optional[str]:
     """The library's path that `make install` recorded beside this package
     (_config.py), or None for a package installed otherwise (pip)."""
     try:
-        from ._config import (  # type: ignore[import-not-found, unused-ignore]
-            LIBRARY)
+        config = importlib.import_module("._config", __package__)
     except ImportError:
         return None
-    return LIBRARY if os.path.exists(LIBRARY) else None
+    path = getattr(config, "LIBRARY", None)
+    return path if isinstance(path, str) and os.path.exists(path) else None
 
 
 def load(path: Optional[str] = None) -> Library:

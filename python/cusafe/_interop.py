@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence,
+                    Tuple, Union)
 
 from ._capi import (CusafeError, Memory, Status, _DLDataType, _call, _index,
                     _unsigned, c_enum, c_handle, library)
@@ -174,8 +174,8 @@ def _function_address(name: str) -> Optional[int]:
         return ctypes.cast(lib.cdll[name], ctypes.c_void_p).value
     except AttributeError:
         raise CusafeError(Status.NOT_SUPPORTED,
-                          "%s does not export %s (built without DLPack? "
-                          "./configure reports it)" % (lib.path, name), 0)
+                          "%s does not export %s (built with "
+                          "./configure --disable-dlpack?)" % (lib.path, name), 0)
 
 
 def _release_array(use_buffers: Callable[..., int],
@@ -189,6 +189,18 @@ def _release_array(use_buffers: Callable[..., int],
     use_buffers(0, handles, 1)  # nothing of cusafe's touches stream later
     release(buf)
     release(stream)
+
+
+class _Finalizer(Protocol):
+    """What an Array uses of its weakref.finalize (typed by shape: the
+    generic parameters of weakref.finalize differ between typeshed
+    versions)."""
+    atexit: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    def __call__(self, _: Any = None) -> Any: ...
 
 
 class Array(_Owner):
@@ -224,9 +236,7 @@ class Array(_Owner):
     _strides: Optional[Tuple[int, ...]]
     _offset: int
     _ptr: int
-    _finalizer: weakref.finalize[
-        [Callable[..., int], Callable[..., int], int, int,
-         ctypes.Array[ctypes.c_uint64]], Array]
+    _finalizer: _Finalizer
     _lent: bool
     _closed: bool
 

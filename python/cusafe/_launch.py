@@ -13,7 +13,7 @@ from ._capi import ArgKind, LaunchConfig, _call, _unsigned, library
 from ._objects import Buffer, _Object, _Owner, _provides, _stream_handle
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer as _BufferLike
+    from _typeshed import ReadableBuffer as _BufferLike
 
     from ._objects import Stream
 
@@ -208,9 +208,9 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
         elif _provides(a, "__cuda_array_interface__") or \
                 _provides(a, "__dlpack__"):
             # Another library's array (or a cusafe Array): wrapped for this
-            # launch, whose queued work then keeps it alive.  Probed on the
-            # type: reading a cusafe Array's interface would mark it lent,
-            # and its close() would then release nothing.
+            # launch, whose queued work then keeps it alive.  The probe
+            # looks at the class: reading a cusafe Array's interface would
+            # mark it lent, and its close() would then release nothing.
             buf = Buffer.wrap(a, stream=stream)
             fmt += "IIQ"
             values += (_K_BUFFER, 0, buf.handle)

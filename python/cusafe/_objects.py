@@ -16,7 +16,7 @@ from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     device_properties, library)
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer as _BufferLike
+    from _typeshed import ReadableBuffer as _BufferLike
 
     from ._capi import DeviceProperties
     from ._interop import Array
@@ -234,8 +234,9 @@ class _Object(_Owner):
                                           " " + extra if extra else "")
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and not self.closed and \
-            not other.closed and other._handle == self._handle
+        return isinstance(other, _Object) and type(other) is type(self) \
+            and not self.closed and not other.closed \
+            and other._handle == self._handle
 
     def __hash__(self) -> int:
         return hash((type(self), self._handle))
