@@ -1530,7 +1530,7 @@ CUSAFE_API cusafe_status cusafe_graph_release(cusafe_graph graph);
 
 /* Loads the kernels built into cusafe (from kernels/: fill, scale, axpy
  * and vector add for float and double, named cusafe_<op>_f32 / _f64; see
- * the README for their parameters).
+ * docs/guide.md, "Kernels", for their parameters).
  * Parameters: out [out] the new module; ctx [in] its context.
  * Returns: CUSAFE_SUCCESS: *out is the new module.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
