@@ -412,8 +412,9 @@ cusafe_device_get_properties(cusafe_device_properties *out, int device);
 /* Contexts                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* A context stands for one device: it retains the device's primary context
- * (shared with the CUDA runtime and other libraries such as CuPy) and owns a
+/* Creates the context of a device, or hands out its live one.  A context
+ * stands for one device: it retains the device's primary context (shared
+ * with the CUDA runtime and other libraries such as CuPy) and owns a
  * default stream.  There is one context per device: creating a context for a
  * device that already has a live one returns that same handle with one more
  * reference (a new context is made instead only while the live one's last
@@ -806,8 +807,9 @@ typedef enum cusafe_memory {
  * Returns: CUSAFE_SUCCESS: *out is the new buffer.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL, or kind is unknown.
  *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
- *   context.  CUSAFE_ERROR_OUT_OF_MEMORY: device or managed memory of more than
- * the device's total memory, no host memory, or the handle table is full.
+ *   context.  CUSAFE_ERROR_OUT_OF_MEMORY: device or managed memory of more
+ *   than the device's total memory, no host memory, or the handle table is
+ *   full.
  *   CUSAFE_ERROR_NOT_SUPPORTED: managed memory on a device without it.  A
  *   CUDA failure (cudaMallocAsync, cudaMallocHost, cudaMallocManaged; most
  *   often CUSAFE_ERROR_OUT_OF_MEMORY): its mapped status.
@@ -830,8 +832,8 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc(cusafe_buffer *out,
  * Returns: CUSAFE_SUCCESS: *out is the new buffer, of the stream's context.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
  *   CUSAFE_ERROR_INVALID_HANDLE: stream is NULL, forged, stale or not a
- *   stream.  CUSAFE_ERROR_OUT_OF_MEMORY: more than the device's total memory,
- * no host memory, or the handle table is full.  A CUDA failure
+ *   stream.  CUSAFE_ERROR_OUT_OF_MEMORY: more than the device's total
+ *   memory, no host memory, or the handle table is full.  A CUDA failure
  *   (cudaMallocAsync): its mapped status.  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.  *out is
  *   CUSAFE_NULL_HANDLE on every failure.
@@ -1505,10 +1507,11 @@ CUSAFE_API cusafe_status cusafe_graph_retain(cusafe_graph graph);
  * Errors: CUSAFE_ERROR_INVALID_HANDLE: graph is forged, stale (a double
  *   release) or not a graph.  A CUDA failure of the teardown
  *   (cudaGraphExecDestroy, cudaGraphDestroy, cudaStreamSynchronize): its
- *   mapped status; the graph is gone all the same.  After shutdown and in a
- * forked child: CUSAFE_SUCCESS, nothing done. Ownership: the caller owns one
- * reference less. Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every
- * call. Threads: thread-safe. */
+ *   mapped status; the graph is gone all the same.  After shutdown and in
+ *   a forked child: CUSAFE_SUCCESS, nothing done.
+ * Ownership: the caller owns one reference less.
+ * Handles: NULL: CUSAFE_SUCCESS, nothing done; others as every call.
+ * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_graph_release(cusafe_graph graph);
 
 /* ------------------------------------------------------------------------ */

@@ -98,11 +98,11 @@ extern "C" {
  *   once; its handles then go stale, as when a view holds the buffer): the
  *   memory stays valid until the deleter runs, and the stream's work
  *   before it.  The consumer's CUDA stream must be valid until the deleter
- *   has run.  The deleter may run on any
- * thread, at any time -- after the buffer's handle was released, after
- * cusafe_shutdown(), during exit -- and then only frees the tensor and drops
- * the reference (a no-op after shutdown, whose ordered teardown freed the
- * memory); it never prints. Handles: as every call (see the top of cusafe.h).
+ *   has run.  The deleter may run on any thread, at any time -- after the
+ *   buffer's handle was released, after cusafe_shutdown(), during exit --
+ *   and then only frees the tensor and drops the reference (a no-op after
+ *   shutdown, whose ordered teardown freed the memory); it never prints.
+ * Handles: as every call (see the top of cusafe.h).
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_to_dlpack(
     DLManagedTensorVersioned **out, cusafe_buffer buffer, size_t offset,
