@@ -208,6 +208,8 @@ struct fkernel {
   char *name;
   enum builtin_op op;
   size_t elem;          /* built-in kernels: 4 (f32) or 8 (f64) */
+  size_t scalar_arg;    /* built-in kernels: the scalar's parameter */
+  size_t src_arg;       /* BI_AXPY: x's parameter */
   int maxthreads;       /* maxThreadsPerBlock */
   size_t static_shared; /* sharedSizeBytes */
   /* cudaFuncAttributeMaxDynamicSharedMemorySize, per device */
@@ -2344,22 +2346,30 @@ static cudaError_t fk_memset_async(void *ptr, int value, size_t size,
 #define SM_THREADS 2048
 #define SM_BLOCKS 32
 
-/* The kernels built into cusafe (from kernels/), with their layouts.  The
- * indices say which parameter is which for the semantics of exec_builtin. */
+/* The kernels built into cusafe (from kernels/), with their layouts, and
+ * the one of examples/extension, whose library embeds its own fat binary:
+ * a real image's contents are not read, so its kernels are emulated by
+ * name like the built-in ones.  The indices say which parameter is which
+ * for the semantics of exec_builtin: the output is parameter 0, n the
+ * last. */
 static const struct builtin_def {
   const char *name;
   enum builtin_op op;
   size_t elem;
   const char *params;
+  size_t scalar_arg; /* the scalar (fill, scale, axpy) */
+  size_t src_arg;    /* axpy: x */
 } builtin_defs[] = {
-    {"cusafe_fill_f32", BI_FILL, 4, "p 4 8"},
-    {"cusafe_fill_f64", BI_FILL, 8, "p 8 8"},
-    {"cusafe_scale_f32", BI_SCALE, 4, "p 4 8"},
-    {"cusafe_scale_f64", BI_SCALE, 8, "p 8 8"},
-    {"cusafe_axpy_f32", BI_AXPY, 4, "p 4 p 8"},
-    {"cusafe_axpy_f64", BI_AXPY, 8, "p 8 p 8"},
-    {"cusafe_vecadd_f32", BI_VECADD, 4, "p p p 8"},
-    {"cusafe_vecadd_f64", BI_VECADD, 8, "p p p 8"},
+    {"cusafe_fill_f32", BI_FILL, 4, "p 4 8", 1, 0},
+    {"cusafe_fill_f64", BI_FILL, 8, "p 8 8", 1, 0},
+    {"cusafe_scale_f32", BI_SCALE, 4, "p 4 8", 1, 0},
+    {"cusafe_scale_f64", BI_SCALE, 8, "p 8 8", 1, 0},
+    {"cusafe_axpy_f32", BI_AXPY, 4, "p 4 p 8", 1, 2},
+    {"cusafe_axpy_f64", BI_AXPY, 8, "p 8 p 8", 1, 2},
+    {"cusafe_vecadd_f32", BI_VECADD, 4, "p p p 8", 1, 0},
+    {"cusafe_vecadd_f64", BI_VECADD, 8, "p p p 8", 1, 0},
+    /* examples/extension/saxpy.cu: (y, x, a, n), y[i] = a * x[i] + y[i] */
+    {"myext_saxpy_f32", BI_AXPY, 4, "p p 4 8", 2, 1},
 };
 #define NBUILTINS (sizeof builtin_defs / sizeof builtin_defs[0])
 
@@ -2538,6 +2548,8 @@ static void make_builtin_kernels(struct flibrary *lib) {
       abort(); /* the table above is wrong */
     lib->kernels[lib->nkernels - 1].op = builtin_defs[i].op;
     lib->kernels[lib->nkernels - 1].elem = builtin_defs[i].elem;
+    lib->kernels[lib->nkernels - 1].scalar_arg = builtin_defs[i].scalar_arg;
+    lib->kernels[lib->nkernels - 1].src_arg = builtin_defs[i].src_arg;
   }
 }
 
@@ -2904,7 +2916,7 @@ static void exec_builtin(const struct fkernel *k, const char *what,
     if (k->pointer[i] && !check_builtin_range(k, what, v, i, n))
       return;
   unsigned char *p0 = arg_pointer(k, v, 0);
-  const unsigned char *scalar = v + k->poffset[1];
+  const unsigned char *scalar = v + k->poffset[k->scalar_arg];
   for (size_t i = 0; i < n; i++) {
     size_t off = i * k->elem;
     if (k->elem == 4) {
@@ -2917,10 +2929,10 @@ static void exec_builtin(const struct fkernel *k, const char *what,
         x *= s;
         memcpy(p0 + off, &x, 4);
         break;
-      case BI_AXPY: /* y = a * x + y: (y, a, x, n) */
+      case BI_AXPY: /* y = a * x + y: (y, a, x, n) or (y, x, a, n) */
         memcpy(&y, p0 + off, 4);
         memcpy(&s, scalar, 4);
-        memcpy(&x, (unsigned char *)arg_pointer(k, v, 2) + off, 4);
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, k->src_arg) + off, 4);
         y = s * x + y;
         memcpy(p0 + off, &y, 4);
         break;
@@ -2945,7 +2957,7 @@ static void exec_builtin(const struct fkernel *k, const char *what,
       case BI_AXPY:
         memcpy(&y, p0 + off, 8);
         memcpy(&s, scalar, 8);
-        memcpy(&x, (unsigned char *)arg_pointer(k, v, 2) + off, 8);
+        memcpy(&x, (unsigned char *)arg_pointer(k, v, k->src_arg) + off, 8);
         y = s * x + y;
         memcpy(p0 + off, &y, 8);
         break;

@@ -184,10 +184,14 @@ void fake_set_sticky_error(int device, cudaError_t err);
  *                                                     y[i] = a * x[i] + y[i]
  *         cusafe_vecadd_f32(float *c, const float *a, const float *b,
  *                           size_t n)                 c[i] = a[i] + b[i]
- *       and the same with double for _f64.  Their pointers must point at
- *       n elements of memory allocated through the fake (else a
- *       VIOLATION); a pointer not aligned to the element size faults as on
- *       a GPU: the device gets the sticky error cudaErrorMisalignedAddress.
+ *       and the same with double for _f64; and the kernel of the example
+ *       examples/extension (its library embeds a fat binary of its own):
+ *         myext_saxpy_f32(float *y, const float *x, float a, size_t n)
+ *                                                     y[i] = a * x[i] + y[i]
+ *       Their pointers must point at n elements of memory allocated
+ *       through the fake (else a VIOLATION); a pointer not aligned to
+ *       the element size faults as on a GPU: the device gets the sticky
+ *       error cudaErrorMisalignedAddress.
  *   (c) Anything else: cudaErrorInvalidKernelImage, or cudaErrorInvalidPtx
  *       for a text starting with ".version" or "//" (PTX).  A NULL image
  *       or path: cudaErrorInvalidValue; a file that cannot be read:
