@@ -12,12 +12,15 @@
  * against DLPack's own dlpack/dlpack.h wherever the build finds one), so
  * nothing else is needed.  With DLPack's own header in the same file,
  * include it first to get its declarations (cusafe_dlpack_abi.h then
- * declares nothing); included after this header, it is empty.  Both ABIs
+ * declares nothing); included after this header, it is empty, so headers
+ * that need more of it than cusafe declares (tvm-ffi's, for instance)
+ * fail to compile: include <dlpack/dlpack.h> before this header.  Both ABIs
  * are served: the versioned DLManagedTensorVersioned (DLPack >= 1.0, the
  * one current consumers ask for; cusafe produces version
  * CUSAFE_DLPACK_ABI_MAJOR.CUSAFE_DLPACK_ABI_MINOR, flags 0) and the legacy
  * DLManagedTensor (the `_legacy` calls, for consumers that ask for no
- * version).  Every build of the library has the calls.
+ * version).  Every build of the library has the calls, unless configured
+ * with --disable-dlpack.
  *
  * Data types.  A tensor's element is dtype.lanes values of dtype.bits
  * bits: its size, bits * lanes / 8 bytes, must be whole (sub-byte types are

@@ -231,6 +231,11 @@ cat "$tmp/cmake.log"
 found=$(sed -n 's/^cusafe_DIR:PATH=//p' "$tmp/consumer/build/CMakeCache.txt")
 test "$found" = "$cmake_dir" ||
 	fail "CMake found cusafe in '$found', not in $cmake_dir"
+# The target's link line carries the CUDA runtime.
+grep -q 'libcudart\.so' "$tmp/consumer/build/CMakeFiles/consumer.dir/link.txt" || {
+	cat "$tmp/consumer/build/CMakeFiles/consumer.dir/link.txt"
+	fail "the link line of cusafe::cusafe has no CUDA runtime"
+}
 ldd "$tmp/consumer/build/consumer" >"$tmp/ldd.log" 2>&1 || :
 grep -q "libcusafe\.so.* => $dest$libdir/" "$tmp/ldd.log" || {
 	cat "$tmp/ldd.log"

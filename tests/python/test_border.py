@@ -638,16 +638,24 @@ class StreamProtocol:
         return self.value
 
 
+STREAM_INTEGERS = (
+    (-2, ValueError, "stream must not be negative: -2"),
+    (2**64 + 1, OverflowError,
+     "stream 18446744073709551617 does not fit 64 bits"),
+    (1.0, TypeError, "float is not a CUDA stream"))
+
+
+@needs_dlpack
 def test_dlpack_stream_integers(buf):
     a = buf.as_array()
-    for stream, error, text in (
-            (-2, ValueError, "stream must not be negative: -2"),
-            (2**64 + 1, OverflowError,
-             "stream 18446744073709551617 does not fit 64 bits"),
-            (1.0, TypeError, "float is not a CUDA stream")):
+    for stream, error, text in STREAM_INTEGERS:
         with pytest.raises(error) as e:
             a.__dlpack__(stream=stream)
         assert text in str(e.value)
+
+
+def test_as_array_stream_integers(buf):
+    for stream, error, text in STREAM_INTEGERS:
         with pytest.raises(error) as e:
             buf.as_array(stream=stream)
         assert text in str(e.value)
