@@ -80,11 +80,18 @@ unset PYTHONWARNINGS MYEXT_LIBRARY
 
 # Runs myext.py from directory $1 with libmyext.so there, against the
 # fake (with $2 = fake) or the installed library (real); judges it.
+# Against the fake, CuPy (real CUDA) cannot take part: a module of that
+# name that refuses to import, first on the path, makes myext.py take its
+# path without CuPy.
+mkdir -p "$tmp/nocupy/cupy"
+echo 'raise ImportError("no CuPy with the fake CUDA")' \
+	>"$tmp/nocupy/cupy/__init__.py"
 run_myext() {
 	rc=0
 	if test "$2" = fake; then
 		CUSAFE_LIBRARY=$tmp/fake/libcusafe.so.0 \
 			LD_LIBRARY_PATH=$tmp/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+			PYTHONPATH=$tmp/nocupy${PYTHONPATH:+:$PYTHONPATH} \
 			"$PYTHON" "$tmp/src/myext.py" "$1/libmyext.so" \
 			>"$tmp/out" 2>"$tmp/err" || rc=$?
 	else
