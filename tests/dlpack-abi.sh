@@ -87,9 +87,10 @@ checked=
 same_minor=no
 # check_header DIR LABEL: every check against DIR/dlpack/dlpack.h (DIR
 # empty: the compiler's path).
+# (word splitting of $inc, $cc, $ours and $CXX wanted throughout)
+# shellcheck disable=SC2086
 check_header() {
 	dir=$1; label=$2; inc=${dir:+-I$dir}
-	# shellcheck disable=SC2086
 	minor=$(printf '#include <dlpack/dlpack.h>\nDLPACK_MAJOR_VERSION.DLPACK_MINOR_VERSION\n' |
 		$CC $inc -E -P -x c - 2>/dev/null | tail -n 1 | tr -d ' ')
 	case $minor in
@@ -139,14 +140,15 @@ check_header() {
 		C11) cc="$CC -std=c11 -x c" ;;
 		*) test -n "$CXX" || continue; cc="$CXX -std=c++11 -x c++" ;;
 		esac
-		# shellcheck disable=SC2086
 		compile "DLPack $v, $lang: dlpack_abi_dump.c with the official header" \
-			$cc -Wall -Wextra -DDUMP_OFFICIAL -I"$tmp" $inc "$dump" -o "$tmp/theirs" &&
-		# shellcheck disable=SC2086
+			$cc -Wall -Wextra -DDUMP_OFFICIAL -I"$tmp" $inc "$dump" -o "$tmp/theirs" ||
+			continue
 		compile "DLPack $v, $lang: dlpack_abi_dump.c with cusafe_dlpack_abi.h alone" \
 			$cc -Wall -Wextra -I"$tmp" $ours "$dump" -o "$tmp/ours" || continue
-		"$tmp/theirs" >"$tmp/theirs.out" && "$tmp/ours" >"$tmp/ours.out" ||
-			{ echo "dlpack-abi: FAIL: DLPack $v, $lang: a dump did not run"; fail=1; hfail=1; continue; }
+		if ! "$tmp/theirs" >"$tmp/theirs.out" || ! "$tmp/ours" >"$tmp/ours.out"; then
+			echo "dlpack-abi: FAIL: DLPack $v, $lang: a dump did not run"
+			fail=1; hfail=1; continue
+		fi
 		if diff "$tmp/theirs.out" "$tmp/ours.out" >"$tmp/diff"; then
 			passed=$((passed + 1))
 		else
@@ -157,11 +159,9 @@ check_header() {
 	done
 	# cusafe's header after the official one (adopting it).
 	check=$top_srcdir/tests/dlpack_abi_check.c
-	# shellcheck disable=SC2086
 	compile "DLPack $v, C11: dlpack_abi_check.c" \
 		$CC -std=c11 -Wall -Wextra $ours $inc -c "$check" -o "$tmp/o"
 	if test -n "$CXX"; then
-		# shellcheck disable=SC2086
 		compile "DLPack $v, C++11: dlpack_abi_check.c" \
 			$CXX -x c++ -std=c++11 -Wall -Wextra $ours $inc -c "$check" -o "$tmp/o"
 	fi
@@ -177,13 +177,11 @@ DLManagedTensorVersioned t = {{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION},
                               {0, {kDLCUDA, 0}, 1, {kDLFloat, 32, 1}, 0, 0, 0}};
 int f(void) { return (int)sizeof(DLManagedTensor) + CUSAFE_DLPACK_ABI_OFFICIAL; }
 EOT
-		# shellcheck disable=SC2086
 		compile "DLPack $v: header $order, C99" \
 			$CC -std=c99 -Wall -Wextra -Wpedantic $ours $inc -c "$tmp/use.c" -o "$tmp/o"
 		if test -n "$CXX"; then
 			std=c++98; test $order = official-first && std=c++11 # DLPack's own needs C++11
-			# shellcheck disable=SC2086
-			compile "DLPack $v: header $order, C++ ($std)" \
+				compile "DLPack $v: header $order, C++ ($std)" \
 				$CXX -x c++ -std=$std -Wall -Wextra $ours $inc -c "$tmp/use.c" -o "$tmp/o"
 		fi
 	done
