@@ -129,6 +129,15 @@ CUSAFE_API cusafe_status cusafe_buffer_to_dlpack_legacy(
  * managed memory.  The producer's queued work is not waited for: ask the
  * producer for the tensor on the stream that will use it (DLPack's
  * `stream` argument), or synchronise.
+ * Of the flags, READ_ONLY is refused (cusafe buffers are writable); IS_COPIED
+ * changes nothing (the tensor is cusafe's either way); with
+ * IS_SUBBYTE_TYPE_PADDED or without, an element must be whole bytes.  Bits
+ * that DLPack 1.3 does not define (those of a newer 1.x producer) are
+ * ignored, not refused: DLPack's minor versions only add, its
+ * specification asks no consumer to refuse unknown flags and the
+ * consumers of other libraries ignore them, so a flag that forbade what
+ * an older consumer does (writing, say) would need a new major version,
+ * which is refused.
  * Parameters: out [out] the new buffer; ctx [in] its context; tensor [in]
  *   the tensor (version 1.x, not read-only).
  * Returns: CUSAFE_SUCCESS: *out is the buffer, and cusafe owns the tensor.

@@ -37,7 +37,10 @@
  * declares, whichever comes first:
  *   - the official header first: this header declares nothing and uses
  *     its declarations (it only refuses a major version other than 1, and
- *     a pre-1.0 header, which has no DLManagedTensorVersioned);
+ *     a pre-1.0 header, which has no DLManagedTensorVersioned), except
+ *     what a 1.0 or 1.1 header lacks: in C the typedef name
+ *     DLManagedTensorVersioned (those declare only the struct tag), and
+ *     the flag DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED of 1.1;
  *   - this header first (or alone): it declares everything above and
  *     defines the official header's include guard, DLPACK_DLPACK_H_, so a
  *     later #include <dlpack/dlpack.h> is empty.
@@ -98,6 +101,12 @@
 #error "cusafe: dlpack/dlpack.h included first is older than DLPack 1.0"
 #elif DLPACK_MAJOR_VERSION != CUSAFE_DLPACK_ABI_MAJOR
 #error "cusafe: dlpack/dlpack.h included first is not of DLPack 1.x"
+#endif
+/* DLPack 1.0 and 1.1 declare `struct DLManagedTensorVersioned` with no
+ * typedef (1.2 added it): give C the name it has in every other case.  Only
+ * where missing -- C99 forbids repeating a typedef; C++ has the name. */
+#if !defined(__cplusplus) && DLPACK_MINOR_VERSION < 2
+typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 #endif
 /* A 1.0 header lacks the 1.1 flag: give it, it is only a number. */
 #ifndef DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
