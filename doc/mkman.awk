@@ -224,7 +224,7 @@ function parse_comment(f,    c, i, t, cur, names, k, n, m, last, idx, text, j) {
       }
       t = text
     }
-    if (t ~ ("[.;:)] +" secre ": "))
+    if (t ~ ("[.;:)] +" secre ": ") || t ~ ("^ +" secre ": "))
       err(FWHERE[f], FN[f] ": a section of its comment does not start a line: " trim(t))
     if (cur == "") {
       DESC_L[f, ++DESC_N[f]] = t

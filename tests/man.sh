@@ -30,15 +30,18 @@ test -f "$dir/pages" || fail "no doc/man/pages in $top_builddir or $top_srcdir (
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cusafe-man.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-# The pages of this build: the DLPack ones where the library has DLPack.
+# The pages of this build, as make install picks them: the DLPack ones
+# and cusafe.7 of both headers where the library has DLPack, else
+# cusafe-core.7 (of cusafe.h alone).
 while read -r page header; do
-	case $header in
-	cusafe_dlpack.h) test "${cusafe_dlpack:-no}" = yes || continue ;;
+	case $page:$header in
+	*:cusafe_dlpack.h | cusafe.7:*) test "${cusafe_dlpack:-no}" = yes || continue ;;
+	cusafe-core.7:*) test "${cusafe_dlpack:-no}" != yes || continue ;;
 	esac
 	echo "$page"
 done <"$dir/pages" >"$tmp/pages"
 sed -n 's/\.3$//p' "$tmp/pages" | LC_ALL=C sort -u >"$tmp/documented"
-grep -x 'cusafe\.7' "$tmp/pages" >/dev/null || fail "no cusafe.7 in $dir/pages"
+test "$(grep -c '\.7$' "$tmp/pages")" -eq 1 || fail "not one cusafe(7) in $dir/pages for this build"
 
 # (a) Pages against the library's exports (its shared library, else its
 # static archive's global functions of the cusafe_ prefix).
@@ -78,6 +81,18 @@ while read -r page; do
 		fi
 	fi
 done <"$tmp/pages"
+
+# (b2) Every page that a page of this build refers to is one of this
+# build: cusafe(7) of a library without DLPack names no DLPack page.
+while read -r page; do
+	grep -o -e '^\.BR [a-z_0-9]* (3)' -e '\\fB[a-z_0-9]*\\f[PR](3)' "$dir/$page" |
+		sed -e 's/^\.BR //; s/ (3)$//; s/^\\fB//; s/\\f[PR](3)$//' |
+		while read -r ref; do
+			grep -x "$ref" "$tmp/documented" >/dev/null ||
+				echo "$page refers to $ref(3), which this build has no page of"
+		done
+done <"$tmp/pages" >"$tmp/dangling"
+test ! -s "$tmp/dangling" || fail "$(cat "$tmp/dangling")"
 
 # (c) ERRORS and OWNERSHIP, each with text, on every page of section 3.
 while read -r page; do

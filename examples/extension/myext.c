@@ -42,6 +42,21 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct entry *entries;
 static size_t nentries, capacity;
 
+/* A child forked while another thread held the lock (loading a kernel)
+ * would wait for it forever: the child starts with a fresh lock and an
+ * empty cache.  Its cusafe handles are unusable anyway (CUSAFE_ERROR_FORKED),
+ * and the parent's memory behind the old entries is left alone. */
+static void child_after_fork(void) {
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  lock = fresh;
+  entries = NULL;
+  nentries = capacity = 0;
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) {
+  pthread_atfork(NULL, NULL, child_after_fork);
+}
+
 /* Sets *out to the kernel of ctx, with one reference of the caller's, so
  * that a concurrent myext_unload() cannot take it away during the launch.
  * Loads the kernel the first time. */
@@ -51,6 +66,7 @@ static cusafe_status kernel_of(cusafe_kernel *out, cusafe_context ctx) {
   cusafe_status st;
   unsigned char *image;
 
+  pthread_once(&atfork_once, register_atfork);
   pthread_mutex_lock(&lock);
   for (size_t i = 0; i < nentries; i++) {
     if (entries[i].ctx != ctx)
@@ -116,6 +132,7 @@ cusafe_status myext_saxpy(cusafe_stream stream, cusafe_buffer y,
   cusafe_kernel kernel = CUSAFE_NULL_HANDLE;
   cusafe_launch_config config;
   size_t ysize, xsize;
+  void *yp, *xp;
   size_t bytes = n > SIZE_MAX / sizeof(float) ? SIZE_MAX : n * sizeof(float);
   size_t blocks = n / BLOCK + (n % BLOCK != 0);
   cusafe_status st;
@@ -131,6 +148,20 @@ cusafe_status myext_saxpy(cusafe_stream stream, cusafe_buffer y,
              "(%zu bytes)",
              n, ysize, xsize);
     return CUSAFE_ERROR_OUT_OF_RANGE;
+  }
+  /* The kernel reads and writes whole floats: a view that starts between
+   * two would fault on the GPU, and the fault would break the context. */
+  if ((st = cusafe_buffer_interop_pointer(&yp, y)) != CUSAFE_SUCCESS)
+    return fail(st, "y");
+  if ((st = cusafe_buffer_interop_pointer(&xp, x)) != CUSAFE_SUCCESS)
+    return fail(st, "x");
+  if ((uintptr_t)yp % sizeof(float) != 0 ||
+      (uintptr_t)xp % sizeof(float) != 0) {
+    snprintf(message, sizeof message,
+             "myext_saxpy: %s does not start on a float (a view at an "
+             "offset that is not a multiple of 4 bytes)",
+             (uintptr_t)yp % sizeof(float) != 0 ? "y" : "x");
+    return CUSAFE_ERROR_INVALID_VALUE;
   }
   /* The kernel must be the one of the stream's context (cusafe refuses
    * another context's). */
@@ -170,6 +201,7 @@ cusafe_status myext_saxpy(cusafe_stream stream, cusafe_buffer y,
 cusafe_status myext_unload(void) {
   cusafe_status first = CUSAFE_SUCCESS;
 
+  pthread_once(&atfork_once, register_atfork);
   pthread_mutex_lock(&lock);
   for (size_t i = 0; i < nentries; i++) {
     cusafe_status st = cusafe_kernel_release(entries[i].kernel);

@@ -29,7 +29,9 @@ extern "C" {
  *   on y (a read, a copy) after it.
  * Errors: cusafe's status, never a crash: CUSAFE_ERROR_INVALID_HANDLE for
  *   a NULL, forged, released or wrong-type handle; CUSAFE_ERROR_OUT_OF_RANGE
- *   where y or x holds fewer than n floats; CUSAFE_ERROR_CONTEXT_MISMATCH
+ *   where y or x holds fewer than n floats; CUSAFE_ERROR_INVALID_VALUE
+ *   where y or x does not start on a float (a view at an offset that is
+ *   not a multiple of 4 bytes); CUSAFE_ERROR_CONTEXT_MISMATCH
  *   for handles of different contexts; those of loading the kernel and of
  *   cusafe_kernel_launch().  myext_last_error_message() says what was wrong
  *   and which argument.
@@ -37,7 +39,8 @@ extern "C" {
  *   soon as the call returns, the kernel keeps their memory alive.  The
  *   first call for a context loads the kernel into it and keeps it (see
  *   myext_unload()).
- * Threads: thread-safe. */
+ * Threads: thread-safe.  In a child forked from a process that used it,
+ *   cusafe's CUSAFE_ERROR_FORKED. */
 MYEXT_API cusafe_status myext_saxpy(cusafe_stream stream, cusafe_buffer y,
                                     cusafe_buffer x, float a, size_t n);
 

@@ -156,6 +156,10 @@ def main(argv):
     expect_error(lib, "more elements than the buffers hold",
                  Status.OUT_OF_RANGE, stream.handle, y.handle, x.handle, A,
                  N + 1)
+    with y.view(2, 4 * 16) as misaligned:
+        expect_error(lib, "a view that starts between two floats",
+                     Status.INVALID_VALUE, stream.handle, misaligned.handle,
+                     x.handle, A, 8)
 
     # ctx, stream, x, y and libmyext's kernel stay alive: cusafe destroys
     # them at exit, in order, before the CUDA runtime's own teardown.
