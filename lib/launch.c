@@ -250,7 +250,7 @@ ext_parse(struct launch_ext *x, const struct cs_kernel *k,
       break;
     }
   }
-  if (x->nonportable && !x->cluster_blocks)
+  if (x->given[CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER] && !x->cluster_blocks)
     return cs_fail(CUSAFE_ERROR_INVALID_CONFIGURATION,
                    "NON_PORTABLE_CLUSTER without a CLUSTER attribute");
   if (x->cluster_blocks) {

@@ -2050,6 +2050,10 @@ START_TEST(test_ex_refusals) {
   a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 1);
   TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
          "NON_PORTABLE_CLUSTER without a CLUSTER attribute");
+  /* Given with flag 0 too. */
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 0);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "NON_PORTABLE_CLUSTER without a CLUSTER attribute");
 
   /* The configuration's own checks come first. */
   a[0] = attr_cluster(2, 1, 1);
