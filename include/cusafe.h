@@ -1868,6 +1868,99 @@ cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
                        sizeof((const cusafe_arg[]){__VA_ARGS__}) /             \
                            sizeof(cusafe_arg))
 
+/* The attributes of a launch that cusafe_kernel_launch_ex() takes: one
+ * tagged value each, so that later attributes need no new call. */
+typedef enum cusafe_launch_attr_id {
+  /* value.dim: the thread block cluster, in blocks per dimension. */
+  CUSAFE_LAUNCH_ATTR_CLUSTER = 1,
+  /* value.flag 1: clusters of more than the portable 8 blocks (up to 16),
+   * which opts the kernel into them
+   * (cudaFuncAttributeNonPortableClusterSizeAllowed). */
+  CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER = 2,
+  /* value.flag 1: a cooperative grid, whose blocks may all wait for each
+   * other (cooperative_groups::this_grid().sync()). */
+  CUSAFE_LAUNCH_ATTR_COOPERATIVE = 3,
+  /* value.flag 1: programmatic dependent launch: the kernel may start
+   * before the previous kernel of its stream has completed, and waits for
+   * it with cudaGridDependencySynchronize(). */
+  CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION = 4,
+  /* value.priority: the kernel's priority, within
+   * cusafe_context_stream_priority_range(). */
+  CUSAFE_LAUNCH_ATTR_PRIORITY = 5
+} cusafe_launch_attr_id;
+
+/* One attribute of a launch: 24 bytes, plain, easy to build from C and
+ * ctypes. */
+typedef struct cusafe_launch_attr {
+  uint32_t id;       /* a cusafe_launch_attr_id */
+  uint32_t reserved; /* 0 */
+  union {
+    uint32_t dim[3];  /* CLUSTER: blocks in x, y, z; each >= 1 */
+    int32_t flag;     /* NON_PORTABLE_CLUSTER, COOPERATIVE,
+                         PROGRAMMATIC_SERIALIZATION: 0 or 1 */
+    int32_t priority; /* PRIORITY */
+    uint64_t pad[2];
+  } value;
+} cusafe_launch_attr;
+
+/* Launches `kernel` as cusafe_kernel_launch() does, with attributes: a
+ * thread block cluster, a cooperative grid, programmatic dependent launch
+ * or a priority.  With nattrs 0 it is cusafe_kernel_launch().  Every rule
+ * is checked before CUDA sees the launch, each with a message that names
+ * it:
+ *   - CLUSTER: the device supports clusters (cudaDevAttrClusterLaunch,
+ *     read with the device's properties when the context is made);
+ *     each cluster dimension is at least 1 and divides the grid's; the
+ *     cluster has at most 8 blocks, or 16 with NON_PORTABLE_CLUSTER 1
+ *     (the most any device allows); and the kernel can run with such
+ *     clusters at all (cudaOccupancyMaxActiveClusters is above 0).
+ *     NON_PORTABLE_CLUSTER without CLUSTER is refused.
+ *   - COOPERATIVE: the device supports it (cudaDevAttrCooperativeLaunch,
+ *     read likewise),
+ *     and the grid's blocks can all be resident at once: at most
+ *     cudaOccupancyMaxActiveBlocksPerMultiprocessor for the block and
+ *     shared memory times the device's multiprocessors.  With a cluster,
+ *     at most cudaOccupancyMaxActiveClusters times the cluster's blocks.
+ *   - PROGRAMMATIC_SERIALIZATION: compute capability 9.0 or above.
+ *   - PRIORITY: within cusafe_context_stream_priority_range() (CUDA would
+ *     clamp it silently).
+ * The checks of a kernel's occupancy are cached per kernel for the last
+ * shape asked.  Attributed launches may be captured into graphs like any
+ * other (CUDA keeps a programmatic dependency as a programmatic edge).
+ * Parameters: kernel [in], config [in] as cusafe_kernel_launch(); attrs
+ *   [in] nattrs attributes, each id at most once, NULL allowed when nattrs
+ *   is 0; nattrs [in] their number; args [in], nargs [in] as
+ *   cusafe_kernel_launch().
+ * Returns: CUSAFE_SUCCESS: the kernel is queued.
+ * Errors: those of cusafe_kernel_launch(), and: CUSAFE_ERROR_INVALID_VALUE:
+ *   attrs is NULL with nattrs > 0; an attribute of unknown id ("launch
+ *   attribute 0 has unknown id 9"), with reserved not 0, given twice, or a
+ *   flag other than 0 or 1 ("launch attribute 1 (COOPERATIVE) has flag 2;
+ *   0 or 1"); a priority outside the context's range ("launch attribute
+ *   0 (PRIORITY) of -7 is outside the device's stream priority range 0
+ *   (least) to -5 (greatest)").  CUSAFE_ERROR_INVALID_CONFIGURATION: a
+ *   cluster dimension of 0, one that does not divide the grid's, a cluster
+ *   above 8 blocks (16 with NON_PORTABLE_CLUSTER), NON_PORTABLE_CLUSTER
+ *   without CLUSTER, a kernel that cannot run with the cluster ("kernel k
+ *   cannot run with clusters of 16 blocks of 1024 threads: no cluster fits
+ *   an SM group (cudaOccupancyMaxActiveClusters is 0)"), a cooperative grid
+ *   larger than can be co-resident ("a cooperative grid of 300 blocks
+ *   exceeds the 264 that can be co-resident (2 per SM x 132 SMs)").
+ *   CUSAFE_ERROR_NOT_SUPPORTED: a device without cluster or cooperative
+ *   launch, programmatic serialization below compute capability 9.0.  A
+ *   CUDA failure (cudaKernelSetAttributeForDevice for the opt-in to
+ *   non-portable clusters, cudaOccupancyMaxActiveClusters,
+ *   cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaLaunchKernelExC):
+ *   its mapped status.  The kernel is not queued on failure.
+ * Ownership: as cusafe_kernel_launch(); attrs is read during the call
+ *   only.
+ * Handles: as cusafe_kernel_launch().
+ * Threads: as cusafe_kernel_launch(). */
+CUSAFE_API cusafe_status cusafe_kernel_launch_ex(
+    cusafe_kernel kernel, const cusafe_launch_config *config,
+    const cusafe_launch_attr *attrs, size_t nattrs, const cusafe_arg *args,
+    size_t nargs);
+
 /* Suggests a block size (threads, a multiple of the warp size) that gives
  * the kernel the highest occupancy with `shared_memory` bytes of dynamic
  * shared memory per block (the largest such size), and the grid that covers

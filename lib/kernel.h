@@ -37,6 +37,16 @@ struct cs_kernel {
   char *name;
   size_t static_shared;
   pthread_mutex_t limit_lock;
+  /* Attributed launches (launch.c), under limit_lock: whether the kernel
+   * was opted into non-portable cluster sizes on its device, and the
+   * occupancy last asked of CUDA, by the shape it was asked for. */
+  bool nonportable_cluster;
+  struct cs_occupancy {
+    bool valid;
+    uint32_t threads, cluster[3];
+    size_t shared;
+    int value;
+  } blocks_per_sm, active_clusters;
 };
 _Static_assert(offsetof(struct cs_kernel, param_size) == 128,
                "a launch reads two cache lines of a kernel");

@@ -51,6 +51,8 @@
 #define MAX_DEVICES 8
 #define DEFAULT_DEVICES 2
 #define DEFAULT_MEMORY_LIMIT ((size_t)1 << 30)
+#define SM_COUNT 132
+#define DEFAULT_CLUSTER_SMS 16 /* multiprocessors of a GPC */
 #define PRIORITY_LEAST 0
 #define PRIORITY_GREATEST (-5)
 
@@ -196,6 +198,9 @@ struct fdevice {
   uint64_t clock;      /* counts queued operations and records */
   unsigned peers;      /* devices whose memory this one's context reaches */
   unsigned pool_peers; /* devices that this one's memory pool lets in */
+  /* fake_set_launch_support, fake_set_compute_capability,
+   * fake_set_cluster_sms */
+  int cluster_launch, cooperative_launch, cc_major, cc_minor, cluster_sms;
   struct fstream legacy;
 };
 
@@ -214,6 +219,8 @@ struct fkernel {
   size_t static_shared; /* sharedSizeBytes */
   /* cudaFuncAttributeMaxDynamicSharedMemorySize, per device */
   int max_dynamic[MAX_DEVICES];
+  /* cudaFuncAttributeNonPortableClusterSizeAllowed, per device */
+  int nonportable[MAX_DEVICES];
   size_t nparams;
   size_t *psize, *poffset;
   unsigned char *pointer; /* per parameter: declared `p` */
@@ -242,6 +249,7 @@ struct fprogram {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_initialized;
 
+#define FAKE_MAX_LAUNCH_ATTRS 16
 #define PARAM_SPACE_MAX 32764 /* bytes of kernel parameters (CUDA 12.1+) */
 
 static struct {
@@ -294,6 +302,9 @@ static struct {
   char *nvrtc_options;        /* the options of the last nvrtcCompileProgram */
   unsigned char *launch_args; /* the argument values of the last launch */
   size_t launch_args_size;
+  /* The attributes of the last launch (none for cudaLaunchKernel). */
+  cudaLaunchAttribute launch_attrs[FAKE_MAX_LAUNCH_ATTRS];
+  size_t launch_nattrs;
   size_t param_space; /* bytes of parameters a kernel may take */
 
   struct fdevice dev[MAX_DEVICES];
@@ -390,6 +401,11 @@ static void set_defaults(void) {
     memset(d, 0, sizeof *d);
     d->managed = 1;
     d->limit = DEFAULT_MEMORY_LIMIT;
+    d->cluster_launch = 1;
+    d->cooperative_launch = 1;
+    d->cc_major = 9;
+    d->cc_minor = 0;
+    d->cluster_sms = DEFAULT_CLUSTER_SMS;
     d->legacy.device = i;
     d->legacy.builtin = 1;
   }
@@ -594,6 +610,7 @@ static void free_call_records(void) {
   free(g.launch_args);
   g.launch_args = NULL;
   g.launch_args_size = 0;
+  g.launch_nattrs = 0;
 }
 
 /* The call records survive the teardown (tests of the behaviour after it
@@ -1433,10 +1450,10 @@ static void fill_properties(struct cudaDeviceProp *p, int dev) {
   p->maxGridSize[1] = 65535;
   p->maxGridSize[2] = 65535;
   p->totalConstMem = 65536;
-  p->major = 9;
-  p->minor = 0;
+  p->major = d->cc_major;
+  p->minor = d->cc_minor;
   p->textureAlignment = 512;
-  p->multiProcessorCount = 132;
+  p->multiProcessorCount = SM_COUNT;
   p->integrated = 0;
   p->canMapHostMemory = 1;
   p->concurrentKernels = 1;
@@ -1451,7 +1468,8 @@ static void fill_properties(struct cudaDeviceProp *p, int dev) {
   p->regsPerMultiprocessor = 65536;
   p->managedMemory = d->managed;
   p->concurrentManagedAccess = d->managed;
-  p->cooperativeLaunch = 1;
+  p->cooperativeLaunch = d->cooperative_launch;
+  p->clusterLaunch = d->cluster_launch;
   p->sharedMemPerBlockOptin = 227 * 1024;
   p->maxBlocksPerMultiProcessor = 32;
   p->memoryPoolsSupported = 1;
@@ -1516,6 +1534,7 @@ static cudaError_t fk_device_get_attribute(int *value, enum cudaDeviceAttr attr,
   case cudaDevAttrManagedMemory: v = p.managedMemory; break;
   case cudaDevAttrConcurrentManagedAccess: v = p.concurrentManagedAccess; break;
   case cudaDevAttrCooperativeLaunch: v = p.cooperativeLaunch; break;
+  case cudaDevAttrClusterLaunch: v = p.clusterLaunch; break;
   case cudaDevAttrMaxSharedMemoryPerBlockOptin:
     v = (int)p.sharedMemPerBlockOptin;
     break;
@@ -2774,12 +2793,34 @@ static cudaError_t fk_kernel_set_attribute_for_device(
     if (value < -1 || value > 100)
       return leave(cudaErrorInvalidValue);
     return leave(cudaSuccess); /* a hint; nothing to model */
+  case cudaFuncAttributeNonPortableClusterSizeAllowed:
+    if (value != 0 && value != 1)
+      return leave(cudaErrorInvalidValue);
+    if (!g.dev[device].cluster_launch)
+      return leave(cudaErrorNotSupported);
+    k->nonportable[device] = value;
+    return leave(cudaSuccess);
   default: return leave(cudaErrorInvalidValue);
   }
 }
 
 /* A deterministic model of an H100-like multiprocessor: 2048 threads (in
  * whole warps), 32 blocks and 228 KiB of shared memory. */
+static int blocks_per_sm(const struct fkernel *k, int dev, size_t threads,
+                         size_t dynamic_shared) {
+  if (threads == 0 || threads > (size_t)k->maxthreads ||
+      dynamic_shared > (size_t)k->max_dynamic[dev])
+    return 0;
+  size_t warps = (threads + 31) / 32;
+  size_t n = SM_THREADS / (warps * 32);
+  if (n > SM_BLOCKS)
+    n = SM_BLOCKS;
+  size_t shared = k->static_shared + dynamic_shared;
+  if (shared && SM_SHARED / shared < n)
+    n = SM_SHARED / shared;
+  return (int)n;
+}
+
 static cudaError_t fk_occupancy_max_active_blocks(int *blocks, const void *func,
                                                   int block_size,
                                                   size_t dynamic_shared) {
@@ -2790,19 +2831,7 @@ static cudaError_t fk_occupancy_max_active_blocks(int *blocks, const void *func,
       resolve_kernel("cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
   if (!blocks || block_size <= 0)
     return leave(cudaErrorInvalidValue);
-  if (block_size > k->maxthreads ||
-      dynamic_shared > (size_t)k->max_dynamic[dev]) {
-    *blocks = 0;
-    return leave(cudaSuccess);
-  }
-  size_t warps = ((size_t)block_size + 31) / 32;
-  size_t n = SM_THREADS / (warps * 32);
-  if (n > SM_BLOCKS)
-    n = SM_BLOCKS;
-  size_t shared = k->static_shared + dynamic_shared;
-  if (shared && SM_SHARED / shared < n)
-    n = SM_SHARED / shared;
-  *blocks = (int)n;
+  *blocks = blocks_per_sm(k, dev, (size_t)block_size, dynamic_shared);
   return leave(cudaSuccess);
 }
 
@@ -2811,9 +2840,8 @@ static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static void (*launch_hook)(void *);
 static void *launch_hook_arg;
 
-static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
-                                    void **args, size_t shared_memory,
-                                    cudaStream_t stream) {
+/* What a launch does before anything else: the test's hook, the delay. */
+static void launch_prologue(void) {
   pthread_mutex_lock(&hook_lock);
   void (*hook)(void *) = launch_hook;
   void *hook_arg = launch_hook_arg;
@@ -2826,13 +2854,127 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     struct timespec ts = {delay / 1000000, (long)(delay % 1000000) * 1000};
     nanosleep(&ts, NULL);
   }
+}
+
+/* The cluster of a launch's attributes into c[3]: 1 if given. */
+static int attrs_cluster(const cudaLaunchAttribute *attrs, size_t n,
+                         unsigned c[3]) {
+  for (size_t i = 0; i < n; i++)
+    if (attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      c[0] = attrs[i].val.clusterDim.x;
+      c[1] = attrs[i].val.clusterDim.y;
+      c[2] = attrs[i].val.clusterDim.z;
+      return 1;
+    }
+  return 0;
+}
+
+/* Checks a cluster of kernel k on device dev as CUDA does: the device
+ * supports clusters; no dimension 0; at most 8 blocks, or 16 once the
+ * kernel allows non-portable sizes. */
+static cudaError_t check_cluster(const struct fkernel *k, int dev,
+                                 const unsigned c[3]) {
+  if (!g.dev[dev].cluster_launch)
+    return cudaErrorNotSupported;
+  if (!c[0] || !c[1] || !c[2])
+    return cudaErrorInvalidClusterSize;
+  uint64_t n = (uint64_t)c[0] * c[1] * (uint64_t)c[2];
+  if (n > (k->nonportable[dev] ? 16u : 8u))
+    return cudaErrorInvalidClusterSize;
+  return cudaSuccess;
+}
+
+/* Clusters of `cluster` blocks that can be resident at once: each lives
+ * on one GPC of cluster_sms multiprocessors (fake_set_cluster_sms). */
+static int active_clusters(const struct fkernel *k, int dev, size_t threads,
+                           size_t shared, uint64_t cluster) {
+  int sms = g.dev[dev].cluster_sms;
+  uint64_t per_gpc =
+      (uint64_t)blocks_per_sm(k, dev, threads, shared) * (uint64_t)sms;
+  return (int)((uint64_t)(SM_COUNT / sms) * (per_gpc / cluster));
+}
+
+static cudaError_t
+fk_occupancy_max_active_clusters(int *clusters, const void *func,
+                                 const cudaLaunchConfig_t *config) {
+  int dev;
+  ENTER_ON_DEVICE_OR_RETURN("cudaOccupancyMaxActiveClusters", STICKY, &dev);
+  struct fkernel *k = resolve_kernel("cudaOccupancyMaxActiveClusters", func);
+  if (!clusters || !config || (config->numAttrs && !config->attrs))
+    return leave(cudaErrorInvalidValue);
+  unsigned c[3];
+  if (!attrs_cluster(config->attrs, config->numAttrs, c))
+    return leave(cudaErrorInvalidClusterSize);
+  cudaError_t e = check_cluster(k, dev, c);
+  if (e != cudaSuccess)
+    return leave(e);
+  size_t threads = (size_t)config->blockDim.x * config->blockDim.y *
+                   (size_t)config->blockDim.z;
+  *clusters = active_clusters(k, dev, threads, config->dynamicSmemBytes,
+                              (uint64_t)c[0] * c[1] * (uint64_t)c[2]);
+  return leave(cudaSuccess);
+}
+
+/* Checks a launch's attributes as CUDA does (see fakecuda.h). */
+static cudaError_t check_attrs(const struct fkernel *k, int dev, dim3 grid,
+                               dim3 block, size_t shared,
+                               const cudaLaunchAttribute *attrs, size_t n) {
+  if (n > FAKE_MAX_LAUNCH_ATTRS)
+    return cudaErrorInvalidValue;
+  unsigned c[3] = {1, 1, 1};
+  int cluster = attrs_cluster(attrs, n, c);
+  uint64_t blocks = (uint64_t)grid.x * grid.y * (uint64_t)grid.z;
+  size_t threads = (size_t)block.x * block.y * (size_t)block.z;
+  if (cluster) {
+    cudaError_t e = check_cluster(k, dev, c);
+    if (e != cudaSuccess)
+      return e;
+    if (grid.x % c[0] || grid.y % c[1] || grid.z % c[2])
+      return cudaErrorInvalidClusterSize;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const cudaLaunchAttribute *a = &attrs[i];
+    switch (a->id) {
+    case cudaLaunchAttributeClusterDimension: break;
+    case cudaLaunchAttributeCooperative:
+      if (!a->val.cooperative)
+        break;
+      if (!g.dev[dev].cooperative_launch)
+        return cudaErrorNotSupported;
+      uint64_t most =
+          cluster ? (uint64_t)active_clusters(k, dev, threads, shared,
+                                              (uint64_t)c[0] * c[1] * c[2]) *
+                        c[0] * c[1] * c[2]
+                  : (uint64_t)blocks_per_sm(k, dev, threads, shared) * SM_COUNT;
+      if (blocks > most)
+        return cudaErrorCooperativeLaunchTooLarge;
+      break;
+    case cudaLaunchAttributeProgrammaticStreamSerialization:
+      if (a->val.programmaticStreamSerializationAllowed &&
+          g.dev[dev].cc_major < 9)
+        return cudaErrorNotSupported;
+      break;
+    case cudaLaunchAttributePriority: break; /* CUDA clamps it */
+    default: return cudaErrorInvalidValue;
+    }
+  }
+  return cudaSuccess;
+}
+
+/* The launch proper, of cudaLaunchKernel (no attributes) and
+ * cudaLaunchKernelExC. */
+static cudaError_t launch_common(const char *name, const void *func, dim3 grid,
+                                 dim3 block, void **args, size_t shared_memory,
+                                 cudaStream_t stream,
+                                 const cudaLaunchAttribute *attrs,
+                                 size_t nattrs) {
+  launch_prologue();
   struct fstream *s;
-  ENTER_ON_STREAM_OR_RETURN("cudaLaunchKernel", stream, 0, &s);
-  struct fkernel *k = resolve_kernel("cudaLaunchKernel", func);
+  ENTER_ON_STREAM_OR_RETURN(name, stream, 0, &s);
+  struct fkernel *k = resolve_kernel(name, func);
   if (k->lib->device != s->device)
-    violation("cudaLaunchKernel of kernel %s, loaded on device %d, on a "
-              "stream of device %d",
-              k->name, k->lib->device, s->device);
+    violation("%s of kernel %s, loaded on device %d, on a stream of device %d",
+              name, k->name, k->lib->device, s->device);
   cudaError_t e = sticky(s->device);
   if (e != cudaSuccess)
     return leave(e);
@@ -2844,18 +2986,21 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     return leave(cudaErrorInvalidConfiguration);
   if (shared_memory > (size_t)k->max_dynamic[s->device])
     return leave(cudaErrorInvalidValue);
+  if (nattrs && !attrs)
+    return leave(cudaErrorInvalidValue);
+  e = check_attrs(k, s->device, grid, block, shared_memory, attrs, nattrs);
+  if (e != cudaSuccess)
+    return leave(e);
   if (k->nparams && !args)
-    violation("cudaLaunchKernel of kernel %s, which has %zu parameter%s, "
-              "with args NULL",
-              k->name, k->nparams, plural(k->nparams));
+    violation("%s of kernel %s, which has %zu parameter%s, with args NULL",
+              name, k->name, k->nparams, plural(k->nparams));
   unsigned char *values = calloc(1, k->argbytes ? k->argbytes : 1);
   if (!values)
     return leave(cudaErrorMemoryAllocation);
   for (size_t i = 0; i < k->nparams; i++) {
     if (!args[i]) {
       free(values);
-      violation("cudaLaunchKernel of kernel %s with args[%zu] NULL", k->name,
-                i);
+      violation("%s of kernel %s with args[%zu] NULL", name, k->name, i);
     }
     memcpy(values + k->poffset[i], args[i], k->psize[i]);
   }
@@ -2863,11 +3008,32 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
   memcpy(copy, values, k->argbytes);
   g.launch_args = copy;
   g.launch_args_size = k->argbytes;
+  if (nattrs)
+    memcpy(g.launch_attrs, attrs, nattrs * sizeof *attrs);
+  g.launch_nattrs = nattrs;
   struct fop *o = new_op(OP_LAUNCH);
   o->kernel = k;
   o->staging = values;
   k->lib->queued++;
   return leave(enqueue(s, o));
+}
+
+static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
+                                    void **args, size_t shared_memory,
+                                    cudaStream_t stream) {
+  return launch_common("cudaLaunchKernel", func, grid, block, args,
+                       shared_memory, stream, NULL, 0);
+}
+
+static cudaError_t fk_launch_kernel_ex(const cudaLaunchConfig_t *config,
+                                       const void *func, void **args) {
+  if (!config) { /* counted and logged like any call */
+    ENTER_OR_RETURN("cudaLaunchKernelExC", 0);
+    return leave(cudaErrorInvalidValue);
+  }
+  return launch_common("cudaLaunchKernelExC", func, config->gridDim,
+                       config->blockDim, args, config->dynamicSmemBytes,
+                       config->stream, config->attrs, config->numAttrs);
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
@@ -3925,6 +4091,8 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .kernel_set_attribute_for_device = fk_kernel_set_attribute_for_device,
     .occupancy_max_active_blocks = fk_occupancy_max_active_blocks,
     .launch_kernel = fk_launch_kernel,
+    .occupancy_max_active_clusters = fk_occupancy_max_active_clusters,
+    .launch_kernel_ex = fk_launch_kernel_ex,
     .stream_begin_capture = fk_stream_begin_capture,
     .stream_end_capture = fk_stream_end_capture,
     .stream_is_capturing = fk_stream_is_capturing,
@@ -4133,6 +4301,45 @@ FAKE_EXPORT void fake_set_call_hook(const char *name, void (*fn)(void *arg),
 
 FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds) {
   atomic_store(&launch_delay_us, microseconds);
+}
+
+FAKE_EXPORT void fake_set_launch_support(int device, int cluster,
+                                         int cooperative) {
+  check_control_device("fake_set_launch_support", device);
+  lock();
+  g.dev[device].cluster_launch = cluster != 0;
+  g.dev[device].cooperative_launch = cooperative != 0;
+  unlock();
+}
+
+FAKE_EXPORT void fake_set_compute_capability(int device, int major, int minor) {
+  check_control_device("fake_set_compute_capability", device);
+  if (major < 1 || minor < 0)
+    misuse("fake_set_compute_capability: no compute capability %d.%d", major,
+           minor);
+  lock();
+  g.dev[device].cc_major = major;
+  g.dev[device].cc_minor = minor;
+  unlock();
+}
+
+FAKE_EXPORT void fake_set_cluster_sms(int device, int sms) {
+  check_control_device("fake_set_cluster_sms", device);
+  if (sms < 1 || sms > SM_COUNT)
+    misuse("fake_set_cluster_sms: %d multiprocessors", sms);
+  lock();
+  g.dev[device].cluster_sms = sms;
+  unlock();
+}
+
+FAKE_EXPORT size_t fake_last_launch_attrs(cudaLaunchAttribute *dst,
+                                          size_t capacity) {
+  lock();
+  size_t n = g.launch_nattrs;
+  if (dst)
+    memcpy(dst, g.launch_attrs, (n < capacity ? n : capacity) * sizeof *dst);
+  unlock();
+  return n;
 }
 
 FAKE_EXPORT void fake_set_param_space(size_t bytes) {
