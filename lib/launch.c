@@ -139,9 +139,12 @@ static cusafe_status resolve_args(struct cs_kernel *k,
   for (size_t i = 0; i < nargs; i++) {
     const cusafe_arg *a = &args[i];
     unsigned kind = a->kind;
-    unsigned accepts = atomic_load_explicit(&kinds[i], memory_order_relaxed);
-    /* One bit test: a fixed-size kind that the parameter takes. */
-    if (CS_UNLIKELY(kind >= 16 || !((accepts >> kind) & 1))) {
+    /* One bit test: a fixed-size kind that the parameter takes (a
+     * relaxed load: a plain one). */
+    if (CS_UNLIKELY(
+            kind >= 16 ||
+            !((atomic_load_explicit(&kinds[i], memory_order_relaxed) >> kind) &
+              1))) {
       cusafe_status st = arg_unusual(k, a, i, &argv[i]);
       if (st != CUSAFE_SUCCESS)
         return st;
