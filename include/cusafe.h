@@ -1732,6 +1732,68 @@ CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
 CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
                                                   size_t capacity,
                                                   cusafe_kernel kernel);
+/* Declares the C types of the kernel's parameters, so that each launch
+ * checks every argument's kind against its parameter's type, not only its
+ * size: a pointer takes a buffer only (CUSAFE_ARG_BUFFER), an integer the
+ * integers of its width of either sign, float CUSAFE_ARG_F32 only, double
+ * CUSAFE_ARG_F64 only, bool CUSAFE_ARG_I8 or _U8; a struct, union, enum
+ * or any unknown type name takes bytes (CUSAFE_ARG_BYTES) and every other
+ * kind of its size.  For extern "C" kernels, whose names carry no types.
+ * A kernel whose name is mangled (C++, "_Z5scalePfi") has its types read
+ * from the name by cusafe_module_get_kernel(), and the built-in kernels
+ * have theirs; a declaration replaces those.  Where the types of a
+ * mangled name cannot be read or do not fit the parameters that CUDA
+ * reports, a kernel checks sizes only, as before.
+ * Parameters: kernel [in] the kernel; signature [in] a C parameter list,
+ *   NUL-terminated: "float *y, const float *x, float a, size_t n", names
+ *   optional ("float*, const float*, float, unsigned long"); "" or "void"
+ *   for none.  Types: the C integer types (char, short, int, long, long
+ *   long, signed, unsigned), bool, _Bool, float, double, size_t, ssize_t,
+ *   ptrdiff_t, intptr_t, uintptr_t, int8_t .. uint64_t, char16_t,
+ *   char32_t, wchar_t; "struct NAME", "union NAME", "enum NAME" and any
+ *   other identifier (ns::Name too) as a type of the kernel's size;
+ *   pointers to any of these, with any qualifiers (const, volatile,
+ *   restrict, __restrict__, __grid_constant__).
+ * Returns: CUSAFE_SUCCESS: the kernel's types are the declared ones, for
+ *   launches that start afterwards.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: signature is NULL; it cannot be
+ *   read ("cannot read the declaration \"float**x y\": parameter 0:
+ *   unexpected \"y\""); it has another number of parameters than the
+ *   kernel ("the declaration has 3 parameters, kernel k has 4"); or a
+ *   type's size is not its parameter's ("parameter 2 is declared double
+ *   (8 bytes), the kernel's is 4 bytes").  The kernel keeps its types on
+ *   failure.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale
+ *   or not a kernel.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: signature stays the caller's; the kernel keeps a copy.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; a launch on another thread during the call checks
+ *   against the old types or the new ones. */
+CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
+                                               const char *signature);
+/* Tells the kernel's signature as C: "scale(float*, int)", the name
+ * demangled where it was mangled ("kernel<float>(float*, int)"); where
+ * its types are unknown, its name and "(?)" ("my_kernel(?)").
+ * Parameters: out [out] NULL, or room for capacity bytes; capacity [in]
+ *   the bytes of out; length [out] the signature's length in bytes,
+ *   without its NUL; kernel [in] the kernel.
+ * Returns: CUSAFE_SUCCESS: *length is set and, if capacity > 0, out holds
+ *   the first min(*length, capacity - 1) bytes of the signature and a NUL
+ *   (truncated where *length >= capacity, as snprintf() does: call with
+ *   capacity 0 for the length, then with *length + 1).
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: length is NULL, or out is NULL with
+ *   capacity > 0.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged,
+ *   stale or not a kernel.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.  *length is 0 and out unchanged on
+ *   failure.
+ * Ownership: out stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; during a cusafe_kernel_declare() on another
+ *   thread it tells the old signature or the new one. */
+CUSAFE_API cusafe_status cusafe_kernel_get_signature(char *out, size_t capacity,
+                                                     size_t *length,
+                                                     cusafe_kernel kernel);
 
 /* The kind of one kernel argument. */
 typedef enum cusafe_arg_kind {
@@ -1805,10 +1867,11 @@ typedef struct cusafe_launch_config {
 
 /* Launches `kernel`.  Before launching it checks, each with its own status
  * and a message: the handles, the number of arguments and each one's size
- * against the kernel's parameters, grid, block and shared memory against
- * the kernel's and the device's limits, and that every buffer and the
- * stream belong to the kernel's context.  Buffers are passed as their
- * device address (a view at its offset) and stay alive until the kernel
+ * (and kind, where the kernel's types are known: see
+ * cusafe_kernel_declare()) against the kernel's parameters, grid, block and
+ * shared memory against the kernel's and the device's limits, and that every
+ * buffer and the stream belong to the kernel's context.  Buffers are passed as
+ * their device address (a view at its offset) and stay alive until the kernel
  * has completed, like every other operation on them (see "Ordering"
  * above).  Dynamic shared memory above the default limit is opted into
  * automatically.
@@ -1825,7 +1888,12 @@ typedef struct cusafe_launch_config {
  *   NULL.  CUSAFE_ERROR_INVALID_ARGUMENTS: nargs is not the kernel's
  *   parameter count ("kernel cusafe_axpy_f32 takes 4 arguments, 3 given");
  *   an argument of unknown kind, or whose size is not its parameter's
- *   ("argument 2 of kernel k is 4 bytes, parameter 2 is 8 bytes").
+ *   ("argument 2 of kernel k is 4 bytes, parameter 2 is 8 bytes"); where
+ *   the kernel's types are known (see cusafe_kernel_declare()), one whose
+ *   kind its parameter's type does not take ("argument 0 of kernel
+ *   scale(float*, int) is a 64-bit integer, parameter 0 is float*",
+ *   "argument 1 of kernel k(float*, Params) is 12 bytes, parameter 1 is
+ *   Params (16 bytes)").
  *   CUSAFE_ERROR_INVALID_CONFIGURATION: a grid or block dimension that is
  *   0 or above the device's limit, more threads per block than the kernel
  *   allows, or more dynamic shared memory than the device allows it.

@@ -9,6 +9,7 @@
  * kernel has completed (invariant 2).  The kernel, the stream and the
  * buffers are used without references, on a pinned thread: lib/README.md,
  * "Pins: launches without references", says why that is safe. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,39 +64,87 @@ struct launch_buffers {
   size_t nroots, ndrops;
 };
 
+/* What an argument of kind `a` is, in words: "a 64-bit integer". */
+static const char *kind_words(const cusafe_arg *a, char *buf, size_t n) {
+  static const char *const words[] = {
+      [CUSAFE_ARG_BUFFER] = "a buffer",
+      [CUSAFE_ARG_I8] = "an 8-bit integer",
+      [CUSAFE_ARG_U8] = "an unsigned 8-bit integer",
+      [CUSAFE_ARG_I16] = "a 16-bit integer",
+      [CUSAFE_ARG_U16] = "an unsigned 16-bit integer",
+      [CUSAFE_ARG_I32] = "a 32-bit integer",
+      [CUSAFE_ARG_U32] = "an unsigned 32-bit integer",
+      [CUSAFE_ARG_I64] = "a 64-bit integer",
+      [CUSAFE_ARG_U64] = "an unsigned 64-bit integer",
+      [CUSAFE_ARG_F32] = "a float",
+      [CUSAFE_ARG_F64] = "a double"};
+  if (a->kind < sizeof words / sizeof words[0] && words[a->kind])
+    return words[a->kind];
+  snprintf(buf, n, "%u bytes", a->size);
+  return buf;
+}
+
 /* Why argument i, whose kind parameter i does not accept as it is, is
- * wrong; or, for a bytes argument of the right size, its address in *arg. */
+ * wrong; or, for a bytes argument of the right size where the parameter
+ * takes bytes (its type is a struct, or unknown), its address in *arg. */
 __attribute__((cold, noinline)) static cusafe_status
-arg_unusual(const struct cs_kernel *k, const cusafe_arg *a, size_t i,
-            void **arg) {
+arg_unusual(struct cs_kernel *k, const cusafe_arg *a, size_t i, void **arg) {
   size_t size = arg_size(a), param_size = k->param_size[i];
   if (size == 0 && a->kind != CUSAFE_ARG_BYTES)
     return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                    "argument %zu has unknown kind %u", i, a->kind);
+  /* As many types as parameters, whichever signature is seen. */
+  const struct cs_signature *sig =
+      atomic_load_explicit(&k->sig, memory_order_acquire);
+  const struct cs_param_type *t = sig ? &sig->params[i] : NULL;
+  char buf[32];
+  if (size == param_size && a->kind == CUSAFE_ARG_BYTES &&
+      (!t || t->cls == CS_TYPE_OTHER)) {
+    if (!a->value.bytes)
+      return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes",
+                     i);
+    *arg = (void *)a->value.bytes;
+    return CUSAFE_SUCCESS;
+  }
+  if (t) {
+    char bytes[32] = "";
+    if (t->cls == CS_TYPE_OTHER)
+      snprintf(bytes, sizeof bytes, " (%zu bytes)", param_size);
+    return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                   "argument %zu of kernel %s is %s, parameter %zu is %.*s%s",
+                   i, sig->text, kind_words(a, buf, sizeof buf), i, (int)t->len,
+                   sig->text + t->off, bytes);
+  }
   if (size != param_size)
     return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
                    "argument %zu of kernel %s is %zu bytes, parameter %zu "
                    "is %zu bytes",
                    i, k->name, size, i, param_size);
-  if (!a->value.bytes)
-    return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "argument %zu has no bytes", i);
-  *arg = (void *)a->value.bytes;
-  return CUSAFE_SUCCESS;
+  /* A kind of the right size that the parameter's type refuses, whose
+   * types this thread has not seen yet (a declaration races the launch). */
+  return cs_fail(CUSAFE_ERROR_INVALID_ARGUMENTS,
+                 "argument %zu of kernel %s is %s, which parameter %zu does "
+                 "not take",
+                 i, k->name, kind_words(a, buf, sizeof buf), i);
 }
 
 /* Resolves every argument to the pointer cudaLaunchKernel wants (the
  * thread pinned: buffers are peeked at). */
-static cusafe_status resolve_args(const struct cs_kernel *k,
+static cusafe_status resolve_args(struct cs_kernel *k,
                                   const struct cs_context *ctx,
                                   const cusafe_arg *args, size_t nargs,
                                   void **argv, uint64_t *values,
                                   struct launch_buffers *lb) {
-  const uint16_t *kinds = cs_kernel_kinds(k);
+  _Atomic uint16_t *kinds = cs_kernel_kinds(k);
   for (size_t i = 0; i < nargs; i++) {
     const cusafe_arg *a = &args[i];
     unsigned kind = a->kind;
-    /* One bit test: a fixed-size kind of the parameter's size. */
-    if (CS_UNLIKELY(kind >= 16 || !((kinds[i] >> kind) & 1))) {
+    /* One bit test: a fixed-size kind that the parameter takes (a
+     * relaxed load: a plain one). */
+    if (CS_UNLIKELY(
+            kind >= 16 ||
+            !((atomic_load_explicit(&kinds[i], memory_order_relaxed) >> kind) &
+              1))) {
       cusafe_status st = arg_unusual(k, a, i, &argv[i]);
       if (st != CUSAFE_SUCCESS)
         return st;

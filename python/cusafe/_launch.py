@@ -11,7 +11,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
 
 from ._capi import (ArgKind, LaunchAttr, LaunchAttrId, LaunchConfig, _call,
                     _unsigned, library)
-from ._objects import Buffer, _Object, _Owner, _provides, _stream_handle
+from ._objects import (Buffer, _encode, _Object, _Owner, _provides,
+                       _stream_handle)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer as _BufferLike
@@ -416,8 +417,9 @@ class Kernel(_Object):
     """A kernel of a module (Module.kernel), which it keeps alive; queued
     launches keep the kernel and their buffers alive until done.  Every
     launch is checked against the kernel's real parameters (count and
-    sizes): a mismatch raises CusafeError INVALID_ARGUMENTS naming the
-    argument.  Methods of a closed Kernel raise ValueError."""
+    sizes, and types where they are known: see signature and declare()):
+    a mismatch raises CusafeError INVALID_ARGUMENTS naming the argument.
+    Methods of a closed Kernel raise ValueError."""
 
     __slots__ = ("_name", "_pack")
     _name: str
@@ -444,6 +446,43 @@ class Kernel(_Object):
         _call("cusafe_kernel_get_params", ctypes.byref(count), sizes,
               count.value, self.handle)
         return list(sizes[:count.value])
+
+    @property
+    def signature(self) -> str:
+        """The kernel's parameters as C, "scale(float*, int)": read from a
+        C++ kernel's mangled name (the name demangled), the built-in
+        kernels' own, or declared (declare()).  Where the types are
+        unknown, the name and "(?)" ("my_kernel(?)"): launches then check
+        the arguments' sizes only."""
+        length = ctypes.c_size_t(0)
+        _call("cusafe_kernel_get_signature", None, 0, ctypes.byref(length),
+              self.handle)
+        while True:  # a declaration on another thread may change it
+            text = ctypes.create_string_buffer(length.value + 1)
+            _call("cusafe_kernel_get_signature", text, len(text),
+                  ctypes.byref(length), self.handle)
+            if length.value < len(text):
+                return text.value.decode("utf-8", "replace")
+
+    def declare(self, signature: str) -> None:
+        """Declares the C types of the kernel's parameters, for kernels
+        whose names carry none (extern "C"): a C parameter list such as
+        "float *y, const float *x, float a, size_t n" (names optional;
+        "" for none).  Every launch then checks each argument's type, not
+        only its size: a pointer takes a Buffer (or another library's
+        array) only, an integer ints and the typed integers of its width
+        (I32 or U32 for int), float F32 only, double F64 (and floats) only;
+        a struct or another type name takes Bytes and every value of its
+        size.  The types replace those read from a C++ kernel's name.
+        Raises CusafeError INVALID_VALUE where the list cannot be read or
+        does not fit the kernel's parameters (their number, a type's
+        size; the kernel keeps its types then), TypeError for a signature
+        that is not a str, ValueError for one with a NUL character."""
+        if not isinstance(signature, str):
+            raise TypeError("signature must be a str, not %s"
+                            % type(signature).__name__)
+        _call("cusafe_kernel_declare", self.handle,
+              _encode(signature, "signature"))
 
     def suggest_config(self, n: int, shared: int = 0) -> Tuple[int, int]:
         """(grid, block) that covers n threads with the best occupancy,

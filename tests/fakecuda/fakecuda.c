@@ -3466,8 +3466,191 @@ static int add_param_decl(const struct fprogram *p, const char *src,
   return 1;
 }
 
-/* Finds `extern "C" __global__ void [__launch_bounds__(N[,...])] NAME(...)`
- * in the source and makes a FAKECUBIN image of them. */
+/* C++ kernels' names, mangled as the Itanium C++ ABI says (and nvcc
+ * does): _Z, the name's length and the name, then each parameter's type.
+ * Types that are not builtins (pointers, qualified types, class names)
+ * are substitution candidates: a later use of the same type is S_, S0_,
+ * S1_, ... */
+struct mangler {
+  char cand[64][128]; /* the candidates' codes, unsubstituted */
+  size_t n;
+};
+
+/* The code of a builtin type spelt `type` (blanks normalised), or NULL. */
+static const char *builtin_code(const char *type) {
+  static const struct {
+    const char *name, *code;
+  } codes[] = {
+      {"char", "c"},          {"signed char", "a"},
+      {"unsigned char", "h"}, {"int8_t", "a"},
+      {"uint8_t", "h"},       {"bool", "b"},
+      {"short", "s"},         {"unsigned short", "t"},
+      {"int16_t", "s"},       {"uint16_t", "t"},
+      {"int", "i"},           {"unsigned", "j"},
+      {"unsigned int", "j"},  {"float", "f"},
+      {"int32_t", "i"},       {"uint32_t", "j"},
+      {"long", "l"},          {"long long", "x"},
+      {"unsigned long", "m"}, {"unsigned long long", "y"},
+      {"size_t", "m"},        {"double", "d"},
+      {"int64_t", "l"},       {"uint64_t", "m"},
+      {"void", "v"},
+  };
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (strcmp(type, codes[i].name) == 0)
+      return codes[i].code;
+  return NULL;
+}
+
+/* Wraps the type (*canon, written *emit) in `prefix` ("P", "K", "VK"): a
+ * candidate met before is written as its substitution, a new one is
+ * remembered. */
+static void mangle_wrap(struct mangler *m, char *canon, char *emit,
+                        const char *prefix) {
+  char c[128], e[128];
+  if (prefix) {
+    snprintf(c, sizeof c, "%s%s", prefix, canon);
+    snprintf(e, sizeof e, "%s%s", prefix, emit);
+  } else {
+    snprintf(c, sizeof c, "%s", canon);
+    snprintf(e, sizeof e, "%s", emit);
+  }
+  for (size_t i = 0; i < m->n; i++)
+    if (strcmp(m->cand[i], c) == 0) {
+      static const char digits[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+      if (i == 0)
+        snprintf(e, sizeof e, "S_");
+      else if (i - 1 < 36)
+        snprintf(e, sizeof e, "S%c_", digits[i - 1]);
+      else
+        snprintf(e, sizeof e, "S%c%c_", digits[(i - 1) / 36],
+                 digits[(i - 1) % 36]);
+      break;
+    } else if (i + 1 == m->n && m->n < 64) {
+      snprintf(m->cand[m->n++], sizeof m->cand[0], "%s", c);
+      break;
+    }
+  if (m->n == 0)
+    snprintf(m->cand[m->n++], sizeof m->cand[0], "%s", c);
+  strcpy(canon, c);
+  strcpy(emit, e);
+}
+
+/* Appends the code of the parameter declaration [s, e) to *out; 0 for a
+ * type it cannot mangle (a struct passed by value, a template). */
+static int mangle_param(struct mangler *m, const char *s, const char *e,
+                        char **out, size_t *len) {
+  char type[100] = "", canon[128] = "", emit[128] = "";
+  const char *name = NULL;
+  size_t tl = 0, stars = 0, nwords = 0;
+  int cbase = 0, vbase = 0, cstar[8] = {0};
+  for (const char *q = s; q < e;) {
+    if (isspace((unsigned char)*q)) {
+      q++;
+    } else if (*q == '*') {
+      if (stars == 8)
+        return 0;
+      stars++;
+      q++;
+    } else if (is_ident_start((unsigned char)*q)) {
+      const char *b = q;
+      while (q < e && is_ident_char((unsigned char)*q))
+        q++;
+      size_t n = (size_t)(q - b);
+      if (n == 5 && !strncmp(b, "const", 5)) {
+        if (stars)
+          cstar[stars - 1] = 1;
+        else
+          cbase = 1;
+      } else if (n == 8 && !strncmp(b, "volatile", 8)) {
+        if (!stars)
+          vbase = 1;
+      } else if (is_qualifier(b, n)) {
+        /* restrict: no part of a parameter's type */
+      } else if (stars) {
+        if (name)
+          return 0;
+        name = b;
+      } else {
+        tl += (size_t)snprintf(type + tl, sizeof type - tl, "%s%.*s",
+                               nwords++ ? " " : "", (int)n, b);
+        if (tl >= sizeof type)
+          return 0;
+      }
+    } else {
+      return 0;
+    }
+  }
+  /* Without a '*', the last word may be the name. */
+  const char *code = builtin_code(type);
+  if (!code && !stars && nwords >= 2) {
+    char *sp = strrchr(type, ' ');
+    *sp = '\0';
+    code = builtin_code(type);
+  }
+  if (code) {
+    snprintf(canon, sizeof canon, "%s", code);
+    snprintf(emit, sizeof emit, "%s", code);
+  } else if (stars && nwords == 1) {
+    /* a pointer to a class: its name is a candidate */
+    snprintf(canon, sizeof canon, "%zu%s", strlen(type), type);
+    snprintf(emit, sizeof emit, "%s", canon);
+    mangle_wrap(m, canon, emit, NULL);
+  } else {
+    return 0;
+  }
+  if (!stars) { /* a parameter's own qualifiers are no part of its type */
+    append(out, len, "%s", emit);
+    return strcmp(code, "v") != 0;
+  }
+  if (cbase || vbase)
+    mangle_wrap(m, canon, emit, cbase && vbase ? "VK" : cbase ? "K" : "V");
+  for (size_t i = 0; i < stars; i++) {
+    mangle_wrap(m, canon, emit, "P");
+    if (cstar[i] && i + 1 < stars)
+      mangle_wrap(m, canon, emit, "K");
+  }
+  append(out, len, "%s", emit);
+  return 1;
+}
+
+/* The mangled name of C++ kernel NAME with the parameters [params, end),
+ * malloc'd; NULL where a type cannot be mangled. */
+static char *mangle_kernel(const char *name, size_t namelen, const char *params,
+                           const char *end) {
+  struct mangler m = {.n = 0};
+  char *out = NULL;
+  size_t len = 0;
+  append(&out, &len, "_Z%zu%.*s", namelen, (int)namelen, name);
+  const char *ps = params, *pe = end;
+  while (ps < pe && isspace((unsigned char)*ps))
+    ps++;
+  while (pe > ps && isspace((unsigned char)pe[-1]))
+    pe--;
+  if (pe == ps || (pe - ps == 4 && strncmp(ps, "void", 4) == 0)) {
+    append(&out, &len, "v");
+    return out;
+  }
+  int depth = 0;
+  const char *start = params;
+  for (const char *c = params; c <= end; c++) {
+    if (c < end && (*c == '(' || *c == '<' || *c == '['))
+      depth++;
+    else if (c < end && (*c == ')' || *c == '>' || *c == ']'))
+      depth--;
+    if (c == end || (depth == 0 && *c == ',')) {
+      if (depth || !mangle_param(&m, start, c, &out, &len)) {
+        free(out);
+        return NULL;
+      }
+      start = c + 1;
+    }
+  }
+  return out;
+}
+
+/* Finds `[extern "C"] __global__ void [__launch_bounds__(N[,...])]
+ * NAME(...)` in the source and makes a FAKECUBIN image of them, C++
+ * kernels under their mangled names. */
 static nvrtcResult fake_compile(struct fprogram *p, char **log) {
   char *src = strip_comments(p->source);
   char *img = NULL;
@@ -3514,16 +3697,19 @@ static nvrtcResult fake_compile(struct fprogram *p, char **log) {
         is_ident_char((unsigned char)g_at[10]))
       continue;
     char *b = g_at;
+    int cxx = 0; /* not extern "C": named mangled */
     while (b > src && isspace((unsigned char)b[-1]))
       b--;
-    if (b - src < 3 || strncmp(b - 3, "\"C\"", 3) != 0)
-      continue;
-    b -= 3;
-    while (b > src && isspace((unsigned char)b[-1]))
-      b--;
-    if (b - src < 6 || strncmp(b - 6, "extern", 6) != 0 ||
-        (b - 6 > src && is_ident_char((unsigned char)b[-7])))
-      continue;
+    if (b - src < 3 || strncmp(b - 3, "\"C\"", 3) != 0) {
+      cxx = 1;
+    } else {
+      b -= 3;
+      while (b > src && isspace((unsigned char)b[-1]))
+        b--;
+      if (b - src < 6 || strncmp(b - 6, "extern", 6) != 0 ||
+          (b - 6 > src && is_ident_char((unsigned char)b[-7])))
+        cxx = 1;
+    }
     char *q = g_at + 10;
     while (isspace((unsigned char)*q))
       q++;
@@ -3580,19 +3766,43 @@ static nvrtcResult fake_compile(struct fprogram *p, char **log) {
     if (!*q)
       continue;
     char *params_end = q;
+    if (cxx) {
+      /* The kernel's mangled name, or no kernel of a type the fake
+       * cannot mangle (a struct by value, a template's parameter). */
+      char *mangled = mangle_kernel(name, namelen, params, params_end);
+      if (!mangled)
+        continue;
+      for (size_t i = 0; i < nnames; i++)
+        if (!strcmp(names[i], mangled)) {
+          *log = format_log("%s(%d): error: function \"%.*s\" has already "
+                            "been defined",
+                            p->name, line_of(src, name), (int)namelen, name);
+          r = NVRTC_ERROR_COMPILATION;
+        }
+      if (r != NVRTC_SUCCESS) {
+        free(mangled);
+        break;
+      }
+      names = xrealloc(names, (nnames + 1) * sizeof *names);
+      names[nnames++] = mangled;
+      name = mangled;
+      namelen = strlen(mangled);
+    }
     int dup = 0;
     for (size_t i = 0; i < nnames; i++)
       if (strlen(names[i]) == namelen && !strncmp(names[i], name, namelen))
         dup = 1;
-    if (dup) {
+    if (dup && !cxx) {
       *log = format_log("%s(%d): error: function \"%.*s\" has already been "
                         "defined",
                         p->name, line_of(src, name), (int)namelen, name);
       r = NVRTC_ERROR_COMPILATION;
       break;
     }
-    names = xrealloc(names, (nnames + 1) * sizeof *names);
-    names[nnames++] = xstrndup(name, namelen);
+    if (!cxx) {
+      names = xrealloc(names, (nnames + 1) * sizeof *names);
+      names[nnames++] = xstrndup(name, namelen);
+    }
     append(&img, &len, "kernel %.*s", (int)namelen, name);
     if (maxthreads)
       append(&img, &len, " maxthreads=%lu", maxthreads);

@@ -295,8 +295,15 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * unsigned long, unsigned long long, size_t, double, int64_t, uint64_t: 8
  * (const, volatile, __restrict__ ignored); any other type is a compile
  * error with the log "NAME(LINE): error: unknown type \"DECLARATION\"".
- * __launch_bounds__(N) becomes maxthreads=N.  Kernels not declared
- * extern "C" are not in the image.  Logs carry no final newline; the log
+ * __launch_bounds__(N) becomes maxthreads=N.  A kernel not declared
+ * extern "C" is in the image under its mangled name, as nvcc and NVRTC
+ * mangle it (the Itanium C++ ABI): __global__ void scale(float *x, int n)
+ * is _Z5scalePfi, (float *y, const float *x, const float *z, float a,
+ * size_t n) is _Z4axpyPfPKfS1_fm (a type met again is a substitution,
+ * S_, S0_, ...); its parameters are the builtin types above and pointers
+ * to them or to a class named by one identifier; a C++ kernel with any
+ * other parameter (a struct by value, a template's) is not in the image.
+ * Logs carry no final newline; the log
  * size counts the NUL.  nvrtcGetCUBINSize / nvrtcGetCUBIN give the image
  * (the size counts its NUL), or 0 bytes when there is none (not compiled,
  * failed, or an -arch=compute_NN).  Programs count as alive until
