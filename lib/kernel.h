@@ -47,15 +47,18 @@ struct cs_kernel {
   char *name;
   size_t static_shared;
   pthread_mutex_t limit_lock;
-  /* Attributed launches (launch.c), under limit_lock: whether the kernel
-   * was opted into non-portable cluster sizes on its device, and the
-   * occupancy last asked of CUDA, by the shape it was asked for. */
-  bool nonportable_cluster;
+  /* Attributed launches (launch.c): whether the kernel was opted into
+   * non-portable cluster sizes on its device (set once, under limit_lock),
+   * and the occupancy last asked of CUDA, by the shape it was asked for.
+   * Each cache is written under limit_lock and read without a lock: seq
+   * is odd while it is written, and a reader that sees seq change, or
+   * odd, asks CUDA again.  threads 0 (no launch has it) marks it empty. */
+  _Atomic bool nonportable_cluster;
   struct cs_occupancy {
-    bool valid;
-    uint32_t threads, cluster[3];
-    size_t shared;
-    int value;
+    _Atomic uint32_t seq;
+    _Atomic uint32_t threads, cluster[3];
+    _Atomic uint64_t shared;
+    _Atomic int value;
   } blocks_per_sm, active_clusters;
 };
 _Static_assert(offsetof(struct cs_kernel, param_size) == 128,

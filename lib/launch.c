@@ -331,25 +331,47 @@ ext_parse(struct launch_ext *x, const struct cs_kernel *k,
   return CUSAFE_SUCCESS;
 }
 
-/* The occupancy `o` holds for this shape, if it holds one. */
-static bool occupancy_cached(struct cs_kernel *k, const struct cs_occupancy *o,
-                             uint32_t threads, const uint32_t cluster[3],
-                             size_t shared, int *value) {
-  pthread_mutex_lock(&k->limit_lock);
-  bool hit = o->valid && o->threads == threads && o->shared == shared &&
-             memcmp(o->cluster, cluster, sizeof o->cluster) == 0;
-  if (hit)
-    *value = o->value;
-  pthread_mutex_unlock(&k->limit_lock);
-  return hit;
+#define RELAXED memory_order_relaxed
+
+/* The occupancy `o` holds for this shape, if it holds one: read without a
+ * lock, against o's sequence count (kernel.h). */
+static bool occupancy_cached(const struct cs_occupancy *o, uint32_t threads,
+                             const uint32_t cluster[3], size_t shared,
+                             int *value) {
+  uint32_t seq = atomic_load_explicit(&o->seq, memory_order_acquire);
+  bool hit = !(seq & 1) &&
+             atomic_load_explicit(&o->threads, RELAXED) == threads &&
+             atomic_load_explicit(&o->shared, RELAXED) == shared;
+  for (int d = 0; d < 3; d++)
+    hit &= atomic_load_explicit(&o->cluster[d], RELAXED) == cluster[d];
+  int v = atomic_load_explicit(&o->value, RELAXED);
+  atomic_thread_fence(memory_order_acquire);
+  if (!hit || atomic_load_explicit(&o->seq, RELAXED) != seq)
+    return false;
+  *value = v;
+  return true;
+}
+
+/* Writes o, under k's limit_lock; threads 0 empties it. */
+static void occupancy_write(struct cs_occupancy *o, uint32_t threads,
+                            const uint32_t cluster[3], size_t shared,
+                            int value) {
+  uint32_t seq = atomic_load_explicit(&o->seq, RELAXED);
+  atomic_store_explicit(&o->seq, seq + 1, RELAXED);
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&o->threads, threads, RELAXED);
+  for (int d = 0; d < 3; d++)
+    atomic_store_explicit(&o->cluster[d], cluster[d], RELAXED);
+  atomic_store_explicit(&o->shared, shared, RELAXED);
+  atomic_store_explicit(&o->value, value, RELAXED);
+  atomic_store_explicit(&o->seq, seq + 2, memory_order_release);
 }
 
 static void occupancy_store(struct cs_kernel *k, struct cs_occupancy *o,
                             uint32_t threads, const uint32_t cluster[3],
                             size_t shared, int value) {
   pthread_mutex_lock(&k->limit_lock);
-  *o = (struct cs_occupancy){
-      true, threads, {cluster[0], cluster[1], cluster[2]}, shared, value};
+  occupancy_write(o, threads, cluster, shared, value);
   pthread_mutex_unlock(&k->limit_lock);
 }
 
@@ -364,16 +386,20 @@ ext_prepare(const struct launch_ext *x, struct cs_kernel *k,
   uint32_t threads = c->block[0] * c->block[1] * c->block[2]; /* <= 1024 */
   uint64_t blocks = (uint64_t)c->grid[0] * c->grid[1] * (uint64_t)c->grid[2];
   static const uint32_t no_cluster[3] = {0, 0, 0};
-  if (x->nonportable) {
+  if (x->nonportable &&
+      !atomic_load_explicit(&k->nonportable_cluster, memory_order_acquire)) {
     cusafe_status st = CUSAFE_SUCCESS;
     pthread_mutex_lock(&k->limit_lock);
-    if (!k->nonportable_cluster) {
+    if (!atomic_load_explicit(&k->nonportable_cluster, RELAXED)) {
       cudaError_t err = cs_cu->kernel_set_attribute_for_device(
           k->fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1,
           ctx->device);
       if (err == cudaSuccess) {
-        k->nonportable_cluster = true;
-        k->active_clusters.valid = false; /* larger clusters may fit now */
+        /* Larger clusters may fit now: the cache is emptied before the
+         * opt-in shows. */
+        occupancy_write(&k->active_clusters, 0, no_cluster, 0, 0);
+        atomic_store_explicit(&k->nonportable_cluster, true,
+                              memory_order_release);
       } else {
         st = cs_fail_cuda(err, "cudaKernelSetAttributeForDevice");
       }
@@ -384,7 +410,7 @@ ext_prepare(const struct launch_ext *x, struct cs_kernel *k,
   }
   int clusters = 0;
   if (x->cluster_blocks &&
-      !occupancy_cached(k, &k->active_clusters, threads, x->cluster,
+      !occupancy_cached(&k->active_clusters, threads, x->cluster,
                         c->shared_memory, &clusters)) {
     cudaLaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
@@ -425,7 +451,7 @@ ext_prepare(const struct launch_ext *x, struct cs_kernel *k,
     return CUSAFE_SUCCESS;
   }
   int per_sm = 0;
-  if (!occupancy_cached(k, &k->blocks_per_sm, threads, no_cluster,
+  if (!occupancy_cached(&k->blocks_per_sm, threads, no_cluster,
                         c->shared_memory, &per_sm)) {
     cudaError_t err = cs_cu->occupancy_max_active_blocks(
         &per_sm, (const void *)k->fn, (int)threads, c->shared_memory);
