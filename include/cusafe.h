@@ -1761,15 +1761,22 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
  *   unexpected \"y\""); it has another number of parameters than the
  *   kernel ("the declaration has 3 parameters, kernel k has 4"); or a
  *   type's size is not its parameter's ("parameter 2 is declared double
- *   (8 bytes), the kernel's is 4 bytes").  The kernel keeps its types on
- *   failure.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged, stale
- *   or not a kernel.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
+ *   (8 bytes), the kernel's is 4 bytes"); its types take more than 16384
+ *   bytes ("the declaration is too long: ...").  The kernel keeps its
+ *   types on failure.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL,
+ *   forged, stale or not a kernel.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.
- * Ownership: signature stays the caller's; the kernel keeps a copy.
+ * Ownership: signature stays the caller's; the kernel keeps a copy.  Each
+ *   declaration that changes the kernel's types keeps the replaced types
+ *   (a block of about the declaration's length) until the kernel is
+ *   destroyed, since a launch on another thread may be reading them;
+ *   declaring the types the kernel already has keeps nothing.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe; a launch on another thread during the call checks
- *   against the old types or the new ones. */
+ *   each argument against its parameter's old type or its new one (one
+ *   launch may meet old types for some parameters and new ones for
+ *   others). */
 CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
                                                const char *signature);
 /* Tells the kernel's signature as C: "scale(float*, int)", the name

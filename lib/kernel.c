@@ -311,7 +311,9 @@ CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
   const struct cs_signature *old =
       atomic_load_explicit(&k->sig, memory_order_relaxed);
   const char *name = old ? old->text : k->name;
-  int name_len = (int)(old ? old->name_len : strlen(k->name));
+  /* A name's first 1024 bytes are enough for messages. */
+  size_t full = old ? old->name_len : strlen(k->name);
+  int name_len = (int)(full < 1024 ? full : 1024);
   struct cs_signature *sig = NULL;
   char why[160];
   size_t i;
@@ -322,6 +324,12 @@ CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
   case 1:
     st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
                  "cannot read the declaration \"%.200s\": %s", signature, why);
+    break;
+  case 3:
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "the declaration is too long: its types take more than %d "
+                 "bytes",
+                 CS_SIG_TEXT_MAX);
     break;
   default: st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
@@ -334,10 +342,14 @@ CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
   } else if ((i = first_misfit(k, sig)) < k->nparams) {
     const struct cs_param_type *t = &sig->params[i];
     st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
-                 "parameter %zu is declared %.*s (%u bytes), the kernel's is "
-                 "%u bytes",
+                 "parameter %zu is declared %.*s (%u byte%s), the kernel's "
+                 "is %u byte%s",
                  i, (int)t->len, sig->text + t->off, (unsigned)t->size,
-                 (unsigned)k->param_size[i]);
+                 t->size == 1 ? "" : "s", (unsigned)k->param_size[i],
+                 k->param_size[i] == 1 ? "" : "s");
+  } else if (old && strcmp(old->text, sig->text) == 0) {
+    /* The types the kernel has (the same text, the same types): nothing
+     * to publish, and no block kept. */
   } else {
     publish(k, sig);
     sig = NULL;

@@ -80,7 +80,7 @@ static const char *kind_words(const cusafe_arg *a, char *buf, size_t n) {
       [CUSAFE_ARG_F64] = "a double"};
   if (a->kind < sizeof words / sizeof words[0] && words[a->kind])
     return words[a->kind];
-  snprintf(buf, n, "%u bytes", a->size);
+  snprintf(buf, n, "%u byte%s", a->size, a->size == 1 ? "" : "s");
   return buf;
 }
 

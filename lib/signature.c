@@ -851,9 +851,11 @@ static int declare_param(struct work *w, const char **p, size_t i,
   } else {
     w->len = mark;
     if (!classify(w, words, nwords, &base)) {
-      if (w->len > CS_SIG_TEXT_MAX - 64)
-        return 2; /* the arena is full: too long to be read */
       const char *end = words[nwords - 1].s + words[nwords - 1].n;
+      /* The arena is full, or would be: too long to be read. */
+      if (w->len > CS_SIG_TEXT_MAX - 64 ||
+          (size_t)(end - words[0].s) > CS_SIG_TEXT_MAX - 64 - w->len)
+        return 3;
       return refuse(why, why_size, i, "\"%s\" is not a type",
                     (struct word){words[0].s, (size_t)(end - words[0].s)});
     }
@@ -874,7 +876,7 @@ static int declare_param(struct work *w, const char **p, size_t i,
   for (size_t s = 0; ok && s < stars; s++)
     ok = puts_(w, "*") && (!cstar[s] || s + 1 == stars || puts_(w, " const"));
   if (!ok)
-    return 2;
+    return 3;
   *out = (struct ty){CS_TYPE_POINTER, 8, false, since(w, start)};
   return 0;
 }
@@ -887,7 +889,7 @@ int cs_signature_declare(struct cs_signature **out, const char *name,
   if (!w)
     return 2;
   size_t start = w->len;
-  int r = put(w, name, name_len) ? 0 : 2;
+  int r = put(w, name, name_len) ? 0 : 3;
   w->name = since(w, start);
   const char *p = decl;
   struct word t = token(&p);

@@ -55,7 +55,7 @@ struct cs_signature *cs_signature_demangle(const char *mangled);
  * names optional) as the parameters of kernel `name` (name_len bytes).  Returns
  * 0 and *out (malloc'd), 1 with `why` set where the list is not understood (the
  * words of a message: "parameter 0: unexpected \"y\""), 2 where no memory is
- * left. */
+ * left, 3 where the text passes CS_SIG_TEXT_MAX bytes. */
 int cs_signature_declare(struct cs_signature **out, const char *name,
                          size_t name_len, const char *decl, char *why,
                          size_t why_size);

@@ -520,7 +520,18 @@ START_TEST(test_declare_refused) {
   TU_ERR(cusafe_kernel_declare(k, "float*, int, double, float, size_t, "
                                   "struct Params, Handle, int"),
          CUSAFE_ERROR_INVALID_VALUE,
-         "parameter 7 is declared int (4 bytes), the kernel's is 1 bytes");
+         "parameter 7 is declared int (4 bytes), the kernel's is 1 byte");
+  /* A declaration whose types pass 16384 bytes. */
+  size_t n = 20000;
+  char *huge = malloc(n + 64);
+  ck_assert_ptr_nonnull(huge);
+  memcpy(huge, "float*, int, double, float, size_t, ", 36);
+  memset(huge + 36, 'P', n);
+  strcpy(huge + 36 + n, ", Handle, bool");
+  TU_ERR(cusafe_kernel_declare(k, huge), CUSAFE_ERROR_INVALID_VALUE,
+         "the declaration is too long: its types take more than 16384 "
+         "bytes");
+  free(huge);
   /* the kernel keeps its types after every refusal */
   SIG_EQ(k, "kt(float*, int, double, float, size_t, struct Params, Handle, "
             "bool)");
