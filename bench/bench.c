@@ -442,6 +442,12 @@ struct launch_case {
   cudaKernel_t raw_kernel;
   void **raw_args;
   cudaStream_t raw_stream;
+  /* Attributed launches (nattrs > 0): cusafe_kernel_launch_ex against
+   * cudaLaunchKernelExC of the same attributes, on grid_x blocks. */
+  const cusafe_launch_attr *attrs;
+  cudaLaunchAttribute *raw_attrs;
+  unsigned nattrs;
+  unsigned grid_x;
 };
 
 static void launch_sync(const struct launch_case *c) {
@@ -455,6 +461,34 @@ static void launch_sync(const struct launch_case *c) {
   }
 }
 
+/* launch_sample() of an attributed launch. */
+static double launch_ex_sample(const struct launch_case *c) {
+  uint64_t total = 0;
+  cudaLaunchConfig_t raw = {{c->grid_x, 1, 1}, {32, 1, 1},   0,
+                            c->raw_stream,     c->raw_attrs, c->nattrs};
+  for (int b = 0; b < c->batches; b++) {
+    uint64_t t0 = now_ns();
+    if (c->use_cusafe) {
+      for (int i = 0; i < LAUNCH_BATCH; i++) {
+        cusafe_status st = cusafe_kernel_launch_ex(
+            c->kernel, &c->config, c->attrs, c->nattrs, c->args, c->nargs);
+        if (UNLIKELY(st != CUSAFE_SUCCESS))
+          cs_failed(st, "cusafe_kernel_launch_ex", __LINE__);
+      }
+    } else {
+      for (int i = 0; i < LAUNCH_BATCH; i++) {
+        cudaError_t err =
+            cudaLaunchKernelExC(&raw, (const void *)c->raw_kernel, c->raw_args);
+        if (UNLIKELY(err != cudaSuccess))
+          cuda_failed(err, "cudaLaunchKernelExC", __LINE__);
+      }
+    }
+    total += now_ns() - t0;
+    launch_sync(c);
+  }
+  return (double)total / ((double)c->batches * LAUNCH_BATCH);
+}
+
 /* Host-side cost of one launch: batches of LAUNCH_BATCH launches are timed
  * and the stream is drained between them, outside the timed region, so that
  * the launch queue never fills. */
@@ -462,6 +496,8 @@ static double launch_sample(void *arg) {
   const struct launch_case *c = arg;
   uint64_t total = 0;
   const dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+  if (c->nattrs)
+    return launch_ex_sample(c);
   for (int b = 0; b < c->batches; b++) {
     uint64_t t0 = now_ns();
     if (c->use_cusafe) {
@@ -678,6 +714,61 @@ static void group_launch(void) {
     }
     CK(cusafe_kernel_release(k));
   }
+  /* Hopper's launches: a cluster of 2 (on 2 blocks) and a cooperative
+   * grid, each against cudaLaunchKernelExC of the same attributes; the
+   * 4-scalar kernel, as its row above. */
+  if (prop.major >= 9) {
+    cusafe_kernel k;
+    cudaKernel_t rk;
+    CK(cusafe_module_get_kernel(&k, module, "empty4"));
+    CU(cudaLibraryGetKernel(&rk, library, "empty4"));
+    cusafe_launch_attr cs_attr[2];
+    cudaLaunchAttribute raw_attr[2];
+    memset(cs_attr, 0, sizeof cs_attr);
+    memset(raw_attr, 0, sizeof raw_attr);
+    cs_attr[0].id = CUSAFE_LAUNCH_ATTR_CLUSTER;
+    cs_attr[0].value.dim[0] = 2;
+    cs_attr[0].value.dim[1] = cs_attr[0].value.dim[2] = 1;
+    raw_attr[0].id = cudaLaunchAttributeClusterDimension;
+    raw_attr[0].val.clusterDim.x = 2;
+    raw_attr[0].val.clusterDim.y = raw_attr[0].val.clusterDim.z = 1;
+    cs_attr[1].id = CUSAFE_LAUNCH_ATTR_COOPERATIVE;
+    cs_attr[1].value.flag = 1;
+    raw_attr[1].id = cudaLaunchAttributeCooperative;
+    raw_attr[1].val.cooperative = 1;
+    static const char *const labels[] = {
+        "empty kernel, 4 scalars, cluster of 2 (launch_ex)",
+        "empty kernel, 4 scalars, cooperative (launch_ex)"};
+    for (int j = 0; j < 2; j++) {
+      unsigned grid_x = j == 0 ? 2 : 1;
+      struct launch_case cs = {
+          .batches = batches,
+          .use_cusafe = 1,
+          .kernel = k,
+          .config = {{grid_x, 1, 1}, {32, 1, 1}, 0, CUSAFE_STREAM_DEFAULT},
+          .args = a4,
+          .nargs = 4,
+          .attrs = &cs_attr[j],
+          .nattrs = 1,
+          .grid_x = grid_x};
+      struct launch_case raw = {.batches = batches,
+                                .raw_kernel = rk,
+                                .raw_args = r4,
+                                .raw_stream = stream,
+                                .raw_attrs = &raw_attr[j],
+                                .nattrs = 1,
+                                .grid_x = grid_x};
+      struct variant v[2] = {{launch_sample, &cs, {0}},
+                             {launch_sample, &raw, {0}}};
+      measure(v, 2, samples, 10);
+      to_us(v[0].v, samples);
+      to_us(v[1].v, samples);
+      report("launch", labels[j], "us", v[0].v, v[1].v, samples,
+             "cudaLaunchKernelExC", T_RATIO_MAX, 1.03);
+    }
+    CK(cusafe_kernel_release(k));
+  }
+
   for (int i = 0; i < 4; i++) {
     CK(cusafe_buffer_release(bufs[i]));
     CU(cudaFree(raw_ptrs[i]));

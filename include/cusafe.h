@@ -1732,6 +1732,75 @@ CUSAFE_API cusafe_status cusafe_kernel_release(cusafe_kernel kernel);
 CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
                                                   size_t capacity,
                                                   cusafe_kernel kernel);
+/* Declares the C types of the kernel's parameters, so that each launch
+ * checks every argument's kind against its parameter's type, not only its
+ * size: a pointer takes a buffer only (CUSAFE_ARG_BUFFER), an integer the
+ * integers of its width of either sign, float CUSAFE_ARG_F32 only, double
+ * CUSAFE_ARG_F64 only, bool CUSAFE_ARG_I8 or _U8; a struct, union, enum
+ * or any unknown type name takes bytes (CUSAFE_ARG_BYTES) and every other
+ * kind of its size.  For extern "C" kernels, whose names carry no types.
+ * A kernel whose name is mangled (C++, "_Z5scalePfi") has its types read
+ * from the name by cusafe_module_get_kernel(), and the built-in kernels
+ * have theirs; a declaration replaces those.  Where the types of a
+ * mangled name cannot be read or do not fit the parameters that CUDA
+ * reports, a kernel checks sizes only, as before.
+ * Parameters: kernel [in] the kernel; signature [in] a C parameter list,
+ *   NUL-terminated: "float *y, const float *x, float a, size_t n", names
+ *   optional ("float*, const float*, float, unsigned long"); "" or "void"
+ *   for none.  Types: the C integer types (char, short, int, long, long
+ *   long, signed, unsigned), bool, _Bool, float, double, size_t, ssize_t,
+ *   ptrdiff_t, intptr_t, uintptr_t, int8_t .. uint64_t, char16_t,
+ *   char32_t, wchar_t; "struct NAME", "union NAME", "enum NAME" and any
+ *   other identifier (ns::Name too) as a type of the kernel's size;
+ *   pointers to any of these, with any qualifiers (const, volatile,
+ *   restrict, __restrict__, __grid_constant__).
+ * Returns: CUSAFE_SUCCESS: the kernel's types are the declared ones, for
+ *   launches that start afterwards.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: signature is NULL; it cannot be
+ *   read ("cannot read the declaration \"float**x y\": parameter 0:
+ *   unexpected \"y\""); it has another number of parameters than the
+ *   kernel ("the declaration has 3 parameters, kernel k has 4"); or a
+ *   type's size is not its parameter's ("parameter 2 is declared double
+ *   (8 bytes), the kernel's is 4 bytes"); its types take more than 16384
+ *   bytes ("the declaration is too long: ...").  The kernel keeps its
+ *   types on failure.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL,
+ *   forged, stale or not a kernel.  CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.
+ * Ownership: signature stays the caller's; the kernel keeps a copy.  Each
+ *   declaration that changes the kernel's types keeps the replaced types
+ *   (a block of about the declaration's length) until the kernel is
+ *   destroyed, since a launch on another thread may be reading them;
+ *   declaring the types the kernel already has keeps nothing.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; a launch on another thread during the call checks
+ *   each argument against its parameter's old type or its new one (one
+ *   launch may meet old types for some parameters and new ones for
+ *   others). */
+CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
+                                               const char *signature);
+/* Tells the kernel's signature as C: "scale(float*, int)", the name
+ * demangled where it was mangled ("kernel<float>(float*, int)"); where
+ * its types are unknown, its name and "(?)" ("my_kernel(?)").
+ * Parameters: out [out] NULL, or room for capacity bytes; capacity [in]
+ *   the bytes of out; length [out] the signature's length in bytes,
+ *   without its NUL; kernel [in] the kernel.
+ * Returns: CUSAFE_SUCCESS: *length is set and, if capacity > 0, out holds
+ *   the first min(*length, capacity - 1) bytes of the signature and a NUL
+ *   (truncated where *length >= capacity, as snprintf() does: call with
+ *   capacity 0 for the length, then with *length + 1).
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: length is NULL, or out is NULL with
+ *   capacity > 0.  CUSAFE_ERROR_INVALID_HANDLE: kernel is NULL, forged,
+ *   stale or not a kernel.  CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED:
+ *   after shutdown / in a forked child.  *length is 0 and out unchanged on
+ *   failure.
+ * Ownership: out stays the caller's.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; during a cusafe_kernel_declare() on another
+ *   thread it tells the old signature or the new one. */
+CUSAFE_API cusafe_status cusafe_kernel_get_signature(char *out, size_t capacity,
+                                                     size_t *length,
+                                                     cusafe_kernel kernel);
 
 /* The kind of one kernel argument. */
 typedef enum cusafe_arg_kind {
@@ -1805,10 +1874,11 @@ typedef struct cusafe_launch_config {
 
 /* Launches `kernel`.  Before launching it checks, each with its own status
  * and a message: the handles, the number of arguments and each one's size
- * against the kernel's parameters, grid, block and shared memory against
- * the kernel's and the device's limits, and that every buffer and the
- * stream belong to the kernel's context.  Buffers are passed as their
- * device address (a view at its offset) and stay alive until the kernel
+ * (and kind, where the kernel's types are known: see
+ * cusafe_kernel_declare()) against the kernel's parameters, grid, block and
+ * shared memory against the kernel's and the device's limits, and that every
+ * buffer and the stream belong to the kernel's context.  Buffers are passed as
+ * their device address (a view at its offset) and stay alive until the kernel
  * has completed, like every other operation on them (see "Ordering"
  * above).  Dynamic shared memory above the default limit is opted into
  * automatically.
@@ -1825,7 +1895,12 @@ typedef struct cusafe_launch_config {
  *   NULL.  CUSAFE_ERROR_INVALID_ARGUMENTS: nargs is not the kernel's
  *   parameter count ("kernel cusafe_axpy_f32 takes 4 arguments, 3 given");
  *   an argument of unknown kind, or whose size is not its parameter's
- *   ("argument 2 of kernel k is 4 bytes, parameter 2 is 8 bytes").
+ *   ("argument 2 of kernel k is 4 bytes, parameter 2 is 8 bytes"); where
+ *   the kernel's types are known (see cusafe_kernel_declare()), one whose
+ *   kind its parameter's type does not take ("argument 0 of kernel
+ *   scale(float*, int) is a 64-bit integer, parameter 0 is float*",
+ *   "argument 1 of kernel k(float*, Params) is 12 bytes, parameter 1 is
+ *   Params (16 bytes)").
  *   CUSAFE_ERROR_INVALID_CONFIGURATION: a grid or block dimension that is
  *   0 or above the device's limit, more threads per block than the kernel
  *   allows, or more dynamic shared memory than the device allows it.
@@ -1867,6 +1942,99 @@ cusafe_kernel_launch(cusafe_kernel kernel, const cusafe_launch_config *config,
   cusafe_kernel_launch((kernel), (config), (const cusafe_arg[]){__VA_ARGS__},  \
                        sizeof((const cusafe_arg[]){__VA_ARGS__}) /             \
                            sizeof(cusafe_arg))
+
+/* The attributes of a launch that cusafe_kernel_launch_ex() takes: one
+ * tagged value each, so that later attributes need no new call. */
+typedef enum cusafe_launch_attr_id {
+  /* value.dim: the thread block cluster, in blocks per dimension. */
+  CUSAFE_LAUNCH_ATTR_CLUSTER = 1,
+  /* value.flag 1: clusters of more than the portable 8 blocks (up to 16),
+   * which opts the kernel into them
+   * (cudaFuncAttributeNonPortableClusterSizeAllowed). */
+  CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER = 2,
+  /* value.flag 1: a cooperative grid, whose blocks may all wait for each
+   * other (cooperative_groups::this_grid().sync()). */
+  CUSAFE_LAUNCH_ATTR_COOPERATIVE = 3,
+  /* value.flag 1: programmatic dependent launch: the kernel may start
+   * before the previous kernel of its stream has completed, and waits for
+   * it with cudaGridDependencySynchronize(). */
+  CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION = 4,
+  /* value.priority: the kernel's priority, within
+   * cusafe_context_stream_priority_range(). */
+  CUSAFE_LAUNCH_ATTR_PRIORITY = 5
+} cusafe_launch_attr_id;
+
+/* One attribute of a launch: 24 bytes, plain, easy to build from C and
+ * ctypes. */
+typedef struct cusafe_launch_attr {
+  uint32_t id;       /* a cusafe_launch_attr_id */
+  uint32_t reserved; /* 0 */
+  union {
+    uint32_t dim[3];  /* CLUSTER: blocks in x, y, z; each >= 1 */
+    int32_t flag;     /* NON_PORTABLE_CLUSTER, COOPERATIVE,
+                         PROGRAMMATIC_SERIALIZATION: 0 or 1 */
+    int32_t priority; /* PRIORITY */
+    uint64_t pad[2];
+  } value;
+} cusafe_launch_attr;
+
+/* Launches `kernel` as cusafe_kernel_launch() does, with attributes: a
+ * thread block cluster, a cooperative grid, programmatic dependent launch
+ * or a priority.  With nattrs 0 it is cusafe_kernel_launch().  Every rule
+ * is checked before CUDA sees the launch, each with a message that names
+ * it:
+ *   - CLUSTER: the device supports clusters (cudaDevAttrClusterLaunch,
+ *     read with the device's properties when the context is made);
+ *     each cluster dimension is at least 1 and divides the grid's; the
+ *     cluster has at most 8 blocks, or 16 with NON_PORTABLE_CLUSTER 1
+ *     (the most any device allows); and the kernel can run with such
+ *     clusters at all (cudaOccupancyMaxActiveClusters is above 0).
+ *     NON_PORTABLE_CLUSTER without CLUSTER is refused.
+ *   - COOPERATIVE: the device supports it (cudaDevAttrCooperativeLaunch,
+ *     read likewise),
+ *     and the grid's blocks can all be resident at once: at most
+ *     cudaOccupancyMaxActiveBlocksPerMultiprocessor for the block and
+ *     shared memory times the device's multiprocessors.  With a cluster,
+ *     at most cudaOccupancyMaxActiveClusters times the cluster's blocks.
+ *   - PROGRAMMATIC_SERIALIZATION: compute capability 9.0 or above.
+ *   - PRIORITY: within cusafe_context_stream_priority_range() (CUDA would
+ *     clamp it silently).
+ * The checks of a kernel's occupancy are cached per kernel for the last
+ * shape asked.  Attributed launches may be captured into graphs like any
+ * other (CUDA keeps a programmatic dependency as a programmatic edge).
+ * Parameters: kernel [in], config [in] as cusafe_kernel_launch(); attrs
+ *   [in] nattrs attributes, each id at most once, NULL allowed when nattrs
+ *   is 0; nattrs [in] their number; args [in], nargs [in] as
+ *   cusafe_kernel_launch().
+ * Returns: CUSAFE_SUCCESS: the kernel is queued.
+ * Errors: those of cusafe_kernel_launch(), and: CUSAFE_ERROR_INVALID_VALUE:
+ *   attrs is NULL with nattrs > 0; an attribute of unknown id ("launch
+ *   attribute 0 has unknown id 9"), with reserved not 0, given twice, or a
+ *   flag other than 0 or 1 ("launch attribute 1 (COOPERATIVE) has flag 2;
+ *   0 or 1"); a priority outside the context's range ("launch attribute
+ *   0 (PRIORITY) of -7 is outside the device's stream priority range 0
+ *   (least) to -5 (greatest)").  CUSAFE_ERROR_INVALID_CONFIGURATION: a
+ *   cluster dimension of 0, one that does not divide the grid's, a cluster
+ *   above 8 blocks (16 with NON_PORTABLE_CLUSTER), NON_PORTABLE_CLUSTER
+ *   without CLUSTER, a kernel that cannot run with the cluster ("kernel k
+ *   cannot run with clusters of 16 blocks of 1024 threads: no cluster fits
+ *   an SM group (cudaOccupancyMaxActiveClusters is 0)"), a cooperative grid
+ *   larger than can be co-resident ("a cooperative grid of 300 blocks
+ *   exceeds the 264 that can be co-resident (2 per SM x 132 SMs)").
+ *   CUSAFE_ERROR_NOT_SUPPORTED: a device without cluster or cooperative
+ *   launch, programmatic serialization below compute capability 9.0.  A
+ *   CUDA failure (cudaKernelSetAttributeForDevice for the opt-in to
+ *   non-portable clusters, cudaOccupancyMaxActiveClusters,
+ *   cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaLaunchKernelExC):
+ *   its mapped status.  The kernel is not queued on failure.
+ * Ownership: as cusafe_kernel_launch(); attrs is read during the call
+ *   only.
+ * Handles: as cusafe_kernel_launch().
+ * Threads: as cusafe_kernel_launch(). */
+CUSAFE_API cusafe_status cusafe_kernel_launch_ex(
+    cusafe_kernel kernel, const cusafe_launch_config *config,
+    const cusafe_launch_attr *attrs, size_t nattrs, const cusafe_arg *args,
+    size_t nargs);
 
 /* Suggests a block size (threads, a multiple of the warp size) that gives
  * the kernel the highest occupancy with `shared_memory` bytes of dynamic

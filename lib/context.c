@@ -38,6 +38,9 @@ static cusafe_status read_limits(struct cs_context *ctx) {
   ctx->cc_major = prop.major;
   ctx->cc_minor = prop.minor;
   ctx->warp_size = prop.warpSize > 0 ? prop.warpSize : 32;
+  ctx->cluster_launch = prop.clusterLaunch;
+  ctx->cooperative_launch = prop.cooperativeLaunch;
+  ctx->sm_count = prop.multiProcessorCount;
   for (int i = 0; i < 3; i++) {
     ctx->max_block[i] = prop.maxThreadsDim[i];
     ctx->max_grid[i] = prop.maxGridSize[i];

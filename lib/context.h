@@ -20,6 +20,10 @@ struct cs_context {
   int warp_size;
   int max_block[3], max_grid[3];
   size_t shared_optin; /* dynamic + static shared memory per block */
+  /* What attributed launches are checked against (launch.c): the
+   * device's support of clusters and cooperative launches, and its
+   * multiprocessors. */
+  int cluster_launch, cooperative_launch, sm_count;
   /* Libraries whose unload failed, retried before the primary context is
    * released (under orphan_lock). */
   pthread_mutex_t orphan_lock;

@@ -107,6 +107,11 @@ struct cs_cuda {
   cudaError_t (*launch_kernel)(const void *func, dim3 grid, dim3 block,
                                void **args, size_t shared_memory,
                                cudaStream_t stream);
+  /* launches with attributes (clusters, cooperative grids, ...) */
+  cudaError_t (*occupancy_max_active_clusters)(
+      int *clusters, const void *func, const cudaLaunchConfig_t *config);
+  cudaError_t (*launch_kernel_ex)(const cudaLaunchConfig_t *config,
+                                  const void *func, void **args);
 
   /* stream capture and graphs */
   cudaError_t (*stream_begin_capture)(cudaStream_t stream,

@@ -52,6 +52,8 @@ const struct cs_cuda cs_cuda_table = {
     .occupancy_max_active_blocks =
         cudaOccupancyMaxActiveBlocksPerMultiprocessor,
     .launch_kernel = cudaLaunchKernel,
+    .occupancy_max_active_clusters = cudaOccupancyMaxActiveClusters,
+    .launch_kernel_ex = cudaLaunchKernelExC,
     .stream_begin_capture = cudaStreamBeginCapture,
     .stream_end_capture = cudaStreamEndCapture,
     .stream_is_capturing = cudaStreamIsCapturing,

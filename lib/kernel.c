@@ -70,7 +70,7 @@ static cusafe_status read_params(struct cs_kernel *k, const char *module) {
     }
     sizes[n] = (uint16_t)size;
   }
-  uint16_t *kinds = k->param_kinds.inline_;
+  _Atomic uint16_t *kinds = k->param_kinds.inline_;
   if (st == CUSAFE_SUCCESS && n > CS_INLINE_PARAMS &&
       !(kinds = malloc(n * sizeof *kinds)))
     st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -79,7 +79,7 @@ static cusafe_status read_params(struct cs_kernel *k, const char *module) {
     return st;
   }
   for (size_t i = 0; i < n; i++)
-    kinds[i] = kinds_of(sizes[i]);
+    atomic_init(&kinds[i], kinds_of(sizes[i]));
   if (n > CS_INLINE_PARAMS)
     k->param_kinds.heap = kinds;
   k->param_size = sizes;
@@ -87,8 +87,101 @@ static cusafe_status read_params(struct cs_kernel *k, const char *module) {
   return CUSAFE_SUCCESS;
 }
 
+/* ---- types --------------------------------------------------------------- */
+
+/* The built-in kernels' parameters (kernels/<op>.cu), declared. */
+static const struct {
+  const char *name, *params;
+} builtin_params[] = {
+    {"cusafe_fill_f32", "float *x, float value, size_t n"},
+    {"cusafe_fill_f64", "double *x, double value, size_t n"},
+    {"cusafe_scale_f32", "float *x, float a, size_t n"},
+    {"cusafe_scale_f64", "double *x, double a, size_t n"},
+    {"cusafe_axpy_f32", "float *y, float a, const float *x, size_t n"},
+    {"cusafe_axpy_f64", "double *y, double a, const double *x, size_t n"},
+    {"cusafe_vecadd_f32", "float *c, const float *a, const float *b, size_t n"},
+    {"cusafe_vecadd_f64",
+     "double *c, const double *a, const double *b, size_t n"},
+};
+
+#define KIND(k) ((uint16_t)(1u << CUSAFE_ARG_##k))
+#define INT_KINDS                                                              \
+  (KIND(I8) | KIND(U8) | KIND(I16) | KIND(U16) | KIND(I32) | KIND(U32) |       \
+   KIND(I64) | KIND(U64))
+
+/* The kinds of argument that a parameter of type t and `size` bytes
+ * accepts: a pointer a buffer only, an integer the integers of its width
+ * (of either sign: Python passes its ints as 64-bit signed ones to size_t
+ * parameters), a float or a double itself.  A struct or an unknown type
+ * takes every kind of its size (and bytes): a struct of 8 bytes may be a
+ * handle passed as a 64-bit integer. */
+static uint16_t kinds_of_type(const struct cs_param_type *t, size_t size) {
+  uint16_t same = kinds_of(size);
+  switch (t->cls) {
+  case CS_TYPE_POINTER: return same & KIND(BUFFER);
+  case CS_TYPE_INT: return same & INT_KINDS;
+  case CS_TYPE_BOOL: return same & (KIND(I8) | KIND(U8));
+  case CS_TYPE_FLOAT: return same & KIND(F32);
+  case CS_TYPE_DOUBLE: return same & KIND(F64);
+  default: return same;
+  }
+}
+
+/* The first parameter whose type implies another size than the kernel's
+ * parameter has, or nparams. */
+static size_t first_misfit(const struct cs_kernel *k,
+                           const struct cs_signature *sig) {
+  for (size_t i = 0; i < k->nparams; i++)
+    if (sig->params[i].size && sig->params[i].size != k->param_size[i])
+      return i;
+  return k->nparams;
+}
+
+/* Makes sig (which fits k) k's: the types first, then the masks narrowed
+ * by them, so that a launch which sees a narrowed mask and not yet the
+ * types still refuses what the mask refuses (launch.c, arg_unusual).  The
+ * signature replaced stays until the kernel goes: a launch may read it.
+ * Under sig_lock, or before k has a handle. */
+static void publish(struct cs_kernel *k, struct cs_signature *sig) {
+  sig->prev = atomic_load_explicit(&k->sig, memory_order_relaxed);
+  atomic_store_explicit(&k->sig, sig, memory_order_release);
+  _Atomic uint16_t *kinds = cs_kernel_kinds(k);
+  for (size_t i = 0; i < k->nparams; i++)
+    atomic_store_explicit(&kinds[i],
+                          kinds_of_type(&sig->params[i], k->param_size[i]),
+                          memory_order_relaxed);
+}
+
+/* Learns k's types where they can be known: the built-in kernels declare
+ * theirs, a mangled name says them.  Where they cannot be read, or do not
+ * fit the parameters CUDA reports, k keeps the sizes alone. */
+static void learn_types(struct cs_kernel *k, const struct cs_module *m) {
+  struct cs_signature *sig = NULL;
+  if (m->builtin) {
+    char why[128];
+    for (size_t i = 0; i < sizeof builtin_params / sizeof builtin_params[0];
+         i++)
+      if (strcmp(k->name, builtin_params[i].name) == 0)
+        (void)cs_signature_declare(&sig, k->name, strlen(k->name),
+                                   builtin_params[i].params, why, sizeof why);
+  } else {
+    sig = cs_signature_demangle(k->name);
+  }
+  if (sig && sig->nparams == k->nparams && first_misfit(k, sig) == k->nparams)
+    publish(k, sig);
+  else
+    free(sig);
+}
+
 /* Frees k, whose handle is retired or was never made. */
 static void kernel_free(struct cs_kernel *k) {
+  struct cs_signature *sig = atomic_load(&k->sig);
+  while (sig) {
+    struct cs_signature *prev = sig->prev;
+    free(sig);
+    sig = prev;
+  }
+  pthread_mutex_destroy(&k->sig_lock);
   pthread_mutex_destroy(&k->limit_lock);
   if (k->nparams > CS_INLINE_PARAMS)
     free(k->param_kinds.heap);
@@ -133,6 +226,7 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
   pthread_mutex_init(&k->limit_lock, NULL);
+  pthread_mutex_init(&k->sig_lock, NULL);
   int saved;
   cusafe_status st = cs_device_enter(m->ctx->device, &saved);
   if (st != CUSAFE_SUCCESS)
@@ -150,6 +244,8 @@ static cusafe_status kernel_new(cusafe_kernel *out, struct cs_module *m,
   if (st == CUSAFE_SUCCESS)
     st = read_limits(k, m);
   cs_device_leave(saved);
+  if (st == CUSAFE_SUCCESS)
+    learn_types(k, m);
   if (st != CUSAFE_SUCCESS)
     goto fail;
   k->module = m;
@@ -201,6 +297,80 @@ CUSAFE_API cusafe_status cusafe_kernel_get_params(size_t *count, size_t *sizes,
   if (sizes)
     for (size_t i = 0; i < k->nparams && i < capacity; i++)
       sizes[i] = k->param_size[i];
+  return CUSAFE_SUCCESS;
+}
+
+CUSAFE_API cusafe_status cusafe_kernel_declare(cusafe_kernel kernel,
+                                               const char *signature) {
+  CS_ENTER();
+  CS_HOLD_OR_RETURN(cs_kernel, k, kernel, CS_KERNEL, "kernel");
+  if (!signature)
+    return cs_null("signature");
+  pthread_mutex_lock(&k->sig_lock);
+  /* The name stays the one known: a mangled name's, demangled. */
+  const struct cs_signature *old =
+      atomic_load_explicit(&k->sig, memory_order_relaxed);
+  const char *name = old ? old->text : k->name;
+  /* A name's first 1024 bytes are enough for messages. */
+  size_t full = old ? old->name_len : strlen(k->name);
+  int name_len = (int)(full < 1024 ? full : 1024);
+  struct cs_signature *sig = NULL;
+  char why[160];
+  size_t i;
+  cusafe_status st = CUSAFE_SUCCESS;
+  switch (cs_signature_declare(&sig, name, (size_t)name_len, signature, why,
+                               sizeof why)) {
+  case 0: break;
+  case 1:
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "cannot read the declaration \"%.200s\": %s", signature, why);
+    break;
+  case 3:
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "the declaration is too long: its types take more than %d "
+                 "bytes",
+                 CS_SIG_TEXT_MAX);
+    break;
+  default: st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
+  }
+  if (st != CUSAFE_SUCCESS) {
+    /* refused */
+  } else if (sig->nparams != k->nparams) {
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "the declaration has %u parameters, kernel %.*s has %u",
+                 (unsigned)sig->nparams, name_len, name, (unsigned)k->nparams);
+  } else if ((i = first_misfit(k, sig)) < k->nparams) {
+    const struct cs_param_type *t = &sig->params[i];
+    st = cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                 "parameter %zu is declared %.*s (%u byte%s), the kernel's "
+                 "is %u byte%s",
+                 i, (int)t->len, sig->text + t->off, (unsigned)t->size,
+                 t->size == 1 ? "" : "s", (unsigned)k->param_size[i],
+                 k->param_size[i] == 1 ? "" : "s");
+  } else if (old && strcmp(old->text, sig->text) == 0) {
+    /* The types the kernel has (the same text, the same types): nothing
+     * to publish, and no block kept. */
+  } else {
+    publish(k, sig);
+    sig = NULL;
+  }
+  pthread_mutex_unlock(&k->sig_lock);
+  free(sig);
+  return st;
+}
+
+CUSAFE_API cusafe_status cusafe_kernel_get_signature(char *out, size_t capacity,
+                                                     size_t *length,
+                                                     cusafe_kernel kernel) {
+  CS_ENTER_OUT(length, 0);
+  if (!out && capacity)
+    return cs_null("out");
+  CS_HOLD_OR_RETURN(cs_kernel, k, kernel, CS_KERNEL, "kernel");
+  const struct cs_signature *sig =
+      atomic_load_explicit(&k->sig, memory_order_acquire);
+  int n = sig ? snprintf(out, capacity, "%s", sig->text)
+              : snprintf(out, capacity, "%s(?)", k->name);
+  *length = n > 0 ? (size_t)n : 0;
   return CUSAFE_SUCCESS;
 }
 

@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "handle.h"
+#include "signature.h"
 
 #define CS_INLINE_PARAMS 16
 
@@ -26,17 +27,39 @@ struct cs_kernel {
   /* The dynamic shared memory the kernel is currently allowed (raised on
    * demand by launches). */
   _Atomic uint32_t dynamic_limit;
-  /* Per parameter, the fixed-size kinds of argument of its size: bit k
-   * for cusafe_arg_kind k (cs_kernel_kinds). */
+  /* Per parameter, the fixed-size kinds of argument it accepts: bit k
+   * for cusafe_arg_kind k (cs_kernel_kinds).  Those of its size, narrowed
+   * by its type where the kernel's signature is known.  Atomic words: a
+   * declaration (cusafe_kernel_declare) may rewrite them while other
+   * threads launch; relaxed loads and stores are plain moves. */
   union {
-    uint16_t inline_[CS_INLINE_PARAMS]; /* nparams <= CS_INLINE_PARAMS */
-    uint16_t *heap;                     /* more: malloc'd */
+    _Atomic uint16_t inline_[CS_INLINE_PARAMS]; /* nparams <= 16 */
+    _Atomic uint16_t *heap;                     /* more: malloc'd */
   } param_kinds;
-  uint16_t *param_size;     /* each parameter's bytes (1 to 65 535) */
+  uint16_t *param_size; /* each parameter's bytes (1 to 65 535) */
+  /* The parameters' types and C spellings, NULL where unknown: read from
+   * the mangled name or declared.  Immutable; a declaration publishes a
+   * new one (under sig_lock) and the old ones stay, chained, until the
+   * kernel goes, so that a racing launch may still read them. */
+  _Atomic(struct cs_signature *) sig;
+  pthread_mutex_t sig_lock;
   struct cs_module *module; /* referenced */
   char *name;
   size_t static_shared;
   pthread_mutex_t limit_lock;
+  /* Attributed launches (launch.c): whether the kernel was opted into
+   * non-portable cluster sizes on its device (set once, under limit_lock),
+   * and the occupancy last asked of CUDA, by the shape it was asked for.
+   * Each cache is written under limit_lock and read without a lock: seq
+   * is odd while it is written, and a reader that sees seq change, or
+   * odd, asks CUDA again.  threads 0 (no launch has it) marks it empty. */
+  _Atomic bool nonportable_cluster;
+  struct cs_occupancy {
+    _Atomic uint32_t seq;
+    _Atomic uint32_t threads, cluster[3];
+    _Atomic uint64_t shared;
+    _Atomic int value;
+  } blocks_per_sm, active_clusters;
 };
 _Static_assert(offsetof(struct cs_kernel, param_size) == 128,
                "a launch reads two cache lines of a kernel");
@@ -59,7 +82,7 @@ static inline size_t cs_kind_size(unsigned kind) {
 }
 
 /* The kinds of argument that each parameter of k accepts. */
-static inline const uint16_t *cs_kernel_kinds(const struct cs_kernel *k) {
+static inline _Atomic uint16_t *cs_kernel_kinds(struct cs_kernel *k) {
   return k->nparams <= CS_INLINE_PARAMS ? k->param_kinds.inline_
                                         : k->param_kinds.heap;
 }

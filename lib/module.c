@@ -107,6 +107,7 @@ static cusafe_status module_new(cusafe_module *out, struct cs_context *ctx,
   m->hdr.parent = &ctx->hdr;
   m->ctx = ctx;
   m->name = copy;
+  m->builtin = image == cs_builtin_image;
   st = cs_handle_new(&m->hdr, CS_MODULE);
   if (st != CUSAFE_SUCCESS) {
     library_unload(ctx, m->library);

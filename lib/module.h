@@ -10,7 +10,8 @@ struct cs_module {
   struct cs_object hdr;
   struct cs_context *ctx; /* referenced */
   cudaLibrary_t library;
-  char *name; /* for messages: a path, a program, "<...>" */
+  char *name;   /* for messages: a path, a program, "<...>" */
+  bool builtin; /* cusafe's own kernels, whose types are known */
 };
 
 /* Words a failure to load or look up code of `module`: an image CUDA

@@ -142,6 +142,8 @@ static const struct expectation injections[] = {
     /* A launch asks for more registers or threads than there are. */
     {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
      FAILED_MSG, -1},
+    {"cudaLaunchKernelExC", cudaErrorLaunchOutOfResources, 1, 0,
+     CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
     /* Synchronisations report a kernel fault, which breaks the device. */
     {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
      FAILED_MSG, -1},
@@ -983,6 +985,43 @@ static cusafe_status op_launch(struct world *w) {
                        CUSAFE_ARG_BUF(w->b), CUSAFE_ARG_U64V(NFLOATS));
 }
 
+/* The same launch with attributes: a cooperative grid of clusters of 16
+ * (non-portable: the kernel is opted in), at a priority. */
+static cusafe_status op_launch_cluster(struct world *w) {
+  cusafe_launch_config cfg = {{16, 1, 1}, {128, 1, 1}, 64 * KIB, w->s2};
+  cusafe_launch_attr attrs[4];
+  memset(attrs, 0, sizeof attrs);
+  attrs[0].id = CUSAFE_LAUNCH_ATTR_CLUSTER;
+  attrs[0].value.dim[0] = 16;
+  attrs[0].value.dim[1] = attrs[0].value.dim[2] = 1;
+  attrs[1].id = CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER;
+  attrs[1].value.flag = 1;
+  attrs[2].id = CUSAFE_LAUNCH_ATTR_COOPERATIVE;
+  attrs[2].value.flag = 1;
+  attrs[3].id = CUSAFE_LAUNCH_ATTR_PRIORITY;
+  attrs[3].value.priority = -1;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(w->c), CUSAFE_ARG_BUF(w->a),
+                             CUSAFE_ARG_BUF(w->b), CUSAFE_ARG_U64V(NFLOATS)};
+  return cusafe_kernel_launch_ex(w->k, &cfg, attrs, 4, args, 4);
+}
+
+/* A cooperative grid without clusters, then a programmatic dependent
+ * launch after it. */
+static cusafe_status op_launch_cooperative(struct world *w) {
+  cusafe_launch_config cfg = {{8, 1, 1}, {128, 1, 1}, 0, w->s2};
+  cusafe_launch_attr attrs[1];
+  memset(attrs, 0, sizeof attrs);
+  attrs[0].id = CUSAFE_LAUNCH_ATTR_COOPERATIVE;
+  attrs[0].value.flag = 1;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(w->c), CUSAFE_ARG_BUF(w->a),
+                             CUSAFE_ARG_BUF(w->b), CUSAFE_ARG_U64V(NFLOATS)};
+  cusafe_status st = cusafe_kernel_launch_ex(w->k, &cfg, attrs, 1, args, 4);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  attrs[0].id = CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION;
+  return cusafe_kernel_launch_ex(w->k, &cfg, attrs, 1, args, 4);
+}
+
 /* ---- graphs ---- */
 
 /* Ends the capture on s after the captured operation's status st: the
@@ -1010,6 +1049,18 @@ static cusafe_status op_capture_launch(struct world *w) {
   if (st != CUSAFE_SUCCESS)
     return st;
   return capture_end(w, w->s2, op_launch(w));
+}
+
+/* A capture of attributed launches: begin, a cluster launch, a
+ * cooperative and a programmatic dependent launch, end. */
+static cusafe_status op_capture_launch_ex(struct world *w) {
+  cusafe_status st = cusafe_stream_begin_capture(w->s2);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  st = op_launch_cluster(w);
+  if (st == CUSAFE_SUCCESS)
+    st = op_launch_cooperative(w);
+  return capture_end(w, w->s2, st);
 }
 
 /* A capture that another stream joins and leaves: a copy on s3 between
@@ -1232,6 +1283,13 @@ static const struct op ops[] = {
     {"cusafe_module_get_kernel", su_fake_module, op_get_kernel, OP_CREATES},
     {"cusafe_kernel_launch (built-in kernel, three buffers)", su_launch,
      op_launch, 0},
+    {"cusafe_kernel_launch_ex (cooperative clusters of 16, priority)",
+     su_launch, op_launch_cluster, 0},
+    {"cusafe_kernel_launch_ex (cooperative, then programmatic serialization)",
+     su_launch, op_launch_cooperative, 0},
+    {"cusafe_stream_begin_capture, launches with attributes, "
+     "cusafe_stream_end_capture",
+     su_launch, op_capture_launch_ex, OP_CREATES | OP_ENDS},
     {"cusafe_kernel_suggest_config", su_suggest, op_suggest, 0},
     {"cusafe_stream_begin_capture, a launch, cusafe_stream_end_capture",
      su_launch, op_capture_launch, OP_CREATES | OP_ENDS},

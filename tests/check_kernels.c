@@ -14,6 +14,7 @@
  *   compute-sanitizer --tool memcheck tests/check_kernels
  * (CK_RUN_CASE=inflight selects it alone).  Only the public API is used. */
 #include <check.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1022,6 +1023,304 @@ START_TEST(test_dynamic_shared_memory) {
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Hopper launches: clusters, cooperative grids, programmatic dependent     */
+/* launch (compute capability 9.0; skipped below it)                         */
+/* ------------------------------------------------------------------------ */
+
+#ifndef CS_CUDA_INCLUDE
+#define CS_CUDA_INCLUDE "/usr/local/cuda/include"
+#endif
+
+/* Distributed shared memory: each block reads its cluster neighbour's
+ * shared memory; a cooperative two-phase sum with grid.sync(); and a pair
+ * of kernels of which the second waits for the first's trigger
+ * (griddepcontrol: what cudaTriggerProgrammaticLaunchCompletion() and
+ * cudaGridDependencySynchronize() compile to, which NVRTC does not
+ * declare).  Without -rdc: grid.sync() needs none since CUDA 11. */
+static const char hopper_source[] =
+    "#include <cooperative_groups.h>\n"
+    "namespace cg = cooperative_groups;\n"
+    "extern \"C\" __global__ void cluster_exchange(int *out) {\n"
+    "  __shared__ int mine;\n"
+    "  cg::cluster_group cluster = cg::this_cluster();\n"
+    "  unsigned rank = cluster.block_rank();\n"
+    "  if (threadIdx.x == 0)\n"
+    "    mine = (int)(blockIdx.x * 1000 + rank);\n"
+    "  cluster.sync();\n"
+    "  unsigned peer = (rank + 1) % cluster.num_blocks();\n"
+    "  int *theirs = cluster.map_shared_rank(&mine, peer);\n"
+    "  if (threadIdx.x == 0)\n"
+    "    out[blockIdx.x] = *theirs;\n"
+    "  cluster.sync();\n"
+    "}\n"
+    "extern \"C\" __global__ void coop_sum(const int *in, int *partial, int "
+    "*out,\n"
+    "                                    int n) {\n"
+    "  cg::grid_group grid = cg::this_grid();\n"
+    "  __shared__ int s;\n"
+    "  if (threadIdx.x == 0)\n"
+    "    s = 0;\n"
+    "  __syncthreads();\n"
+    "  int acc = 0;\n"
+    "  for (unsigned long long i = grid.thread_rank(); i < (unsigned long "
+    "long)n;\n"
+    "       i += grid.size())\n"
+    "    acc += in[i];\n"
+    "  atomicAdd(&s, acc);\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0)\n"
+    "    partial[blockIdx.x] = s;\n"
+    "  grid.sync();\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    int t = 0;\n"
+    "    for (unsigned b = 0; b < gridDim.x; b++)\n"
+    "      t += partial[b];\n"
+    "    out[blockIdx.x] = t;\n"
+    "  }\n"
+    "}\n"
+    /* After its trigger, block 0 of the first kernel waits (up to 2^30
+     * cycles) for the second kernel to start: it can only where the launch
+     * was programmatic, and *overlap says whether it did. */
+    "extern \"C\" __global__ void pdl_first(int *data, int n, int *started,\n"
+    "                                     int *overlap) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n)\n"
+    "    data[i] = i * 3 + 1;\n"
+    "  asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n"
+    "  if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (atomicAdd(started, 0) == 0 && clock64() - t0 < (1LL << 30))\n"
+    "      ;\n"
+    "    *overlap = atomicAdd(started, 0);\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void pdl_second(const int *data, int *out, int "
+    "n,\n"
+    "                                      int *started) {\n"
+    "  if (blockIdx.x == 0 && threadIdx.x == 0)\n"
+    "    atomicExch(started, 1);\n"
+    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n)\n"
+    "    out[i] = data[i] + 5;\n"
+    "}\n";
+
+static cusafe_module hopper;
+
+/* Whether device 0 can run the Hopper tests; compiles them if so. */
+static bool hopper_ready(void) {
+  cusafe_device_properties props;
+  TU_OK(cusafe_device_get_properties(&props, 0));
+  if (props.compute_capability_major < 9) {
+    fprintf(stderr, "hopper: compute capability %d.%d, skipped\n",
+            props.compute_capability_major, props.compute_capability_minor);
+    return false;
+  }
+  if (!hopper) {
+    const char *const options[] = {"-I" CS_CUDA_INCLUDE,
+                                   "-I" CS_CUDA_INCLUDE "/cccl"};
+    TU_OK(cusafe_module_compile(&hopper, ctx, hopper_source, "hopper.cu",
+                                options, 2));
+  }
+  return true;
+}
+
+static void hopper_teardown(void) {
+  (void)cusafe_module_release(hopper);
+  hopper = CUSAFE_NULL_HANDLE;
+  kernels_teardown();
+}
+
+static cusafe_launch_attr hopper_attr(uint32_t id, uint32_t x) {
+  cusafe_launch_attr a;
+  memset(&a, 0, sizeof a);
+  a.id = id;
+  if (id == CUSAFE_LAUNCH_ATTR_CLUSTER) {
+    a.value.dim[0] = x;
+    a.value.dim[1] = a.value.dim[2] = 1;
+  } else {
+    a.value.flag = (int32_t)x;
+  }
+  return a;
+}
+
+/* Clusters of 2 and 8 (loop index 0, 1) and of 16 (2, non-portable:
+ * skipped where the kernel cannot run with it), element by element. */
+START_TEST(test_cluster_shared_memory) {
+  if (!hopper_ready())
+    return;
+  static const uint32_t sizes[] = {2, 8, 16};
+  uint32_t c = sizes[_i];
+  enum { GRID = 64 };
+  cusafe_kernel k = tu_get_kernel(hopper, "cluster_exchange");
+  cusafe_buffer out = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, GRID * 4));
+  TU_OK(cusafe_buffer_fill(out, 0, GRID * 4, 0xFF, CUSAFE_STREAM_DEFAULT));
+  cusafe_launch_attr a[2] = {
+      hopper_attr(CUSAFE_LAUNCH_ATTR_CLUSTER, c),
+      hopper_attr(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, c > 8)};
+  cusafe_launch_config cfg = {
+      {GRID, 1, 1}, {128, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(out)};
+  cusafe_status st = cusafe_kernel_launch_ex(k, &cfg, a, 2, args, 1);
+  if (st == CUSAFE_ERROR_NOT_SUPPORTED) {
+    /* A partition or virtual GPU without clusters. */
+    fprintf(stderr, "hopper: skipped: %s\n", cusafe_last_error_message());
+  } else if (c > 8 && st != CUSAFE_SUCCESS) {
+    fprintf(stderr, "hopper: clusters of %u: %s\n", c,
+            cusafe_last_error_message());
+  } else {
+    TU_OK(st);
+    int got[GRID];
+    TU_OK(cusafe_buffer_read(out, 0, got, sizeof got));
+    for (int b = 0; b < GRID; b++) {
+      int rank = b % (int)c, peer = (rank + 1) % (int)c;
+      int want = (b - rank + peer) * 1000 + peer;
+      ck_assert_msg(got[b] == want, "clusters of %u: block %d read %d, not %d",
+                    c, b, got[b], want);
+    }
+  }
+  TU_OK(cusafe_buffer_release(out));
+  TU_OK(cusafe_kernel_release(k));
+}
+END_TEST
+
+/* A cooperative two-phase sum over as many blocks as can be resident: every
+ * block sees every block's partial sum after grid.sync(); one block more is
+ * refused before CUDA sees it. */
+START_TEST(test_cooperative_grid_sync) {
+  if (!hopper_ready())
+    return;
+  enum { N = 1 << 20, THREADS = 256 };
+  cusafe_device_properties props;
+  TU_OK(cusafe_device_get_properties(&props, 0));
+  cusafe_kernel k = tu_get_kernel(hopper, "coop_sum");
+  cusafe_launch_attr a[1] = {hopper_attr(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
+  cusafe_buffer in = CUSAFE_NULL_HANDLE, partial = CUSAFE_NULL_HANDLE,
+                out = CUSAFE_NULL_HANDLE;
+  int *host = malloc(N * sizeof *host);
+  ck_assert_ptr_nonnull(host);
+  long long sum = 0;
+  for (int i = 0; i < N; i++) {
+    host[i] = (i % 7) - 3;
+    sum += host[i];
+  }
+  uint32_t blocks = 2 * (uint32_t)props.multiprocessor_count;
+  TU_OK(cusafe_buffer_alloc(&in, ctx, CUSAFE_MEMORY_DEVICE, N * 4));
+  TU_OK(cusafe_buffer_alloc(&partial, ctx, CUSAFE_MEMORY_DEVICE, 65536 * 4));
+  TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, 65536 * 4));
+  TU_OK(cusafe_buffer_write(in, 0, host, N * 4));
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(in), CUSAFE_ARG_BUF(partial),
+                             CUSAFE_ARG_BUF(out), CUSAFE_ARG_I32V(N)};
+  cusafe_launch_config cfg = {
+      {blocks, 1, 1}, {THREADS, 1, 1}, 0, CUSAFE_STREAM_DEFAULT};
+  cusafe_status st = cusafe_kernel_launch_ex(k, &cfg, a, 1, args, 4);
+  if (st == CUSAFE_ERROR_NOT_SUPPORTED) {
+    fprintf(stderr, "hopper: skipped: %s\n", cusafe_last_error_message());
+    TU_OK(cusafe_buffer_release(in));
+    TU_OK(cusafe_buffer_release(partial));
+    TU_OK(cusafe_buffer_release(out));
+    TU_OK(cusafe_kernel_release(k));
+    free(host);
+    return;
+  }
+  TU_OK(st);
+  int got[512];
+  ck_assert_uint_le(blocks, 512);
+  TU_OK(cusafe_buffer_read(out, 0, got, blocks * 4));
+  for (uint32_t b = 0; b < blocks; b++)
+    ck_assert_msg(got[b] == (int)sum, "block %u: sum %d, not %lld", b, got[b],
+                  sum);
+  /* Far more blocks than can be resident: refused. */
+  cfg.grid[0] = 64 * (uint32_t)props.multiprocessor_count;
+  ck_assert_int_eq(cusafe_kernel_launch_ex(k, &cfg, a, 1, args, 4),
+                   CUSAFE_ERROR_INVALID_CONFIGURATION);
+  fprintf(stderr, "hopper: %s\n", cusafe_last_error_message());
+  TU_OK(cusafe_context_synchronize(ctx));
+  TU_OK(cusafe_buffer_release(in));
+  TU_OK(cusafe_buffer_release(partial));
+  TU_OK(cusafe_buffer_release(out));
+  TU_OK(cusafe_kernel_release(k));
+  free(host);
+}
+END_TEST
+
+/* A programmatic dependent launch: the second kernel starts while the first
+ * still runs (the first sees it start: without the attribute it would wait
+ * for the first to end), waits for the first's trigger, and reads what it
+ * wrote, element by element; also inside a capture, replayed. */
+START_TEST(test_programmatic_dependent_launch) {
+  if (!hopper_ready())
+    return;
+  enum { N = 1 << 16, THREADS = 256 };
+  cusafe_kernel first = tu_get_kernel(hopper, "pdl_first");
+  cusafe_kernel second = tu_get_kernel(hopper, "pdl_second");
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  cusafe_buffer data = CUSAFE_NULL_HANDLE, out = CUSAFE_NULL_HANDLE;
+  cusafe_buffer flags = CUSAFE_NULL_HANDLE; /* started, overlap */
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_buffer_alloc(&flags, ctx, CUSAFE_MEMORY_DEVICE, 8));
+  cusafe_buffer started = CUSAFE_NULL_HANDLE, overlap = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_buffer_view(&started, flags, 0, 4));
+  TU_OK(cusafe_buffer_view(&overlap, flags, 4, 4));
+  TU_OK(cusafe_buffer_alloc(&data, ctx, CUSAFE_MEMORY_DEVICE, N * 4));
+  TU_OK(cusafe_buffer_alloc(&out, ctx, CUSAFE_MEMORY_DEVICE, N * 4));
+  int *got = malloc(N * sizeof *got);
+  ck_assert_ptr_nonnull(got);
+  cusafe_launch_config cfg = {{N / THREADS, 1, 1}, {THREADS, 1, 1}, 0, s};
+  cusafe_launch_attr a[1] = {
+      hopper_attr(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 1)};
+  const cusafe_arg a1[] = {CUSAFE_ARG_BUF(data), CUSAFE_ARG_I32V(N),
+                           CUSAFE_ARG_BUF(started), CUSAFE_ARG_BUF(overlap)};
+  const cusafe_arg a2[] = {CUSAFE_ARG_BUF(data), CUSAFE_ARG_BUF(out),
+                           CUSAFE_ARG_I32V(N), CUSAFE_ARG_BUF(started)};
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  for (int round = 0; round < 3; round++) {
+    TU_OK(cusafe_buffer_fill(data, 0, N * 4, 0, s));
+    TU_OK(cusafe_buffer_fill(out, 0, N * 4, 0, s));
+    TU_OK(cusafe_buffer_fill(flags, 0, 8, 0, s));
+    if (round == 0) {
+      TU_OK(cusafe_kernel_launch(first, &cfg, a1, 4));
+      TU_OK(cusafe_kernel_launch_ex(second, &cfg, a, 1, a2, 4));
+    } else {
+      if (round == 1) {
+        TU_OK(cusafe_stream_begin_capture(s));
+        TU_OK(cusafe_kernel_launch(first, &cfg, a1, 4));
+        TU_OK(cusafe_kernel_launch_ex(second, &cfg, a, 1, a2, 4));
+        TU_OK(cusafe_stream_end_capture(&g, s));
+      }
+      TU_OK(cusafe_graph_launch(g, s));
+    }
+    TU_OK(cusafe_stream_synchronize(s));
+    TU_OK(cusafe_buffer_read(out, 0, got, N * 4));
+    for (int i = 0; i < N; i++)
+      ck_assert_msg(got[i] == i * 3 + 1 + 5, "round %d: out[%d] = %d", round, i,
+                    got[i]);
+    int32_t overlapped = 0;
+    TU_OK(cusafe_buffer_read(overlap, 0, &overlapped, 4));
+    fprintf(stderr, "hopper: programmatic launch, %s: the second kernel %s\n",
+            round == 0 ? "on a stream" : "replayed",
+            overlapped ? "started while the first ran"
+                       : "waited for the first to end");
+    /* On a stream the overlap is the attribute's whole effect. */
+    if (round == 0)
+      ck_assert_msg(overlapped == 1,
+                    "the second kernel did not start before the first ended");
+  }
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_buffer_release(started));
+  TU_OK(cusafe_buffer_release(overlap));
+  TU_OK(cusafe_buffer_release(flags));
+  TU_OK(cusafe_buffer_release(data));
+  TU_OK(cusafe_buffer_release(out));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_kernel_release(first));
+  TU_OK(cusafe_kernel_release(second));
+  free(got);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* Suite                                                                     */
 /* ------------------------------------------------------------------------ */
 
@@ -1057,6 +1356,14 @@ static Suite *kernels_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_spin_kernel_fills);
   tcase_add_loop_test(tc, test_release_while_kernel_runs, 0, 3);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("hopper");
+  tcase_add_checked_fixture(tc, kernels_setup, hopper_teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_cluster_shared_memory, 0, 3);
+  tcase_add_test(tc, test_cooperative_grid_sync);
+  tcase_add_test(tc, test_programmatic_dependent_launch);
   suite_add_tcase(s, tc);
 
   tc = with_fixture(tcase_create("limits"));

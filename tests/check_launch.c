@@ -1250,15 +1250,18 @@ START_TEST(test_builtin_kernels) {
   vec_release(&z);
   TU_OK(cusafe_kernel_release(k));
 
-  /* A scalar of the other width is refused. */
+  /* A scalar of the other width is refused, with the types that the
+   * built-in kernels declare. */
   snprintf(name, sizeof name, "cusafe_scale_%s", sfx);
   k = tu_get_kernel(m, name);
   vec_make(&x, ctx, f64, f_half);
   TU_ERR(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(x.view), scalar(4.0, !f64),
                        CUSAFE_ARG_U64V(NELEM)),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
-         "argument 1 of kernel %s is %d bytes, parameter 1 is %d bytes", name,
-         f64 ? 4 : 8, f64 ? 8 : 4);
+         "argument 1 of kernel %s(%s*, %s, size_t) is a %s, parameter 1 is "
+         "%s",
+         name, f64 ? "double" : "float", f64 ? "double" : "float",
+         f64 ? "float" : "double", f64 ? "double" : "float");
   vec_release(&x);
   TU_OK(cusafe_kernel_release(k));
 
@@ -1824,6 +1827,448 @@ START_TEST(test_composites_succeed) {
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Launches with attributes                                                   */
+/* ------------------------------------------------------------------------ */
+
+static cusafe_launch_attr attr_cluster(uint32_t x, uint32_t y, uint32_t z) {
+  cusafe_launch_attr a;
+  memset(&a, 0, sizeof a);
+  a.id = CUSAFE_LAUNCH_ATTR_CLUSTER;
+  a.value.dim[0] = x;
+  a.value.dim[1] = y;
+  a.value.dim[2] = z;
+  return a;
+}
+
+static cusafe_launch_attr attr_flag(uint32_t id, int32_t flag) {
+  cusafe_launch_attr a;
+  memset(&a, 0, sizeof a);
+  a.id = id;
+  a.value.flag = flag;
+  return a;
+}
+
+static cusafe_launch_attr attr_priority(int32_t priority) {
+  cusafe_launch_attr a;
+  memset(&a, 0, sizeof a);
+  a.id = CUSAFE_LAUNCH_ATTR_PRIORITY;
+  a.value.priority = priority;
+  return a;
+}
+
+/* A launch of k0 (no parameters) on grid gx of blocks of bx threads. */
+static cusafe_status launch_k0(cusafe_kernel k, uint32_t gx, uint32_t bx,
+                               const cusafe_launch_attr *attrs, size_t n) {
+  cusafe_launch_config c = config_dims(gx, 1, 1, bx, 1, 1);
+  return cusafe_kernel_launch_ex(k, &c, attrs, n, NULL, 0);
+}
+
+/* Nothing reached CUDA's launch calls. */
+static void assert_no_launch(void) {
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
+}
+
+START_TEST(test_ex_layout) {
+  ck_assert_uint_eq(sizeof(cusafe_launch_attr), 24);
+  ck_assert_uint_eq(offsetof(cusafe_launch_attr, value), 8);
+  ck_assert_uint_eq(sizeof(cusafe_launch_config), 40);
+}
+END_TEST
+
+/* Without attributes the call is cusafe_kernel_launch: cudaLaunchKernel. */
+START_TEST(test_ex_without_attributes) {
+  struct fixture f;
+  cusafe_launch_config c = config1();
+  int32_t four = 4;
+  fixture_make(&f);
+  fake_log_clear();
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, NULL, 0, args, 3));
+  TU_ERR(cusafe_kernel_launch_ex(f.k1, &c, NULL, 0, args, 2),
+         CUSAFE_ERROR_INVALID_ARGUMENTS,
+         "kernel k1 takes 3 arguments, 2 given");
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
+  ck_assert_uint_eq(fake_last_launch_attrs(NULL, 0), 0);
+  fixture_release(&f);
+}
+END_TEST
+
+/* The attributes reach cudaLaunchKernelExC exactly. */
+START_TEST(test_ex_attributes_reach_cuda) {
+  struct fixture f;
+  cudaLaunchAttribute got[8];
+  fixture_make(&f);
+  fake_log_clear();
+  const cusafe_launch_attr a[] = {
+      attr_cluster(2, 1, 1),
+      attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 1),
+      attr_priority(-3)};
+  cusafe_launch_config c = config_dims(4, 2, 1, 64, 1, 1);
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 3, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
+  ck_assert_uint_eq(fake_last_launch_attrs(got, 8), 3);
+  ck_assert_int_eq(got[0].id, cudaLaunchAttributeClusterDimension);
+  ck_assert_uint_eq(got[0].val.clusterDim.x, 2);
+  ck_assert_uint_eq(got[0].val.clusterDim.y, 1);
+  ck_assert_uint_eq(got[0].val.clusterDim.z, 1);
+  ck_assert_int_eq(got[1].id,
+                   cudaLaunchAttributeProgrammaticStreamSerialization);
+  ck_assert_int_eq(got[1].val.programmaticStreamSerializationAllowed, 1);
+  ck_assert_int_eq(got[2].id, cudaLaunchAttributePriority);
+  ck_assert_int_eq(got[2].val.priority, -3);
+  /* The arguments as a plain launch passes them. */
+  unsigned char v[24];
+  ck_assert_uint_eq(fake_last_launch_args(v, sizeof v), 24);
+  int32_t i32;
+  memcpy(&i32, v + 8, 4);
+  ck_assert_int_eq(i32, 4);
+
+  /* Cooperative; flags of 0 pass through as 0; non-portable clusters are
+   * the kernel's attribute, set once, not the launch's. */
+  const cusafe_launch_attr b[] = {
+      attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1),
+      attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 0)};
+  TU_OK(launch_k0(f.k0, 8, 256, b, 2));
+  ck_assert_uint_eq(fake_last_launch_attrs(got, 8), 2);
+  ck_assert_int_eq(got[0].id, cudaLaunchAttributeCooperative);
+  ck_assert_int_eq(got[0].val.cooperative, 1);
+  ck_assert_int_eq(got[1].val.programmaticStreamSerializationAllowed, 0);
+  const cusafe_launch_attr np[] = {
+      attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 1),
+      attr_cluster(4, 4, 1)};
+  fake_log_clear();
+  cusafe_launch_config c2 = config_dims(16, 4, 1, 128, 1, 1);
+  TU_OK(cusafe_kernel_launch_ex(f.k0, &c2, np, 2, NULL, 0));
+  TU_OK(cusafe_kernel_launch_ex(f.k0, &c2, np, 2, NULL, 0));
+  ck_assert_uint_eq(fake_log_count("cudaKernelSetAttributeForDevice"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+  ck_assert_uint_eq(fake_last_launch_attrs(got, 8), 1);
+  ck_assert_int_eq(got[0].id, cudaLaunchAttributeClusterDimension);
+  ck_assert_uint_eq(got[0].val.clusterDim.x, 4);
+  ck_assert_uint_eq(got[0].val.clusterDim.y, 4);
+  fixture_release(&f);
+}
+END_TEST
+
+/* Occupancy is asked once per shape and kernel. */
+START_TEST(test_ex_occupancy_cached) {
+  struct fixture f;
+  fixture_make(&f);
+  const cusafe_launch_attr coop[] = {
+      attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
+  const cusafe_launch_attr cl[] = {attr_cluster(2, 1, 1)};
+  fake_log_clear();
+  for (int i = 0; i < 3; i++) {
+    TU_OK(launch_k0(f.k0, 264, 1024, coop, 1));
+    TU_OK(launch_k0(f.k0, 4, 1024, cl, 1));
+  }
+  ck_assert_uint_eq(
+      fake_log_count("cudaOccupancyMaxActiveBlocksPerMultiprocessor"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaOccupancyMaxActiveClusters"), 1);
+  TU_OK(launch_k0(f.k0, 256, 512, coop, 1)); /* another shape: asked */
+  ck_assert_uint_eq(
+      fake_log_count("cudaOccupancyMaxActiveBlocksPerMultiprocessor"), 2);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 7);
+  fixture_release(&f);
+}
+END_TEST
+
+/* Each refusal, with its status and message; nothing reaches CUDA. */
+START_TEST(test_ex_refusals) {
+  struct fixture f;
+  fixture_make(&f);
+  fake_log_clear();
+  cusafe_kernel k = f.k0;
+  cusafe_launch_attr a[2];
+
+  TU_ERR(launch_k0(k, 4, 32, NULL, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "attrs is NULL");
+  a[0] = attr_flag(9, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 has unknown id 9");
+  a[0] = attr_flag(0, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 has unknown id 0");
+  a[0] = attr_priority(0);
+  a[1] = attr_flag(6, 0);
+  TU_ERR(launch_k0(k, 4, 32, a, 2), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 1 has unknown id 6");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1);
+  a[0].reserved = 1;
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 (COOPERATIVE) has reserved 1; it must be 0");
+  a[0] = attr_priority(0);
+  a[1] = attr_priority(-1);
+  TU_ERR(launch_k0(k, 4, 32, a, 2), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 1 (PRIORITY) repeats launch attribute 0");
+  a[0] = attr_cluster(2, 1, 1);
+  a[1] = attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 2);
+  TU_ERR(launch_k0(k, 4, 32, a, 2), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 1 (COOPERATIVE) has flag 2; 0 or 1");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, -1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 (NON_PORTABLE_CLUSTER) has flag -1; 0 or 1");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 3);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 (PROGRAMMATIC_SERIALIZATION) has flag 3; 0 or 1");
+  a[0] = attr_priority(-6);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 (PRIORITY) of -6 is outside the device's stream "
+         "priority range 0 (least) to -5 (greatest)");
+  a[0] = attr_priority(1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_VALUE,
+         "launch attribute 0 (PRIORITY) of 1 is outside the device's stream "
+         "priority range 0 (least) to -5 (greatest)");
+
+  a[0] = attr_cluster(2, 0, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "cluster dimension y is 0");
+  a[0] = attr_cluster(2, 1, 1);
+  TU_ERR(launch_k0(k, 5, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension x of 5 is not a multiple of cluster dimension x of 2");
+  a[0] = attr_cluster(1, 1, 2);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension z of 1 is not a multiple of cluster dimension z of 2");
+  a[0] = attr_cluster(16, 1, 1);
+  TU_ERR(launch_k0(k, 16, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cluster of 16 blocks exceeds the portable limit of 8 "
+         "(NON_PORTABLE_CLUSTER allows 16)");
+  a[1] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 0);
+  TU_ERR(launch_k0(k, 16, 32, a, 2), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cluster of 16 blocks exceeds the portable limit of 8 "
+         "(NON_PORTABLE_CLUSTER allows 16)");
+  a[0] = attr_cluster(32, 1, 1);
+  a[1] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 1);
+  TU_ERR(launch_k0(k, 32, 32, a, 2), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cluster of 32 blocks exceeds the limit of 16");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "NON_PORTABLE_CLUSTER without a CLUSTER attribute");
+  /* Given with flag 0 too. */
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 0);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "NON_PORTABLE_CLUSTER without a CLUSTER attribute");
+
+  /* The configuration's own checks come first. */
+  a[0] = attr_cluster(2, 1, 1);
+  TU_ERR(launch_k0(k, 0, 32, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "grid dimension x is 0");
+  TU_ERR(launch_k0(CUSAFE_NULL_HANDLE, 4, 32, a, 1),
+         CUSAFE_ERROR_INVALID_HANDLE, "kernel is the NULL handle");
+  assert_no_launch();
+  ck_assert_uint_eq(fake_log_count("cudaOccupancyMaxActiveClusters"), 0);
+
+  /* A cooperative grid larger than can be co-resident: blocks of 1024
+   * threads, 2 per multiprocessor of the fake's 132. */
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1);
+  TU_ERR(launch_k0(k, 265, 1024, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cooperative grid of 265 blocks exceeds the 264 that can be "
+         "co-resident (2 per SM x 132 SMs)");
+  TU_ERR(launch_k0(k, 300, 1024, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cooperative grid of 300 blocks exceeds the 264 that can be "
+         "co-resident (2 per SM x 132 SMs)");
+  /* With clusters of 2: 16 per GPC of 16 multiprocessors, 8 GPCs. */
+  a[1] = attr_cluster(2, 1, 1);
+  TU_ERR(launch_k0(k, 258, 1024, a, 2), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "a cooperative grid of 258 blocks exceeds the 256 that can be "
+         "co-resident (128 clusters of 2 blocks)");
+  assert_no_launch();
+  TU_OK(launch_k0(k, 264, 1024, a, 1));
+  TU_OK(launch_k0(k, 256, 1024, a, 2));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+
+  /* A cluster that fits no GPC: GPCs of one multiprocessor, which holds 2
+   * blocks of 1024 threads (a kernel handle of its own: occupancy is
+   * cached per kernel). */
+  cusafe_kernel k2 = tu_get_kernel(f.m, "k0");
+  fake_set_cluster_sms(0, 1);
+  fake_log_clear();
+  a[0] = attr_cluster(4, 1, 1);
+  TU_ERR(launch_k0(k2, 4, 1024, a, 1), CUSAFE_ERROR_INVALID_CONFIGURATION,
+         "kernel k0 cannot run with clusters of 4 blocks of 1024 threads: no "
+         "cluster fits an SM group (cudaOccupancyMaxActiveClusters is 0)");
+  assert_no_launch();
+  TU_OK(launch_k0(k2, 4, 512, a, 1)); /* 4 blocks of 512 fit one SM */
+  TU_OK(cusafe_kernel_release(k2));
+  fixture_release(&f);
+}
+END_TEST
+
+/* Devices that cannot: no clusters, no cooperative launches, compute
+ * capability 8.0. */
+START_TEST(test_ex_device_cannot) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  fake_set_launch_support(0, 0, 0);
+  fake_set_compute_capability(0, 8, 0);
+  TU_OK(cusafe_context_create(&ctx, 0));
+  cusafe_module m = load_fake_image(ctx);
+  cusafe_kernel k = tu_get_kernel(m, "k0");
+  fake_log_clear();
+  cusafe_launch_attr a[1];
+  a[0] = attr_cluster(2, 1, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_NOT_SUPPORTED,
+         "device 0 does not support thread block clusters "
+         "(cudaDevAttrClusterLaunch is 0)");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_NOT_SUPPORTED,
+         "device 0 does not support cooperative launches "
+         "(cudaDevAttrCooperativeLaunch is 0)");
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 1);
+  TU_ERR(launch_k0(k, 4, 32, a, 1), CUSAFE_ERROR_NOT_SUPPORTED,
+         "programmatic serialization needs compute capability 9.0; device 0 "
+         "has 8.0");
+  assert_no_launch();
+  /* Flags of 0 ask for nothing the device lacks. */
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 0);
+  TU_OK(launch_k0(k, 4, 32, a, 1));
+  a[0] = attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 0);
+  TU_OK(launch_k0(k, 4, 32, a, 1));
+  TU_OK(cusafe_kernel_release(k));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* Each CUDA call of an attributed launch failing: its mapped status and
+ * message, nothing queued, and the launch works once CUDA does. */
+START_TEST(test_ex_cuda_failures) {
+  struct fixture f;
+  fixture_make(&f);
+  const cusafe_launch_attr np[] = {
+      attr_cluster(16, 1, 1),
+      attr_flag(CUSAFE_LAUNCH_ATTR_NON_PORTABLE_CLUSTER, 1),
+      attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
+  const cusafe_launch_attr coop[] = {
+      attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
+  static const char *const calls[] = {"cudaKernelSetAttributeForDevice",
+                                      "cudaOccupancyMaxActiveClusters",
+                                      "cudaLaunchKernelExC"};
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    fake_log_clear();
+    fake_fail_function(calls[i], cudaErrorLaunchOutOfResources);
+    TU_ERR(launch_k0(f.k0, 32, 128, np, 3), CUSAFE_ERROR_CUDA,
+           "%s failed: too many resources requested for launch", calls[i]);
+    ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorLaunchOutOfResources);
+    fake_fail_function(calls[i], cudaErrorMemoryAllocation);
+    TU_ERR(launch_k0(f.k0, 32, 128, np, 3), CUSAFE_ERROR_OUT_OF_MEMORY,
+           "%s failed: out of memory", calls[i]);
+    fake_fail_function(calls[i], cudaSuccess);
+    ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
+  }
+  fake_log_clear();
+  fake_fail_function("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                     cudaErrorUnknown);
+  TU_ERR(launch_k0(f.k0, 8, 128, coop, 1), CUSAFE_ERROR_CUDA,
+         "cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: unknown "
+         "error");
+  fake_fail_clear();
+  assert_no_launch();
+  TU_OK(launch_k0(f.k0, 32, 128, np, 3));
+  TU_OK(launch_k0(f.k0, 8, 128, coop, 1));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
+  fixture_release(&f);
+}
+END_TEST
+
+/* The buffers of an attributed launch stay alive until it has run, as
+ * every launch's do. */
+START_TEST(test_ex_keeps_buffers) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_buffer x = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_context_create(&ctx, 0));
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel fill = tu_get_kernel(m, "cusafe_fill_f32");
+  TU_OK(cusafe_buffer_alloc(&x, ctx, CUSAFE_MEMORY_DEVICE, 64 * sizeof(float)));
+  fake_set_paused(1);
+  const cusafe_launch_attr a[] = {
+      attr_cluster(2, 1, 1),
+      attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 1)};
+  cusafe_launch_config c = config_dims(2, 1, 1, 32, 1, 1);
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(x), CUSAFE_ARG_F32V(2.5f),
+                             CUSAFE_ARG_U64V(64)};
+  TU_OK(cusafe_kernel_launch_ex(fill, &c, a, 2, args, 3));
+  TU_OK(cusafe_buffer_release(x)); /* the queued kernel still uses it */
+  /* Had the memory gone, the fake would abort when the kernel runs. */
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
+  fake_set_paused(0);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_module_release(m));
+  TU_OK(cusafe_context_release(ctx));
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* A capture of a cluster launch and a programmatic dependent launch: the
+ * graph holds their buffers and kernels, and each replay does the work. */
+START_TEST(test_ex_capture) {
+  cusafe_context ctx = CUSAFE_NULL_HANDLE;
+  cusafe_stream s = CUSAFE_NULL_HANDLE;
+  cusafe_buffer x = CUSAFE_NULL_HANDLE;
+  cusafe_graph g = CUSAFE_NULL_HANDLE;
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  enum { N = 256 };
+  float host[N];
+  TU_OK(cusafe_context_create(&ctx, 0));
+  TU_OK(cusafe_stream_create(&s, ctx, CUSAFE_STREAM_NON_BLOCKING, 0));
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  cusafe_kernel fill = tu_get_kernel(m, "cusafe_fill_f32");
+  cusafe_kernel scale = tu_get_kernel(m, "cusafe_scale_f32");
+  TU_OK(cusafe_buffer_alloc(&x, ctx, CUSAFE_MEMORY_DEVICE, sizeof host));
+  const cusafe_launch_attr cl[] = {attr_cluster(2, 1, 1), attr_priority(-2)};
+  const cusafe_launch_attr pdl[] = {
+      attr_flag(CUSAFE_LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION, 1)};
+  cusafe_launch_config c = config_dims(4, 1, 1, 64, 1, 1);
+  c.stream = s;
+  const cusafe_arg fill_args[] = {CUSAFE_ARG_BUF(x), CUSAFE_ARG_F32V(1.5f),
+                                  CUSAFE_ARG_U64V(N)};
+  const cusafe_arg scale_args[] = {CUSAFE_ARG_BUF(x), CUSAFE_ARG_F32V(4.0f),
+                                   CUSAFE_ARG_U64V(N)};
+  fake_log_clear();
+  TU_OK(cusafe_stream_begin_capture(s));
+  TU_OK(cusafe_kernel_launch_ex(fill, &c, cl, 2, fill_args, 3));
+  TU_OK(cusafe_kernel_launch_ex(scale, &c, pdl, 1, scale_args, 3));
+  TU_OK(cusafe_stream_end_capture(&g, s));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
+  /* The graph keeps the buffer and the kernels. */
+  TU_OK(cusafe_buffer_retain(x));
+  TU_OK(cusafe_kernel_release(fill));
+  TU_OK(cusafe_kernel_release(scale));
+  TU_OK(cusafe_module_release(m));
+  for (int replay = 0; replay < 2; replay++) {
+    TU_OK(cusafe_graph_launch(g, s));
+    TU_OK(cusafe_stream_synchronize(s));
+    memset(host, 0, sizeof host);
+    TU_OK(cusafe_buffer_read(x, 0, host, sizeof host));
+    for (int i = 0; i < N; i++)
+      ck_assert_float_eq(host[i], 6.0f);
+  }
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 4);
+  TU_OK(cusafe_buffer_release(x));
+  TU_OK(cusafe_buffer_release(x)); /* the graph still holds it */
+  TU_OK(cusafe_graph_launch(g, s));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_stream_release(s));
+  TU_OK(cusafe_context_release(ctx));
+  TU_OK(cusafe_shutdown());
+  TU_NOTHING_LIVE();
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* Suite                                                                      */
 /* ------------------------------------------------------------------------ */
 
@@ -1848,6 +2293,18 @@ static Suite *launch_suite(void) {
   tcase_add_test(tc, test_context_mismatch);
   tcase_add_test(tc, test_invalid_handles);
   tcase_add_test(tc, test_cuda_failures);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("attributes");
+  tcase_add_test(tc, test_ex_layout);
+  tcase_add_test(tc, test_ex_without_attributes);
+  tcase_add_test(tc, test_ex_attributes_reach_cuda);
+  tcase_add_test(tc, test_ex_occupancy_cached);
+  tcase_add_test(tc, test_ex_refusals);
+  tcase_add_test(tc, test_ex_device_cannot);
+  tcase_add_test(tc, test_ex_cuda_failures);
+  tcase_add_test(tc, test_ex_keeps_buffers);
+  tcase_add_test(tc, test_ex_capture);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("compile");

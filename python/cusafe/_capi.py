@@ -181,6 +181,33 @@ class LaunchConfig(ctypes.Structure):
     ]
 
 
+class LaunchAttrId(enum.IntEnum):
+    """cusafe_launch_attr_id."""
+    CLUSTER = 1
+    NON_PORTABLE_CLUSTER = 2
+    COOPERATIVE = 3
+    PROGRAMMATIC_SERIALIZATION = 4
+    PRIORITY = 5
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [
+        ("dim", ctypes.c_uint32 * 3),
+        ("flag", ctypes.c_int32),
+        ("priority", ctypes.c_int32),
+        ("pad", ctypes.c_uint64 * 2),
+    ]
+
+
+class LaunchAttr(ctypes.Structure):
+    """cusafe_launch_attr: one attribute of a launch, 24 bytes."""
+    _fields_ = [
+        ("id", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("value", _LaunchAttrValue),
+    ]
+
+
 class _DLDataType(ctypes.Structure):
     """DLPack's DLDataType, passed by value to cusafe_buffer_to_dlpack."""
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
@@ -292,7 +319,13 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "cusafe_kernel_retain": (c_status, [_h]),
     "cusafe_kernel_release": (c_status, [_h]),
     "cusafe_kernel_get_params": (c_status, [_P(_sz), _P(_sz), _sz, _h]),
+    "cusafe_kernel_declare": (c_status, [_h, ctypes.c_char_p]),
+    "cusafe_kernel_get_signature": (c_status, [ctypes.c_char_p, _sz, _P(_sz),
+                                               _h]),
     "cusafe_kernel_launch": (c_status, [_h, _P(LaunchConfig), _P(Arg), _sz]),
+    "cusafe_kernel_launch_ex": (c_status, [_h, _P(LaunchConfig),
+                                           _P(LaunchAttr), _sz, _P(Arg),
+                                           _sz]),
     "cusafe_kernel_suggest_config": (c_status, [_P(ctypes.c_uint32),
                                                 _P(ctypes.c_uint32), _h,
                                                 _sz, _sz]),
@@ -309,7 +342,8 @@ _RAW = ("cusafe_retain", "cusafe_release", "cusafe_context_release",
         "cusafe_stream_release", "cusafe_event_release",
         "cusafe_buffer_alloc", "cusafe_buffer_release",
         "cusafe_module_release", "cusafe_kernel_release",
-        "cusafe_graph_release", "cusafe_kernel_launch")
+        "cusafe_graph_release", "cusafe_kernel_launch",
+        "cusafe_kernel_launch_ex")
 
 # --------------------------------------------------------------------------
 # Errors

@@ -9,8 +9,10 @@ import struct
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
-from ._capi import ArgKind, LaunchConfig, _call, _unsigned, library
-from ._objects import Buffer, _Object, _Owner, _provides, _stream_handle
+from ._capi import (ArgKind, LaunchAttr, LaunchAttrId, LaunchConfig, _call,
+                    _unsigned, library)
+from ._objects import (Buffer, _encode, _Object, _Owner, _provides,
+                       _stream_handle)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer as _BufferLike
@@ -224,6 +226,62 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
     return (pack(*values) if args else None), keep
 
 
+def _launch_attrs(cluster: Optional[_Dim], cooperative: bool,
+                  programmatic_serialization: bool,
+                  priority: Optional[int]) -> Optional[Any]:
+    """The cusafe_launch_attr array of Kernel.launch's keyword arguments
+    (a ctypes array), or None where they ask for nothing.  A cluster of
+    more than 8 blocks asks for non-portable clusters too.  Raises
+    TypeError for a flag that is not a bool or a priority that is not an
+    int, ValueError or OverflowError for a cluster as for a grid, and
+    OverflowError for a priority beyond 32 bits; the library checks the
+    rest."""
+    for name, flag in (("cooperative", cooperative),
+                       ("programmatic_serialization",
+                        programmatic_serialization)):
+        if type(flag) is not bool:
+            raise TypeError("%s must be a bool, not %s"
+                            % (name, type(flag).__name__))
+    attrs: List[Tuple[int, Tuple[str, Any]]] = []
+    if cluster is not None:
+        dims = _dims(cluster, "cluster")
+        attrs.append((LaunchAttrId.CLUSTER, ("dim", dims)))
+        if dims[0] * dims[1] * dims[2] > 8:
+            attrs.append((LaunchAttrId.NON_PORTABLE_CLUSTER, ("flag", 1)))
+    if cooperative:
+        attrs.append((LaunchAttrId.COOPERATIVE, ("flag", 1)))
+    if programmatic_serialization:
+        attrs.append((LaunchAttrId.PROGRAMMATIC_SERIALIZATION, ("flag", 1)))
+    if priority is not None:
+        if isinstance(priority, bool):
+            raise TypeError("priority must be an int, not bool")
+        try:
+            p = operator.index(priority)
+        except TypeError:
+            raise TypeError("priority must be an int, not %s"
+                            % type(priority).__name__) from None
+        if not -2**31 <= p < 2**31:
+            raise OverflowError("priority %d does not fit 32 bits" % p)
+        attrs.append((LaunchAttrId.PRIORITY, ("priority", p)))
+    if not attrs:
+        return None
+    array = (LaunchAttr * len(attrs))()
+    for a, (ident, (field, value)) in zip(array, attrs):
+        a.id = int(ident)
+        if field == "dim":
+            a.value.dim[:] = value
+        else:
+            setattr(a.value, field, value)
+    return array
+
+
+def _raw_launch_ex() -> Any:
+    """cusafe_kernel_launch_ex of Library.raw: called with the kernel's
+    c_uint64, a pointer to the LaunchConfig, the attributes (a ctypes
+    array), a c_size_t count, the arguments and a c_size_t count."""
+    return library().raw.cusafe_kernel_launch_ex
+
+
 def _raw_launch() -> Any:
     """cusafe_kernel_launch of Library.raw: called with the kernel's
     c_uint64, a pointer to the LaunchConfig, the arguments (a ctypes array
@@ -321,22 +379,33 @@ class PreparedLaunch(_Owner):
     __slots__ = ("_fn", "_argv", "_keep")
     _holds = "it holds the GPU handles of its kernel and arguments"
     _fn: Any  # a ctypes function
-    _argv: Tuple[ctypes.c_uint64, ctypes.c_void_p, Optional[bytes],
-                 ctypes.c_size_t]
-    _keep: Tuple[Kernel, LaunchConfig, Tuple[Any, ...], Optional[List[Any]]]
+    # cusafe_kernel_launch's arguments, or cusafe_kernel_launch_ex's
+    _argv: Tuple[Any, ...]
+    _keep: Tuple[Kernel, LaunchConfig, Tuple[Any, ...], Optional[List[Any]],
+                 Optional[Any]]
 
     def __init__(self, kernel: Kernel, config: LaunchConfig,
                  args: Tuple[Any, ...],
-                 stream: Optional[Stream] = None) -> None:
+                 stream: Optional[Stream] = None,
+                 attrs: Optional[Any] = None) -> None:
         # A function object of its own with no argtypes, called with ctypes
         # values made once: ctypes then converts nothing per call.  The
-        # values have the exact C types of cusafe_kernel_launch.
-        self._fn = _raw_launch()
+        # values have the exact C types of cusafe_kernel_launch (or, with
+        # attributes, of cusafe_kernel_launch_ex).
         cargs, keep = _pack_args(args, stream)
-        self._argv = (ctypes.c_uint64(kernel.handle),
-                      ctypes.c_void_p(ctypes.addressof(config)), cargs,
-                      ctypes.c_size_t(len(args)))
-        self._keep = (kernel, config, args, keep)
+        if attrs is None:
+            self._fn = _raw_launch()
+            self._argv = (ctypes.c_uint64(kernel.handle),
+                          ctypes.c_void_p(ctypes.addressof(config)), cargs,
+                          ctypes.c_size_t(len(args)))
+        else:
+            self._fn = _raw_launch_ex()
+            self._argv = (ctypes.c_uint64(kernel.handle),
+                          ctypes.c_void_p(ctypes.addressof(config)),
+                          ctypes.c_void_p(ctypes.addressof(attrs)),
+                          ctypes.c_size_t(len(attrs)), cargs,
+                          ctypes.c_size_t(len(args)))
+        self._keep = (kernel, config, args, keep, attrs)
 
     def __call__(self) -> None:
         st = self._fn(*self._argv)
@@ -348,8 +417,9 @@ class Kernel(_Object):
     """A kernel of a module (Module.kernel), which it keeps alive; queued
     launches keep the kernel and their buffers alive until done.  Every
     launch is checked against the kernel's real parameters (count and
-    sizes): a mismatch raises CusafeError INVALID_ARGUMENTS naming the
-    argument.  Methods of a closed Kernel raise ValueError."""
+    sizes, and types where they are known: see signature and declare()):
+    a mismatch raises CusafeError INVALID_ARGUMENTS naming the argument.
+    Methods of a closed Kernel raise ValueError."""
 
     __slots__ = ("_name", "_pack")
     _name: str
@@ -377,6 +447,43 @@ class Kernel(_Object):
               count.value, self.handle)
         return list(sizes[:count.value])
 
+    @property
+    def signature(self) -> str:
+        """The kernel's parameters as C, "scale(float*, int)": read from a
+        C++ kernel's mangled name (the name demangled), the built-in
+        kernels' own, or declared (declare()).  Where the types are
+        unknown, the name and "(?)" ("my_kernel(?)"): launches then check
+        the arguments' sizes only."""
+        length = ctypes.c_size_t(0)
+        _call("cusafe_kernel_get_signature", None, 0, ctypes.byref(length),
+              self.handle)
+        while True:  # a declaration on another thread may change it
+            text = ctypes.create_string_buffer(length.value + 1)
+            _call("cusafe_kernel_get_signature", text, len(text),
+                  ctypes.byref(length), self.handle)
+            if length.value < len(text):
+                return text.value.decode("utf-8", "replace")
+
+    def declare(self, signature: str) -> None:
+        """Declares the C types of the kernel's parameters, for kernels
+        whose names carry none (extern "C"): a C parameter list such as
+        "float *y, const float *x, float a, size_t n" (names optional;
+        "" for none).  Every launch then checks each argument's type, not
+        only its size: a pointer takes a Buffer (or another library's
+        array) only, an integer ints and the typed integers of its width
+        (I32 or U32 for int), float F32 only, double F64 (and floats) only;
+        a struct or another type name takes Bytes and every value of its
+        size.  The types replace those read from a C++ kernel's name.
+        Raises CusafeError INVALID_VALUE where the list cannot be read or
+        does not fit the kernel's parameters (their number, a type's
+        size; the kernel keeps its types then), TypeError for a signature
+        that is not a str, ValueError for one with a NUL character."""
+        if not isinstance(signature, str):
+            raise TypeError("signature must be a str, not %s"
+                            % type(signature).__name__)
+        _call("cusafe_kernel_declare", self.handle,
+              _encode(signature, "signature"))
+
     def suggest_config(self, n: int, shared: int = 0) -> Tuple[int, int]:
         """(grid, block) that covers n threads with the best occupancy,
         each block using `shared` bytes of dynamic shared memory.  Raises
@@ -389,7 +496,10 @@ class Kernel(_Object):
         return grid.value, block.value
 
     def launch(self, grid: _Dim, block: _Dim, *args: Any, shared: int = 0,
-               stream: Optional[Stream] = None) -> None:
+               stream: Optional[Stream] = None,
+               cluster: Optional[_Dim] = None, cooperative: bool = False,
+               programmatic_serialization: bool = False,
+               priority: Optional[int] = None) -> None:
         """Launches the kernel: grid and block are ints or tuples of up to
         3 ints; args are Buffers (passed as their device address), arrays
         of other libraries (objects with __dlpack__ or
@@ -409,7 +519,26 @@ class Kernel(_Object):
         Launches on the default stream with the shape, and arguments of
         the types, of the kernel's previous launch take a fast path: one
         generated function compares them, packs the arguments with one
-        struct call, and launches with one ctypes call."""
+        struct call, and launches with one ctypes call.
+
+        Hopper's launches (cusafe_kernel_launch_ex), keyword-only:
+        `cluster`, the thread block cluster (an int or 1 to 3 ints, each
+        dividing the grid's; more than 8 blocks opts the kernel into
+        non-portable sizes, up to 16); `cooperative`, a grid whose blocks
+        can all wait for each other (grid.sync()), at most as many blocks
+        as can be resident at once; `programmatic_serialization`, a
+        programmatic dependent launch (compute capability 9.0); and
+        `priority`, within Context.stream_priority_range.  A rule broken
+        raises CusafeError (INVALID_CONFIGURATION, INVALID_VALUE or
+        NOT_SUPPORTED) with the library's sentence; a flag that is not a
+        bool or a priority that is not an int raises TypeError.  These
+        launches take the general path."""
+        if cluster is not None or cooperative is not False or \
+                programmatic_serialization is not False or \
+                priority is not None:
+            self._launch_ex(grid, block, args, shared, stream, _launch_attrs(
+                cluster, cooperative, programmatic_serialization, priority))
+            return
         if stream is None:
             try:
                 if self._pack(self, grid, block, shared, args):
@@ -435,6 +564,21 @@ class Kernel(_Object):
             self._pack = _make_fast(tuple(map(type, args)), grid, block,
                                     shared) or _no_fast
 
+    def _launch_ex(self, grid: _Dim, block: _Dim, args: Tuple[Any, ...],
+                   shared: int, stream: Optional[Stream],
+                   attrs: Optional[Any]) -> None:
+        """Kernel.launch with attributes (None: none after all, a plain
+        launch through cusafe_kernel_launch_ex)."""
+        config = _launch_config(grid, block, shared, stream)
+        cargs, _keep = _pack_args(args, stream)
+        n = ctypes.c_size_t(len(attrs) if attrs is not None else 0)
+        st = _raw_launch_ex()(self._c, ctypes.byref(config), attrs, n, cargs,
+                              ctypes.c_size_t(len(args)))
+        if st and self.closed:
+            raise ValueError("this cusafe.Kernel is closed")
+        if st:
+            library().check(st)
+
     def _failed(self, status: int, args: Tuple[Any, ...]) -> None:
         """Raises for a failed fast launch: ValueError for a closed object
         (whose handle the fast path passed as 0), else the library's
@@ -447,16 +591,25 @@ class Kernel(_Object):
         library().check(status)
 
     def prepare(self, grid: _Dim, block: _Dim, *args: Any, shared: int = 0,
-                stream: Optional[Stream] = None) -> PreparedLaunch:
+                stream: Optional[Stream] = None,
+                cluster: Optional[_Dim] = None, cooperative: bool = False,
+                programmatic_serialization: bool = False,
+                priority: Optional[int] = None) -> PreparedLaunch:
         """A PreparedLaunch: this launch with its configuration and
         arguments converted once, to be run many times for the cost of one
         ctypes call.  The handles are read now: a Buffer closed later makes
         the launch fail with INVALID_HANDLE (the library checks every
         handle), never use freed memory.  Arrays of other libraries are
         wrapped now, once: their memory lives as long as the prepared
-        launch, and the producer's work is waited for at this call only."""
+        launch, and the producer's work is waited for at this call only.
+        cluster, cooperative, programmatic_serialization and priority are
+        those of launch(), checked (in Python) now and by the library at
+        every call."""
+        attrs = _launch_attrs(cluster, cooperative,
+                              programmatic_serialization, priority)
         return PreparedLaunch(self, _launch_config(grid, block, shared,
-                                                   stream), args, stream)
+                                                   stream), args, stream,
+                              attrs)
 
     __call__ = launch
 

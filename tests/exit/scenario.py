@@ -259,8 +259,8 @@ def launches():
         "given", e.message
     e = expect_error(cusafe.Status.INVALID_ARGUMENTS, fill.launch, 4, 256, c,
                      cusafe.F32(1.0), cusafe.I32(n))
-    assert e.message == "argument 2 of kernel cusafe_fill_f32 is 4 bytes, " \
-        "parameter 2 is 8 bytes", e.message
+    assert e.message == "argument 2 of kernel cusafe_fill_f32(float*, " \
+        "float, size_t) is a 32-bit integer, parameter 2 is size_t", e.message
     expect_raise(OverflowError, "does not fit F32", fill.launch, 4, 256, c,
                  cusafe.F32(1e300), n)
     expect_raise(OverflowError, "does not fit I64", add.launch, 4, 256, c, a,

@@ -51,6 +51,8 @@
 #define MAX_DEVICES 8
 #define DEFAULT_DEVICES 2
 #define DEFAULT_MEMORY_LIMIT ((size_t)1 << 30)
+#define SM_COUNT 132
+#define DEFAULT_CLUSTER_SMS 16 /* multiprocessors of a GPC */
 #define PRIORITY_LEAST 0
 #define PRIORITY_GREATEST (-5)
 
@@ -196,6 +198,9 @@ struct fdevice {
   uint64_t clock;      /* counts queued operations and records */
   unsigned peers;      /* devices whose memory this one's context reaches */
   unsigned pool_peers; /* devices that this one's memory pool lets in */
+  /* fake_set_launch_support, fake_set_compute_capability,
+   * fake_set_cluster_sms */
+  int cluster_launch, cooperative_launch, cc_major, cc_minor, cluster_sms;
   struct fstream legacy;
 };
 
@@ -214,6 +219,8 @@ struct fkernel {
   size_t static_shared; /* sharedSizeBytes */
   /* cudaFuncAttributeMaxDynamicSharedMemorySize, per device */
   int max_dynamic[MAX_DEVICES];
+  /* cudaFuncAttributeNonPortableClusterSizeAllowed, per device */
+  int nonportable[MAX_DEVICES];
   size_t nparams;
   size_t *psize, *poffset;
   unsigned char *pointer; /* per parameter: declared `p` */
@@ -242,6 +249,7 @@ struct fprogram {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_initialized;
 
+#define FAKE_MAX_LAUNCH_ATTRS 16
 #define PARAM_SPACE_MAX 32764 /* bytes of kernel parameters (CUDA 12.1+) */
 
 static struct {
@@ -294,6 +302,9 @@ static struct {
   char *nvrtc_options;        /* the options of the last nvrtcCompileProgram */
   unsigned char *launch_args; /* the argument values of the last launch */
   size_t launch_args_size;
+  /* The attributes of the last launch (none for cudaLaunchKernel). */
+  cudaLaunchAttribute launch_attrs[FAKE_MAX_LAUNCH_ATTRS];
+  size_t launch_nattrs;
   size_t param_space; /* bytes of parameters a kernel may take */
 
   struct fdevice dev[MAX_DEVICES];
@@ -390,6 +401,11 @@ static void set_defaults(void) {
     memset(d, 0, sizeof *d);
     d->managed = 1;
     d->limit = DEFAULT_MEMORY_LIMIT;
+    d->cluster_launch = 1;
+    d->cooperative_launch = 1;
+    d->cc_major = 9;
+    d->cc_minor = 0;
+    d->cluster_sms = DEFAULT_CLUSTER_SMS;
     d->legacy.device = i;
     d->legacy.builtin = 1;
   }
@@ -594,6 +610,7 @@ static void free_call_records(void) {
   free(g.launch_args);
   g.launch_args = NULL;
   g.launch_args_size = 0;
+  g.launch_nattrs = 0;
 }
 
 /* The call records survive the teardown (tests of the behaviour after it
@@ -1433,10 +1450,10 @@ static void fill_properties(struct cudaDeviceProp *p, int dev) {
   p->maxGridSize[1] = 65535;
   p->maxGridSize[2] = 65535;
   p->totalConstMem = 65536;
-  p->major = 9;
-  p->minor = 0;
+  p->major = d->cc_major;
+  p->minor = d->cc_minor;
   p->textureAlignment = 512;
-  p->multiProcessorCount = 132;
+  p->multiProcessorCount = SM_COUNT;
   p->integrated = 0;
   p->canMapHostMemory = 1;
   p->concurrentKernels = 1;
@@ -1451,7 +1468,8 @@ static void fill_properties(struct cudaDeviceProp *p, int dev) {
   p->regsPerMultiprocessor = 65536;
   p->managedMemory = d->managed;
   p->concurrentManagedAccess = d->managed;
-  p->cooperativeLaunch = 1;
+  p->cooperativeLaunch = d->cooperative_launch;
+  p->clusterLaunch = d->cluster_launch;
   p->sharedMemPerBlockOptin = 227 * 1024;
   p->maxBlocksPerMultiProcessor = 32;
   p->memoryPoolsSupported = 1;
@@ -1516,6 +1534,7 @@ static cudaError_t fk_device_get_attribute(int *value, enum cudaDeviceAttr attr,
   case cudaDevAttrManagedMemory: v = p.managedMemory; break;
   case cudaDevAttrConcurrentManagedAccess: v = p.concurrentManagedAccess; break;
   case cudaDevAttrCooperativeLaunch: v = p.cooperativeLaunch; break;
+  case cudaDevAttrClusterLaunch: v = p.clusterLaunch; break;
   case cudaDevAttrMaxSharedMemoryPerBlockOptin:
     v = (int)p.sharedMemPerBlockOptin;
     break;
@@ -2774,12 +2793,34 @@ static cudaError_t fk_kernel_set_attribute_for_device(
     if (value < -1 || value > 100)
       return leave(cudaErrorInvalidValue);
     return leave(cudaSuccess); /* a hint; nothing to model */
+  case cudaFuncAttributeNonPortableClusterSizeAllowed:
+    if (value != 0 && value != 1)
+      return leave(cudaErrorInvalidValue);
+    if (!g.dev[device].cluster_launch)
+      return leave(cudaErrorNotSupported);
+    k->nonportable[device] = value;
+    return leave(cudaSuccess);
   default: return leave(cudaErrorInvalidValue);
   }
 }
 
 /* A deterministic model of an H100-like multiprocessor: 2048 threads (in
  * whole warps), 32 blocks and 228 KiB of shared memory. */
+static int blocks_per_sm(const struct fkernel *k, int dev, size_t threads,
+                         size_t dynamic_shared) {
+  if (threads == 0 || threads > (size_t)k->maxthreads ||
+      dynamic_shared > (size_t)k->max_dynamic[dev])
+    return 0;
+  size_t warps = (threads + 31) / 32;
+  size_t n = SM_THREADS / (warps * 32);
+  if (n > SM_BLOCKS)
+    n = SM_BLOCKS;
+  size_t shared = k->static_shared + dynamic_shared;
+  if (shared && SM_SHARED / shared < n)
+    n = SM_SHARED / shared;
+  return (int)n;
+}
+
 static cudaError_t fk_occupancy_max_active_blocks(int *blocks, const void *func,
                                                   int block_size,
                                                   size_t dynamic_shared) {
@@ -2790,19 +2831,7 @@ static cudaError_t fk_occupancy_max_active_blocks(int *blocks, const void *func,
       resolve_kernel("cudaOccupancyMaxActiveBlocksPerMultiprocessor", func);
   if (!blocks || block_size <= 0)
     return leave(cudaErrorInvalidValue);
-  if (block_size > k->maxthreads ||
-      dynamic_shared > (size_t)k->max_dynamic[dev]) {
-    *blocks = 0;
-    return leave(cudaSuccess);
-  }
-  size_t warps = ((size_t)block_size + 31) / 32;
-  size_t n = SM_THREADS / (warps * 32);
-  if (n > SM_BLOCKS)
-    n = SM_BLOCKS;
-  size_t shared = k->static_shared + dynamic_shared;
-  if (shared && SM_SHARED / shared < n)
-    n = SM_SHARED / shared;
-  *blocks = (int)n;
+  *blocks = blocks_per_sm(k, dev, (size_t)block_size, dynamic_shared);
   return leave(cudaSuccess);
 }
 
@@ -2811,9 +2840,8 @@ static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static void (*launch_hook)(void *);
 static void *launch_hook_arg;
 
-static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
-                                    void **args, size_t shared_memory,
-                                    cudaStream_t stream) {
+/* What a launch does before anything else: the test's hook, the delay. */
+static void launch_prologue(void) {
   pthread_mutex_lock(&hook_lock);
   void (*hook)(void *) = launch_hook;
   void *hook_arg = launch_hook_arg;
@@ -2826,13 +2854,127 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     struct timespec ts = {delay / 1000000, (long)(delay % 1000000) * 1000};
     nanosleep(&ts, NULL);
   }
+}
+
+/* The cluster of a launch's attributes into c[3]: 1 if given. */
+static int attrs_cluster(const cudaLaunchAttribute *attrs, size_t n,
+                         unsigned c[3]) {
+  for (size_t i = 0; i < n; i++)
+    if (attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      c[0] = attrs[i].val.clusterDim.x;
+      c[1] = attrs[i].val.clusterDim.y;
+      c[2] = attrs[i].val.clusterDim.z;
+      return 1;
+    }
+  return 0;
+}
+
+/* Checks a cluster of kernel k on device dev as CUDA does: the device
+ * supports clusters; no dimension 0; at most 8 blocks, or 16 once the
+ * kernel allows non-portable sizes. */
+static cudaError_t check_cluster(const struct fkernel *k, int dev,
+                                 const unsigned c[3]) {
+  if (!g.dev[dev].cluster_launch)
+    return cudaErrorNotSupported;
+  if (!c[0] || !c[1] || !c[2])
+    return cudaErrorInvalidClusterSize;
+  uint64_t n = (uint64_t)c[0] * c[1] * (uint64_t)c[2];
+  if (n > (k->nonportable[dev] ? 16u : 8u))
+    return cudaErrorInvalidClusterSize;
+  return cudaSuccess;
+}
+
+/* Clusters of `cluster` blocks that can be resident at once: each lives
+ * on one GPC of cluster_sms multiprocessors (fake_set_cluster_sms). */
+static int active_clusters(const struct fkernel *k, int dev, size_t threads,
+                           size_t shared, uint64_t cluster) {
+  int sms = g.dev[dev].cluster_sms;
+  uint64_t per_gpc =
+      (uint64_t)blocks_per_sm(k, dev, threads, shared) * (uint64_t)sms;
+  return (int)((uint64_t)(SM_COUNT / sms) * (per_gpc / cluster));
+}
+
+static cudaError_t
+fk_occupancy_max_active_clusters(int *clusters, const void *func,
+                                 const cudaLaunchConfig_t *config) {
+  int dev;
+  ENTER_ON_DEVICE_OR_RETURN("cudaOccupancyMaxActiveClusters", STICKY, &dev);
+  struct fkernel *k = resolve_kernel("cudaOccupancyMaxActiveClusters", func);
+  if (!clusters || !config || (config->numAttrs && !config->attrs))
+    return leave(cudaErrorInvalidValue);
+  unsigned c[3];
+  if (!attrs_cluster(config->attrs, config->numAttrs, c))
+    return leave(cudaErrorInvalidClusterSize);
+  cudaError_t e = check_cluster(k, dev, c);
+  if (e != cudaSuccess)
+    return leave(e);
+  size_t threads = (size_t)config->blockDim.x * config->blockDim.y *
+                   (size_t)config->blockDim.z;
+  *clusters = active_clusters(k, dev, threads, config->dynamicSmemBytes,
+                              (uint64_t)c[0] * c[1] * (uint64_t)c[2]);
+  return leave(cudaSuccess);
+}
+
+/* Checks a launch's attributes as CUDA does (see fakecuda.h). */
+static cudaError_t check_attrs(const struct fkernel *k, int dev, dim3 grid,
+                               dim3 block, size_t shared,
+                               const cudaLaunchAttribute *attrs, size_t n) {
+  if (n > FAKE_MAX_LAUNCH_ATTRS)
+    return cudaErrorInvalidValue;
+  unsigned c[3] = {1, 1, 1};
+  int cluster = attrs_cluster(attrs, n, c);
+  uint64_t blocks = (uint64_t)grid.x * grid.y * (uint64_t)grid.z;
+  size_t threads = (size_t)block.x * block.y * (size_t)block.z;
+  if (cluster) {
+    cudaError_t e = check_cluster(k, dev, c);
+    if (e != cudaSuccess)
+      return e;
+    if (grid.x % c[0] || grid.y % c[1] || grid.z % c[2])
+      return cudaErrorInvalidClusterSize;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const cudaLaunchAttribute *a = &attrs[i];
+    switch (a->id) {
+    case cudaLaunchAttributeClusterDimension: break;
+    case cudaLaunchAttributeCooperative:
+      if (!a->val.cooperative)
+        break;
+      if (!g.dev[dev].cooperative_launch)
+        return cudaErrorNotSupported;
+      uint64_t most =
+          cluster ? (uint64_t)active_clusters(k, dev, threads, shared,
+                                              (uint64_t)c[0] * c[1] * c[2]) *
+                        c[0] * c[1] * c[2]
+                  : (uint64_t)blocks_per_sm(k, dev, threads, shared) * SM_COUNT;
+      if (blocks > most)
+        return cudaErrorCooperativeLaunchTooLarge;
+      break;
+    case cudaLaunchAttributeProgrammaticStreamSerialization:
+      if (a->val.programmaticStreamSerializationAllowed &&
+          g.dev[dev].cc_major < 9)
+        return cudaErrorNotSupported;
+      break;
+    case cudaLaunchAttributePriority: break; /* CUDA clamps it */
+    default: return cudaErrorInvalidValue;
+    }
+  }
+  return cudaSuccess;
+}
+
+/* The launch proper, of cudaLaunchKernel (no attributes) and
+ * cudaLaunchKernelExC. */
+static cudaError_t launch_common(const char *name, const void *func, dim3 grid,
+                                 dim3 block, void **args, size_t shared_memory,
+                                 cudaStream_t stream,
+                                 const cudaLaunchAttribute *attrs,
+                                 size_t nattrs) {
+  launch_prologue();
   struct fstream *s;
-  ENTER_ON_STREAM_OR_RETURN("cudaLaunchKernel", stream, 0, &s);
-  struct fkernel *k = resolve_kernel("cudaLaunchKernel", func);
+  ENTER_ON_STREAM_OR_RETURN(name, stream, 0, &s);
+  struct fkernel *k = resolve_kernel(name, func);
   if (k->lib->device != s->device)
-    violation("cudaLaunchKernel of kernel %s, loaded on device %d, on a "
-              "stream of device %d",
-              k->name, k->lib->device, s->device);
+    violation("%s of kernel %s, loaded on device %d, on a stream of device %d",
+              name, k->name, k->lib->device, s->device);
   cudaError_t e = sticky(s->device);
   if (e != cudaSuccess)
     return leave(e);
@@ -2844,18 +2986,21 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
     return leave(cudaErrorInvalidConfiguration);
   if (shared_memory > (size_t)k->max_dynamic[s->device])
     return leave(cudaErrorInvalidValue);
+  if (nattrs && !attrs)
+    return leave(cudaErrorInvalidValue);
+  e = check_attrs(k, s->device, grid, block, shared_memory, attrs, nattrs);
+  if (e != cudaSuccess)
+    return leave(e);
   if (k->nparams && !args)
-    violation("cudaLaunchKernel of kernel %s, which has %zu parameter%s, "
-              "with args NULL",
-              k->name, k->nparams, plural(k->nparams));
+    violation("%s of kernel %s, which has %zu parameter%s, with args NULL",
+              name, k->name, k->nparams, plural(k->nparams));
   unsigned char *values = calloc(1, k->argbytes ? k->argbytes : 1);
   if (!values)
     return leave(cudaErrorMemoryAllocation);
   for (size_t i = 0; i < k->nparams; i++) {
     if (!args[i]) {
       free(values);
-      violation("cudaLaunchKernel of kernel %s with args[%zu] NULL", k->name,
-                i);
+      violation("%s of kernel %s with args[%zu] NULL", name, k->name, i);
     }
     memcpy(values + k->poffset[i], args[i], k->psize[i]);
   }
@@ -2863,11 +3008,32 @@ static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
   memcpy(copy, values, k->argbytes);
   g.launch_args = copy;
   g.launch_args_size = k->argbytes;
+  if (nattrs)
+    memcpy(g.launch_attrs, attrs, nattrs * sizeof *attrs);
+  g.launch_nattrs = nattrs;
   struct fop *o = new_op(OP_LAUNCH);
   o->kernel = k;
   o->staging = values;
   k->lib->queued++;
   return leave(enqueue(s, o));
+}
+
+static cudaError_t fk_launch_kernel(const void *func, dim3 grid, dim3 block,
+                                    void **args, size_t shared_memory,
+                                    cudaStream_t stream) {
+  return launch_common("cudaLaunchKernel", func, grid, block, args,
+                       shared_memory, stream, NULL, 0);
+}
+
+static cudaError_t fk_launch_kernel_ex(const cudaLaunchConfig_t *config,
+                                       const void *func, void **args) {
+  if (!config) { /* counted and logged like any call */
+    ENTER_OR_RETURN("cudaLaunchKernelExC", 0);
+    return leave(cudaErrorInvalidValue);
+  }
+  return launch_common("cudaLaunchKernelExC", func, config->gridDim,
+                       config->blockDim, args, config->dynamicSmemBytes,
+                       config->stream, config->attrs, config->numAttrs);
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
@@ -3300,8 +3466,191 @@ static int add_param_decl(const struct fprogram *p, const char *src,
   return 1;
 }
 
-/* Finds `extern "C" __global__ void [__launch_bounds__(N[,...])] NAME(...)`
- * in the source and makes a FAKECUBIN image of them. */
+/* C++ kernels' names, mangled as the Itanium C++ ABI says (and nvcc
+ * does): _Z, the name's length and the name, then each parameter's type.
+ * Types that are not builtins (pointers, qualified types, class names)
+ * are substitution candidates: a later use of the same type is S_, S0_,
+ * S1_, ... */
+struct mangler {
+  char cand[64][128]; /* the candidates' codes, unsubstituted */
+  size_t n;
+};
+
+/* The code of a builtin type spelt `type` (blanks normalised), or NULL. */
+static const char *builtin_code(const char *type) {
+  static const struct {
+    const char *name, *code;
+  } codes[] = {
+      {"char", "c"},          {"signed char", "a"},
+      {"unsigned char", "h"}, {"int8_t", "a"},
+      {"uint8_t", "h"},       {"bool", "b"},
+      {"short", "s"},         {"unsigned short", "t"},
+      {"int16_t", "s"},       {"uint16_t", "t"},
+      {"int", "i"},           {"unsigned", "j"},
+      {"unsigned int", "j"},  {"float", "f"},
+      {"int32_t", "i"},       {"uint32_t", "j"},
+      {"long", "l"},          {"long long", "x"},
+      {"unsigned long", "m"}, {"unsigned long long", "y"},
+      {"size_t", "m"},        {"double", "d"},
+      {"int64_t", "l"},       {"uint64_t", "m"},
+      {"void", "v"},
+  };
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (strcmp(type, codes[i].name) == 0)
+      return codes[i].code;
+  return NULL;
+}
+
+/* Wraps the type (*canon, written *emit) in `prefix` ("P", "K", "VK"): a
+ * candidate met before is written as its substitution, a new one is
+ * remembered. */
+static void mangle_wrap(struct mangler *m, char *canon, char *emit,
+                        const char *prefix) {
+  char c[128], e[128];
+  if (prefix) {
+    snprintf(c, sizeof c, "%s%s", prefix, canon);
+    snprintf(e, sizeof e, "%s%s", prefix, emit);
+  } else {
+    snprintf(c, sizeof c, "%s", canon);
+    snprintf(e, sizeof e, "%s", emit);
+  }
+  for (size_t i = 0; i < m->n; i++)
+    if (strcmp(m->cand[i], c) == 0) {
+      static const char digits[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+      if (i == 0)
+        snprintf(e, sizeof e, "S_");
+      else if (i - 1 < 36)
+        snprintf(e, sizeof e, "S%c_", digits[i - 1]);
+      else
+        snprintf(e, sizeof e, "S%c%c_", digits[(i - 1) / 36],
+                 digits[(i - 1) % 36]);
+      break;
+    } else if (i + 1 == m->n && m->n < 64) {
+      snprintf(m->cand[m->n++], sizeof m->cand[0], "%s", c);
+      break;
+    }
+  if (m->n == 0)
+    snprintf(m->cand[m->n++], sizeof m->cand[0], "%s", c);
+  strcpy(canon, c);
+  strcpy(emit, e);
+}
+
+/* Appends the code of the parameter declaration [s, e) to *out; 0 for a
+ * type it cannot mangle (a struct passed by value, a template). */
+static int mangle_param(struct mangler *m, const char *s, const char *e,
+                        char **out, size_t *len) {
+  char type[100] = "", canon[128] = "", emit[128] = "";
+  const char *name = NULL;
+  size_t tl = 0, stars = 0, nwords = 0;
+  int cbase = 0, vbase = 0, cstar[8] = {0};
+  for (const char *q = s; q < e;) {
+    if (isspace((unsigned char)*q)) {
+      q++;
+    } else if (*q == '*') {
+      if (stars == 8)
+        return 0;
+      stars++;
+      q++;
+    } else if (is_ident_start((unsigned char)*q)) {
+      const char *b = q;
+      while (q < e && is_ident_char((unsigned char)*q))
+        q++;
+      size_t n = (size_t)(q - b);
+      if (n == 5 && !strncmp(b, "const", 5)) {
+        if (stars)
+          cstar[stars - 1] = 1;
+        else
+          cbase = 1;
+      } else if (n == 8 && !strncmp(b, "volatile", 8)) {
+        if (!stars)
+          vbase = 1;
+      } else if (is_qualifier(b, n)) {
+        /* restrict: no part of a parameter's type */
+      } else if (stars) {
+        if (name)
+          return 0;
+        name = b;
+      } else {
+        tl += (size_t)snprintf(type + tl, sizeof type - tl, "%s%.*s",
+                               nwords++ ? " " : "", (int)n, b);
+        if (tl >= sizeof type)
+          return 0;
+      }
+    } else {
+      return 0;
+    }
+  }
+  /* Without a '*', the last word may be the name. */
+  const char *code = builtin_code(type);
+  if (!code && !stars && nwords >= 2) {
+    char *sp = strrchr(type, ' ');
+    *sp = '\0';
+    code = builtin_code(type);
+  }
+  if (code) {
+    snprintf(canon, sizeof canon, "%s", code);
+    snprintf(emit, sizeof emit, "%s", code);
+  } else if (stars && nwords == 1) {
+    /* a pointer to a class: its name is a candidate */
+    snprintf(canon, sizeof canon, "%zu%s", strlen(type), type);
+    snprintf(emit, sizeof emit, "%s", canon);
+    mangle_wrap(m, canon, emit, NULL);
+  } else {
+    return 0;
+  }
+  if (!stars) { /* a parameter's own qualifiers are no part of its type */
+    append(out, len, "%s", emit);
+    return strcmp(code, "v") != 0;
+  }
+  if (cbase || vbase)
+    mangle_wrap(m, canon, emit, cbase && vbase ? "VK" : cbase ? "K" : "V");
+  for (size_t i = 0; i < stars; i++) {
+    mangle_wrap(m, canon, emit, "P");
+    if (cstar[i] && i + 1 < stars)
+      mangle_wrap(m, canon, emit, "K");
+  }
+  append(out, len, "%s", emit);
+  return 1;
+}
+
+/* The mangled name of C++ kernel NAME with the parameters [params, end),
+ * malloc'd; NULL where a type cannot be mangled. */
+static char *mangle_kernel(const char *name, size_t namelen, const char *params,
+                           const char *end) {
+  struct mangler m = {.n = 0};
+  char *out = NULL;
+  size_t len = 0;
+  append(&out, &len, "_Z%zu%.*s", namelen, (int)namelen, name);
+  const char *ps = params, *pe = end;
+  while (ps < pe && isspace((unsigned char)*ps))
+    ps++;
+  while (pe > ps && isspace((unsigned char)pe[-1]))
+    pe--;
+  if (pe == ps || (pe - ps == 4 && strncmp(ps, "void", 4) == 0)) {
+    append(&out, &len, "v");
+    return out;
+  }
+  int depth = 0;
+  const char *start = params;
+  for (const char *c = params; c <= end; c++) {
+    if (c < end && (*c == '(' || *c == '<' || *c == '['))
+      depth++;
+    else if (c < end && (*c == ')' || *c == '>' || *c == ']'))
+      depth--;
+    if (c == end || (depth == 0 && *c == ',')) {
+      if (depth || !mangle_param(&m, start, c, &out, &len)) {
+        free(out);
+        return NULL;
+      }
+      start = c + 1;
+    }
+  }
+  return out;
+}
+
+/* Finds `[extern "C"] __global__ void [__launch_bounds__(N[,...])]
+ * NAME(...)` in the source and makes a FAKECUBIN image of them, C++
+ * kernels under their mangled names. */
 static nvrtcResult fake_compile(struct fprogram *p, char **log) {
   char *src = strip_comments(p->source);
   char *img = NULL;
@@ -3348,16 +3697,19 @@ static nvrtcResult fake_compile(struct fprogram *p, char **log) {
         is_ident_char((unsigned char)g_at[10]))
       continue;
     char *b = g_at;
+    int cxx = 0; /* not extern "C": named mangled */
     while (b > src && isspace((unsigned char)b[-1]))
       b--;
-    if (b - src < 3 || strncmp(b - 3, "\"C\"", 3) != 0)
-      continue;
-    b -= 3;
-    while (b > src && isspace((unsigned char)b[-1]))
-      b--;
-    if (b - src < 6 || strncmp(b - 6, "extern", 6) != 0 ||
-        (b - 6 > src && is_ident_char((unsigned char)b[-7])))
-      continue;
+    if (b - src < 3 || strncmp(b - 3, "\"C\"", 3) != 0) {
+      cxx = 1;
+    } else {
+      b -= 3;
+      while (b > src && isspace((unsigned char)b[-1]))
+        b--;
+      if (b - src < 6 || strncmp(b - 6, "extern", 6) != 0 ||
+          (b - 6 > src && is_ident_char((unsigned char)b[-7])))
+        cxx = 1;
+    }
     char *q = g_at + 10;
     while (isspace((unsigned char)*q))
       q++;
@@ -3414,19 +3766,43 @@ static nvrtcResult fake_compile(struct fprogram *p, char **log) {
     if (!*q)
       continue;
     char *params_end = q;
+    if (cxx) {
+      /* The kernel's mangled name, or no kernel of a type the fake
+       * cannot mangle (a struct by value, a template's parameter). */
+      char *mangled = mangle_kernel(name, namelen, params, params_end);
+      if (!mangled)
+        continue;
+      for (size_t i = 0; i < nnames; i++)
+        if (!strcmp(names[i], mangled)) {
+          *log = format_log("%s(%d): error: function \"%.*s\" has already "
+                            "been defined",
+                            p->name, line_of(src, name), (int)namelen, name);
+          r = NVRTC_ERROR_COMPILATION;
+        }
+      if (r != NVRTC_SUCCESS) {
+        free(mangled);
+        break;
+      }
+      names = xrealloc(names, (nnames + 1) * sizeof *names);
+      names[nnames++] = mangled;
+      name = mangled;
+      namelen = strlen(mangled);
+    }
     int dup = 0;
     for (size_t i = 0; i < nnames; i++)
       if (strlen(names[i]) == namelen && !strncmp(names[i], name, namelen))
         dup = 1;
-    if (dup) {
+    if (dup && !cxx) {
       *log = format_log("%s(%d): error: function \"%.*s\" has already been "
                         "defined",
                         p->name, line_of(src, name), (int)namelen, name);
       r = NVRTC_ERROR_COMPILATION;
       break;
     }
-    names = xrealloc(names, (nnames + 1) * sizeof *names);
-    names[nnames++] = xstrndup(name, namelen);
+    if (!cxx) {
+      names = xrealloc(names, (nnames + 1) * sizeof *names);
+      names[nnames++] = xstrndup(name, namelen);
+    }
     append(&img, &len, "kernel %.*s", (int)namelen, name);
     if (maxthreads)
       append(&img, &len, " maxthreads=%lu", maxthreads);
@@ -3925,6 +4301,8 @@ FAKE_EXPORT const struct cs_cuda cs_cuda_table = {
     .kernel_set_attribute_for_device = fk_kernel_set_attribute_for_device,
     .occupancy_max_active_blocks = fk_occupancy_max_active_blocks,
     .launch_kernel = fk_launch_kernel,
+    .occupancy_max_active_clusters = fk_occupancy_max_active_clusters,
+    .launch_kernel_ex = fk_launch_kernel_ex,
     .stream_begin_capture = fk_stream_begin_capture,
     .stream_end_capture = fk_stream_end_capture,
     .stream_is_capturing = fk_stream_is_capturing,
@@ -4133,6 +4511,45 @@ FAKE_EXPORT void fake_set_call_hook(const char *name, void (*fn)(void *arg),
 
 FAKE_EXPORT void fake_set_launch_delay(unsigned microseconds) {
   atomic_store(&launch_delay_us, microseconds);
+}
+
+FAKE_EXPORT void fake_set_launch_support(int device, int cluster,
+                                         int cooperative) {
+  check_control_device("fake_set_launch_support", device);
+  lock();
+  g.dev[device].cluster_launch = cluster != 0;
+  g.dev[device].cooperative_launch = cooperative != 0;
+  unlock();
+}
+
+FAKE_EXPORT void fake_set_compute_capability(int device, int major, int minor) {
+  check_control_device("fake_set_compute_capability", device);
+  if (major < 1 || minor < 0)
+    misuse("fake_set_compute_capability: no compute capability %d.%d", major,
+           minor);
+  lock();
+  g.dev[device].cc_major = major;
+  g.dev[device].cc_minor = minor;
+  unlock();
+}
+
+FAKE_EXPORT void fake_set_cluster_sms(int device, int sms) {
+  check_control_device("fake_set_cluster_sms", device);
+  if (sms < 1 || sms > SM_COUNT)
+    misuse("fake_set_cluster_sms: %d multiprocessors", sms);
+  lock();
+  g.dev[device].cluster_sms = sms;
+  unlock();
+}
+
+FAKE_EXPORT size_t fake_last_launch_attrs(cudaLaunchAttribute *dst,
+                                          size_t capacity) {
+  lock();
+  size_t n = g.launch_nattrs;
+  if (dst)
+    memcpy(dst, g.launch_attrs, (n < capacity ? n : capacity) * sizeof *dst);
+  unlock();
+  return n;
 }
 
 FAKE_EXPORT void fake_set_param_space(size_t bytes) {

@@ -122,6 +122,47 @@ unsigned long fake_call_count(void);
  * at the next call that queues on, queries or synchronizes its stream. */
 void fake_set_paused(int paused);
 
+/* Launches with attributes.  Devices support thread block clusters and
+ * cooperative launches (cudaDevAttrClusterLaunch, cudaDevAttrCooperative-
+ * Launch, the properties clusterLaunch and cooperativeLaunch) unless
+ * fake_set_launch_support says otherwise; their compute capability is 9.0
+ * unless fake_set_compute_capability says otherwise (before the context is
+ * made: the library reads it then).
+ *
+ * cudaLaunchKernelExC checks what cudaLaunchKernel checks (below), then
+ * each attribute as the real runtime does: a cluster
+ * (cudaLaunchAttributeClusterDimension) on a device without clusters:
+ * cudaErrorNotSupported; a cluster dimension of 0, one that does not
+ * divide the grid's, a cluster above 8 blocks (16 once
+ * cudaKernelSetAttributeForDevice set
+ * cudaFuncAttributeNonPortableClusterSizeAllowed to 1 for the device):
+ * cudaErrorInvalidClusterSize; cudaLaunchAttributeCooperative 1 on a
+ * device without cooperative launches: cudaErrorNotSupported, with more
+ * blocks than can be resident (blocks per multiprocessor, as
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor says, times 132
+ * multiprocessors; with a cluster, the active clusters times their
+ * blocks): cudaErrorCooperativeLaunchTooLarge;
+ * cudaLaunchAttributeProgrammaticStreamSerialization 1 below compute
+ * capability 9.0: cudaErrorNotSupported; cudaLaunchAttributePriority:
+ * any value (the runtime clamps it); any other attribute:
+ * cudaErrorInvalidValue.  It then queues (or captures) the launch as
+ * cudaLaunchKernel does; when it runs the log says
+ * "exec:cudaLaunchKernel" too.
+ *
+ * cudaOccupancyMaxActiveClusters(n, func, config) wants the cluster among
+ * config's attributes (else cudaErrorInvalidClusterSize), checks it as the
+ * launch does, and models clusters as living on one GPC of
+ * fake_set_cluster_sms multiprocessors (default 16; 132 / that many GPCs):
+ * per GPC, blocks per multiprocessor times its multiprocessors, divided
+ * by the cluster's blocks, rounded down. */
+void fake_set_launch_support(int device, int cluster, int cooperative);
+void fake_set_compute_capability(int device, int major, int minor);
+void fake_set_cluster_sms(int device, int sms); /* 1..132 */
+/* The attributes of the last launch that succeeded (0 after a
+ * cudaLaunchKernel or before any launch): copies min(n, capacity) of them
+ * to dst (unless NULL) and returns n. */
+size_t fake_last_launch_attrs(cudaLaunchAttribute *dst, size_t capacity);
+
 /* The bytes of parameters one kernel of a fake image may take (default
  * 32764, CUDA's limit since 12.1): what a later CUDA might allow. */
 void fake_set_param_space(size_t bytes);
@@ -209,8 +250,10 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * and binaryVersion 90, the rest 0.  cudaKernelSetAttributeForDevice takes
  * cudaFuncAttributeMaxDynamicSharedMemorySize up to 227 KiB minus the
  * static size (more: cudaErrorInvalidValue) and
- * cudaFuncAttributePreferredSharedMemoryCarveout (ignored); other
- * attributes: cudaErrorInvalidValue.
+ * cudaFuncAttributePreferredSharedMemoryCarveout (ignored) and
+ * cudaFuncAttributeNonPortableClusterSizeAllowed (0 or 1; on a device
+ * without clusters cudaErrorNotSupported); other attributes:
+ * cudaErrorInvalidValue.
  * cudaOccupancyMaxActiveBlocksPerMultiprocessor models a multiprocessor of
  * 2048 threads (counted in whole warps of 32), 32 blocks and 228 KiB of
  * shared memory (static + dynamic per block); a block above the kernel's
@@ -252,8 +295,15 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * unsigned long, unsigned long long, size_t, double, int64_t, uint64_t: 8
  * (const, volatile, __restrict__ ignored); any other type is a compile
  * error with the log "NAME(LINE): error: unknown type \"DECLARATION\"".
- * __launch_bounds__(N) becomes maxthreads=N.  Kernels not declared
- * extern "C" are not in the image.  Logs carry no final newline; the log
+ * __launch_bounds__(N) becomes maxthreads=N.  A kernel not declared
+ * extern "C" is in the image under its mangled name, as nvcc and NVRTC
+ * mangle it (the Itanium C++ ABI): __global__ void scale(float *x, int n)
+ * is _Z5scalePfi, (float *y, const float *x, const float *z, float a,
+ * size_t n) is _Z4axpyPfPKfS1_fm (a type met again is a substitution,
+ * S_, S0_, ...); its parameters are the builtin types above and pointers
+ * to them or to a class named by one identifier; a C++ kernel with any
+ * other parameter (a struct by value, a template's) is not in the image.
+ * Logs carry no final newline; the log
  * size counts the NUL.  nvrtcGetCUBINSize / nvrtcGetCUBIN give the image
  * (the size counts its NUL), or 0 bytes when there is none (not compiled,
  * failed, or an -arch=compute_NN).  Programs count as alive until

@@ -56,7 +56,10 @@
  *                 a capture, replay or instantiate any graph, on any
  *                 stream;
  *   modules, kernels, launches
- *                 any kernel with any buffers, on any stream;
+ *                 any kernel with any buffers, on any stream; declarations
+ *                 of any kernel's types (good, bad, the input's bytes) and
+ *                 its signature read back; the readers of mangled names
+ *                 and parameter lists fed the input's bytes;
  *   references    retain and release (typed, generic) of anything held;
  *                 labels, types;
  *   foreign       memory of another library wrapped; a default stream
@@ -154,6 +157,7 @@
 #include "calls.h" /* cs_hot: the shutdown's child undoes the fork mark */
 #include "cuda_api.h"
 #include "cusafe.h"
+#include "signature.h" /* the readers of kernels' types, fed any bytes */
 #ifdef CUSAFE_HAVE_DLPACK
 #include "cusafe_dlpack.h"
 #endif
@@ -2646,6 +2650,63 @@ static void op_launch(struct th *t) {
         ks->name, ks->np, nargs);
 }
 
+/* Checks that a signature the readers made is well formed: every
+ * parameter's spelling inside its text, the text as long as it says. */
+static void sig_check(const struct cs_signature *sig, const char *what) {
+  size_t len = strlen(sig->text);
+  if (sig->name_len > len || sig->nparams > CS_SIG_PARAMS_MAX)
+    die("%s: signature \"%s\" is malformed", what, sig->text);
+  for (uint32_t i = 0; i < sig->nparams; i++)
+    if (sig->params[i].off + (size_t)sig->params[i].len > len ||
+        sig->params[i].cls > CS_TYPE_DOUBLE)
+      die("%s: parameter %u of \"%s\" is malformed", what, i, sig->text);
+}
+
+/* Kernels' types: the input's bytes as a mangled name and as a parameter
+ * list to the readers, and as a declaration of any kernel; the signature
+ * read back. */
+static void op_types(struct th *t, cusafe_kernel k) {
+  static const char *const good[] = {"float*, int",
+                                     "",
+                                     "void",
+                                     "float *x, float v, size_t n",
+                                     "struct S, int8_t, unsigned long long, "
+                                     "double, bool, const char *const *p",
+                                     "float**x y",
+                                     "int, float",
+                                     "p q r"};
+  char text[128];
+  size_t n = u8(&t->r) % (sizeof text - 3), i;
+  text[0] = '_';
+  text[1] = 'Z';
+  for (i = 2; i < n + 2; i++)
+    text[i] = (char)u8(&t->r);
+  text[i] = '\0';
+  uint8_t m = u8(&t->r);
+  struct cs_signature *sig = cs_signature_demangle(m & 1 ? text : text + 2);
+  if (sig)
+    sig_check(sig, "cs_signature_demangle");
+  free(sig);
+  char why[128];
+  int r = cs_signature_declare(&sig, "k", 1, text + 2, why, sizeof why);
+  if (r == 0)
+    sig_check(sig, "cs_signature_declare");
+  else if (r == 1 && !*why)
+    die("cs_signature_declare refused \"%s\" without words", text + 2);
+  free(sig);
+  const char *decl = m & 2 ? text + 2 : m & 4 ? NULL : PICK(&t->r, good);
+  check(cusafe_kernel_declare(k, decl), "cusafe_kernel_declare");
+  size_t length = 0, cap = PICK(&t->r, ((const size_t[]){0, 1, 8, 64}));
+  char out[64];
+  cusafe_status st = cusafe_kernel_get_signature(m & 8 && cap ? NULL : out, cap,
+                                                 m & 16 ? NULL : &length, k);
+  check(st, "cusafe_kernel_get_signature");
+  if (st == CUSAFE_SUCCESS && cap &&
+      strlen(out) != (length < cap ? length : cap - 1))
+    die("cusafe_kernel_get_signature: \"%s\" is not %zu bytes cut at %zu", out,
+        length, cap);
+}
+
 static void op_kernel_query(struct th *t) {
   static const size_t shm[] = {0,     0,      1,      4096,    49152,
                                49153, 232448, 232449, SIZE_MAX};
@@ -2666,6 +2727,8 @@ static void op_kernel_query(struct th *t) {
       t->block = block;
       t->grid = grid;
     }
+  } else if (m % 8 == 4) {
+    op_types(t, k);
   } else {
     size_t count = 0, sizes[4];
     cusafe_status st =

@@ -282,9 +282,19 @@ def test_floats_out_of_range(ctx, builtin):
         fill.launch(1, 4, b, cusafe.F32(1.0), -2**63 - 1)
 
 
+RAW_FILL = r"""
+extern "C" __global__ void raw_fill(float *x, float v, unsigned long n) {
+  for (unsigned long i = threadIdx.x; i < n; i += blockDim.x) x[i] = v;
+}
+"""
+FILL = "cusafe_fill_f32(float*, float, size_t)"
+
+
 def test_wrong_argument_counts_and_sizes(ctx, builtin):
     add = builtin.kernel("cusafe_vecadd_f32")
     fill = builtin.kernel("cusafe_fill_f32")
+    raw_module = ctx.compile(RAW_FILL, "raw.cu")
+    raw = raw_module.kernel("raw_fill")
     b = ctx.alloc(64)
     launch_twice(add, b, b.view(0, 16), b.view(16, 16), 4)
     launch_twice(fill, b, cusafe.F32(0), 16)
@@ -293,19 +303,29 @@ def test_wrong_argument_counts_and_sizes(ctx, builtin):
                          "given"),
         (add, (b, b, b, 4, 4), "kernel cusafe_vecadd_f32 takes 4 "
                                "arguments, 5 given"),
-        (fill, (b, 0.0, 16), "argument 1 of kernel cusafe_fill_f32 is 8 "
-                             "bytes, parameter 1 is 4 bytes"),
+        # The built-in kernels declare their types: a refusal names both.
+        (fill, (b, 0.0, 16), "argument 1 of kernel %s is a double, "
+                             "parameter 1 is float" % FILL),
         (fill, (b, cusafe.F32(0), cusafe.I32(16)),
-         "argument 2 of kernel cusafe_fill_f32 is 4 bytes, parameter 2 is "
-         "8 bytes"),
+         "argument 2 of kernel %s is a 32-bit integer, parameter 2 is "
+         "size_t" % FILL),
         (fill, (b, cusafe.F32(0), cusafe.Bytes(b"1234")),
-         "argument 2 of kernel cusafe_fill_f32 is 4 bytes, parameter 2 is "
-         "8 bytes"),
+         "argument 2 of kernel %s is 4 bytes, parameter 2 is size_t" % FILL),
         (fill, (b, cusafe.Bytes(b""), 16),
-         "argument 1 of kernel cusafe_fill_f32 is 0 bytes, parameter 1 is "
-         "4 bytes"),
-        (fill, (b, b, 16), "argument 1 of kernel cusafe_fill_f32 is 8 "
-                           "bytes, parameter 1 is 4 bytes"),
+         "argument 1 of kernel %s is 0 bytes, parameter 1 is float" % FILL),
+        (fill, (b, b, 16), "argument 1 of kernel %s is a buffer, parameter "
+                           "1 is float" % FILL),
+        # A kernel whose types are unknown: sizes.
+        (raw, (b, 0.0, 16), "argument 1 of kernel raw_fill is 8 bytes, "
+                            "parameter 1 is 4 bytes"),
+        (raw, (b, cusafe.F32(0), cusafe.I32(16)),
+         "argument 2 of kernel raw_fill is 4 bytes, parameter 2 is 8 bytes"),
+        (raw, (b, cusafe.F32(0), cusafe.Bytes(b"1234")),
+         "argument 2 of kernel raw_fill is 4 bytes, parameter 2 is 8 bytes"),
+        (raw, (b, cusafe.Bytes(b""), 16),
+         "argument 1 of kernel raw_fill is 0 bytes, parameter 1 is 4 bytes"),
+        (raw, (b, b, 16), "argument 1 of kernel raw_fill is 8 bytes, "
+                          "parameter 1 is 4 bytes"),
     )
     for k, args, text in cases:
         for call in (lambda: k.launch(1, 4, *args),
@@ -316,6 +336,8 @@ def test_wrong_argument_counts_and_sizes(ctx, builtin):
             assert e.value.message == text
     fill.launch(1, 16, b, cusafe.F32(6.0), 16)
     assert floats(b) == [6.0] * 16
+    raw.close()
+    raw_module.close()
 
 
 def test_arguments_that_cannot_be_passed(ctx, builtin):

@@ -23,6 +23,7 @@ ENUMS = {"cusafe_status", "cusafe_handle_type", "cusafe_memory",
 STRUCTS = {"cusafe_device_properties": cusafe.DeviceProperties,
            "cusafe_arg": cusafe.Arg,
            "cusafe_launch_config": cusafe.LaunchConfig,
+           "cusafe_launch_attr": _capi.LaunchAttr,
            "DLDataType": _capi._DLDataType}
 # Types passed as opaque addresses (void *) by the binding.
 OPAQUE = {"void", "cusafe_release_fn", "DLManagedTensorVersioned",

@@ -10,7 +10,8 @@
  * handed to another thread through a mailbox, whose last reference that
  * thread releases; retain, query and release of shared handles; copies
  * between shared buffers (also across devices) on shared streams; kernel
- * launches on shared buffers and streams; a private stream with
+ * launches on shared buffers and streams, while other threads declare the
+ * kernel's parameter types again; a private stream with
  * stream-ordered allocation, events and waits, released with work queued;
  * views of shared buffers; context creation (the same context, one more
  * reference) and release; labels; modules loaded, launched and released
@@ -283,6 +284,25 @@ static void op_launch(struct worker *w) {
     CALL(CUSAFE_LAUNCH(S.axpy[d], &cfg, CUSAFE_ARG_BUF(y),
                        CUSAFE_ARG_F32V(0.5f), CUSAFE_ARG_BUF(x),
                        CUSAFE_ARG_U64V(n)));
+}
+
+/* Declares the fill kernel's types again while others launch it: either
+ * declaration takes the launches' arguments, and the signature read back
+ * is one of the two, never a mix. */
+static void op_declare(struct worker *w) {
+  static const char *const decls[] = {"float *x, float value, size_t n",
+                                      "float*, float, unsigned long"};
+  static const char *const sigs[] = {
+      "cusafe_fill_f32(float*, float, size_t)",
+      "cusafe_fill_f32(float*, float, unsigned long)"};
+  int d = next(&w->rng) % NDEV;
+  char text[64];
+  size_t n = 0;
+  CALL(cusafe_kernel_declare(S.fill[d], decls[next(&w->rng) & 1]));
+  if (CALL(cusafe_kernel_get_signature(text, sizeof text, &n, S.fill[d])) ==
+          CUSAFE_SUCCESS &&
+      strcmp(text, sigs[0]) != 0 && strcmp(text, sigs[1]) != 0)
+    fail("signature \"%s\" of the fill kernel", text);
 }
 
 /* Replaces one of a device's racy handles, or launches with all three
@@ -561,7 +581,7 @@ static void *worker_main(void *arg) {
       atomic_fetch_add(&iterations_done, 1);
       continue;
     }
-    switch (next(&w->rng) % 15) {
+    switch (next(&w->rng) % 16) {
     case 0:
     case 1: op_private_buffer(w); break;
     case 2: op_retain_release(w); break;
@@ -576,6 +596,7 @@ static void *worker_main(void *arg) {
     case 11:
     case 12: op_racy(w, 0); break;
     case 13: op_capture(w); break;
+    case 15: op_declare(w); break;
     default: op_sync(w); break;
     }
     atomic_fetch_add(&iterations_done, 1);
