@@ -18,6 +18,23 @@ if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
 	exit 77
 fi
 package_dir=${cusafe_package:-$top_srcdir/python}
+# The extension of the build tree (make check sets cusafe_speedups to it):
+# the package of the source tree is staged beside it, in links, since a
+# package's modules are found in one directory.
+if test -z "${cusafe_package:-}" && test -n "${cusafe_speedups:-}" &&
+	test -f "$cusafe_speedups"; then
+	stage=$top_builddir/tests/python-stage
+	rm -rf "$stage" && mkdir -p "$stage/cusafe" || exit 99
+	src=`cd "$top_srcdir/python/cusafe" && pwd` || exit 99
+	for f in "$src"/*.py "$src"/*.pyi "$src"/py.typed; do
+		test -f "$f" || continue
+		case $f in */_config.py) continue ;; esac
+		ln -s "$f" "$stage/cusafe/" || exit 99
+	done
+	ln -s "$cusafe_speedups" "$stage/cusafe/" || exit 99
+	package_dir=$stage
+	echo "pytest: package of $top_srcdir/python with $cusafe_speedups"
+fi
 PYTHONPATH=$package_dir:$top_srcdir/tests/python${PYTHONPATH:+:$PYTHONPATH}
 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH PYTHONDONTWRITEBYTECODE

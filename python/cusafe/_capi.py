@@ -10,8 +10,9 @@ import importlib
 import operator
 import os
 import threading
-from typing import (TYPE_CHECKING, Any, Dict, List, NoReturn, Optional,
-                    Tuple, Type, Union, cast)
+from types import ModuleType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
+                    Optional, Tuple, Type, Union, cast)
 
 # --------------------------------------------------------------------------
 # The C interface, mirrored from include/cusafe.h
@@ -417,6 +418,65 @@ def status_string(status: int) -> str:
 
 
 # --------------------------------------------------------------------------
+# The C extension (cusafe._speedups), where it was built
+# --------------------------------------------------------------------------
+
+# The package runs on ctypes alone; the extension, where it imports and
+# CUSAFE_PURE_PYTHON is not "1", takes over the hot paths.  It links no
+# libcusafe: load() gives it the addresses of the loaded library's
+# functions, so it calls the same library as ctypes does.  Both ways keep
+# one behaviour: the pure one is the reference.
+_speedups: Optional[ModuleType] = None
+if os.environ.get("CUSAFE_PURE_PYTHON") != "1":
+    try:
+        _speedups = importlib.import_module("._speedups", __package__)
+    except ImportError:
+        _speedups = None
+
+# The extension's functions for the loaded library; None where the package
+# takes the ctypes path (no extension, or init() refused the library: an
+# older one that lacks a function).
+_c_retain: Optional[Callable[[int], int]] = None
+_c_release: Optional[Callable[[int], int]] = None
+
+# The functions whose addresses the extension takes.
+_SPEEDUPS_FUNCTIONS = ("cusafe_retain", "cusafe_release")
+
+
+def _init_speedups(cdll: ctypes.CDLL) -> None:
+    """Gives the extension the functions of `cdll`, the library just
+    loaded; leaves the ctypes path in place where it cannot take them."""
+    global _c_retain, _c_release
+    if _speedups is None:
+        return
+    addresses: Dict[str, int] = {}
+    for name in _SPEEDUPS_FUNCTIONS:
+        try:
+            address = ctypes.cast(cdll[name], ctypes.c_void_p).value
+        except AttributeError:
+            return
+        if not address:
+            return
+        addresses[name] = address
+    _speedups.init(addresses)
+    _c_retain = _speedups.retain
+    _c_release = _speedups.release
+
+
+def implementation() -> str:
+    """Which code runs the hot paths: "c" (the extension cusafe._speedups)
+    or "python" (ctypes: no extension built, CUSAFE_PURE_PYTHON=1 in the
+    environment at import, or a loaded library the extension cannot take).
+    Loads nothing: before the library is loaded, "c" says the extension will
+    be given it."""
+    if _speedups is None:
+        return "python"
+    if _library is not None and _c_retain is None:
+        return "python"
+    return "c"
+
+
+# --------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------
 
@@ -555,6 +615,7 @@ def load(path: Optional[str] = None) -> Library:
                 tried.append("%s (%s): %s" % (name, origin, e))
                 continue
             _library = Library(cdll, name)
+            _init_speedups(cdll)
             return _library
         raise LibraryNotFoundError(
             "cannot load libcusafe; tried " + "; ".join(tried) +
@@ -680,6 +741,17 @@ def retain_handle(handle: int) -> None:
     (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
     null handle, SHUTDOWN after shutdown(); TypeError, ValueError or
     OverflowError for a value that is not a 64-bit unsigned int."""
+    fast = _c_retain
+    if fast is not None:
+        try:  # the extension takes ints of 64 bits ...
+            st = fast(handle)
+        except (TypeError, OverflowError):
+            # ... and _unsigned explains the rest as the ctypes path does,
+            # or converts what it takes (numpy.int64: __index__).
+            st = fast(_unsigned(handle, "handle"))
+        if st:
+            library().check(st)
+        return
     try:  # ctypes converts (the common case costs one comparison) ...
         c = c_handle(handle)
     except TypeError:
@@ -700,6 +772,17 @@ def release_handle(handle: int) -> None:
     (0), and any release after shutdown(), is a no-op.  A value that is
     not a 64-bit unsigned int raises TypeError, ValueError or
     OverflowError, and releases nothing."""
+    fast = _c_release
+    if fast is not None:
+        try:  # the extension takes ints of 64 bits ...
+            st = fast(handle)
+        except (TypeError, OverflowError):
+            # ... and _unsigned explains the rest as the ctypes path does,
+            # or converts what it takes (numpy.int64: __index__).
+            st = fast(_unsigned(handle, "handle"))
+        if st:
+            library().check(st)
+        return
     try:  # ctypes converts (the common case costs one comparison) ...
         c = c_handle(handle)
     except TypeError:
