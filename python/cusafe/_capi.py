@@ -422,10 +422,13 @@ def status_string(status: int) -> str:
 # --------------------------------------------------------------------------
 
 # The package runs on ctypes alone; the extension, where it imports and
-# CUSAFE_PURE_PYTHON is not "1", takes over the hot paths.  It links no
-# libcusafe: load() gives it the addresses of the loaded library's
-# functions, so it calls the same library as ctypes does.  Both ways keep
-# one behaviour: the pure one is the reference.
+# CUSAFE_PURE_PYTHON is not "1", takes over the hot paths: the owning
+# objects' handle and release (the C base of Context, Buffer, ...),
+# Context.alloc, retain_handle and release_handle.  It links no libcusafe:
+# load() gives it the addresses of the loaded library's functions, so it
+# calls the same library as ctypes does.  Both ways keep one behaviour: the
+# pure one is the reference.  The choice is made once, at import: the
+# classes are built on it.
 _speedups: Optional[ModuleType] = None
 if os.environ.get("CUSAFE_PURE_PYTHON") != "1":
     try:
@@ -434,30 +437,40 @@ if os.environ.get("CUSAFE_PURE_PYTHON") != "1":
         _speedups = None
 
 # The extension's functions for the loaded library; None where the package
-# takes the ctypes path (no extension, or init() refused the library: an
-# older one that lacks a function).
+# takes the ctypes path.
 _c_retain: Optional[Callable[[int], int]] = None
 _c_release: Optional[Callable[[int], int]] = None
 
-# The functions whose addresses the extension takes.
+# The functions whose addresses the extension needs, and those it takes
+# where the library has them (else: a type's release is cusafe_release;
+# the C allocation raises the error of a missing function).
 _SPEEDUPS_FUNCTIONS = ("cusafe_retain", "cusafe_release")
+_SPEEDUPS_OPTIONAL = (
+    "cusafe_context_release", "cusafe_stream_release",
+    "cusafe_event_release", "cusafe_buffer_release",
+    "cusafe_module_release", "cusafe_kernel_release",
+    "cusafe_graph_release", "cusafe_buffer_alloc")
 
 
-def _init_speedups(cdll: ctypes.CDLL) -> None:
+def _init_speedups(cdll: ctypes.CDLL, path: str) -> None:
     """Gives the extension the functions of `cdll`, the library just
-    loaded; leaves the ctypes path in place where it cannot take them."""
+    loaded from `path`.  Raises LibraryNotFoundError for a library without
+    cusafe_retain or cusafe_release, which no object could release
+    through."""
     global _c_retain, _c_release
     if _speedups is None:
         return
     addresses: Dict[str, int] = {}
-    for name in _SPEEDUPS_FUNCTIONS:
+    for name in _SPEEDUPS_FUNCTIONS + _SPEEDUPS_OPTIONAL:
         try:
             address = ctypes.cast(cdll[name], ctypes.c_void_p).value
         except AttributeError:
-            return
-        if not address:
-            return
-        addresses[name] = address
+            address = None
+        if address:
+            addresses[name] = address
+        elif name in _SPEEDUPS_FUNCTIONS:
+            raise LibraryNotFoundError(
+                "%s is no libcusafe: it does not export %s" % (path, name))
     _speedups.init(addresses)
     _c_retain = _speedups.retain
     _c_release = _speedups.release
@@ -465,15 +478,9 @@ def _init_speedups(cdll: ctypes.CDLL) -> None:
 
 def implementation() -> str:
     """Which code runs the hot paths: "c" (the extension cusafe._speedups)
-    or "python" (ctypes: no extension built, CUSAFE_PURE_PYTHON=1 in the
-    environment at import, or a loaded library the extension cannot take).
-    Loads nothing: before the library is loaded, "c" says the extension will
-    be given it."""
-    if _speedups is None:
-        return "python"
-    if _library is not None and _c_retain is None:
-        return "python"
-    return "c"
+    or "python" (ctypes: no extension built, or CUSAFE_PURE_PYTHON=1 in
+    the environment at import).  Loads nothing."""
+    return "python" if _speedups is None else "c"
 
 
 # --------------------------------------------------------------------------
@@ -614,8 +621,9 @@ def load(path: Optional[str] = None) -> Library:
             except OSError as e:
                 tried.append("%s (%s): %s" % (name, origin, e))
                 continue
-            _library = Library(cdll, name)
-            _init_speedups(cdll)
+            loaded = Library(cdll, name)
+            _init_speedups(cdll, name)
+            _library = loaded
             return _library
         raise LibraryNotFoundError(
             "cannot load libcusafe; tried " + "; ".join(tried) +

@@ -1,16 +1,24 @@
 """The C extension cusafe._speedups next to the ctypes path: the same
-retain and release, the same statuses and errors, whichever runs.  Each
-implementation runs in a process of its own (CUSAFE_PURE_PYTHON is read
-at import)."""
+retain and release, the same statuses and errors, whichever runs (each
+implementation in a process of its own: CUSAFE_PURE_PYTHON is read at
+import); and what both promise beyond the rest of the suite: the GIL left
+to other threads by the calls that can block, the exception being raised
+kept by a collection, no reference leaks."""
 
+import ctypes
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import tracemalloc
 
 import pytest
 
 import cusafe
+from conftest import fake, needs_fake
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -69,6 +77,9 @@ def test_retain_release_both_implementations():
 
 
 def test_speedups_arguments():
+    if cusafe.implementation() != "c":
+        pytest.skip("the package runs on ctypes: cusafe._speedups has not "
+                    "been given the library")
     sp = pytest.importorskip("cusafe._speedups")
     with pytest.raises(TypeError, match="handle must be an int, not float"):
         sp.release(1.0)
@@ -82,3 +93,208 @@ def test_speedups_arguments():
         sp.init({})
     assert sp.release(0) == 0
     assert cusafe.implementation() in ("c", "python")
+
+
+# --------------------------------------------------------------------------
+# What both implementations promise, tested in the run of each
+# (tests/pytest.sh runs this suite with CUSAFE_PURE_PYTHON=1 and without).
+# --------------------------------------------------------------------------
+
+
+def test_the_objects_are_the_implementation_s(ctx):
+    """The run tests what it says: with "c" every owning object is a
+    _speedups.Object, released by its deallocation (no Python
+    finalizer); with "python" none is, and each class has __del__."""
+    objects = [ctx, ctx.alloc(16), ctx.stream(), ctx.event(),
+               ctx.load_builtin()]
+    objects.append(objects[-1].kernel("cusafe_fill_f32"))
+    objects.append(objects[1].view(0, 8))
+    if cusafe.implementation() == "c":
+        from cusafe import _speedups
+        for obj in objects:
+            assert isinstance(obj, _speedups.Object), obj
+            assert not hasattr(type(obj), "__del__"), obj
+        assert isinstance(objects[1], _speedups.BufferObject)
+        assert isinstance(ctx, _speedups.ContextObject)
+    else:
+        assert cusafe.implementation() == "python"
+        for obj in objects:
+            assert hasattr(type(obj), "__del__"), obj
+            assert not any(t.__module__ == "cusafe._speedups"
+                           for t in type(obj).__mro__), obj
+    for obj in objects[1:]:
+        obj.close()
+
+
+class Counter:
+    """A thread that counts as fast as it can, to see whether another
+    thread holds the GIL: counted(fn) is how far it got while fn ran,
+    rate(seconds) how far it gets in that time with the GIL free."""
+
+    def __enter__(self):
+        self.n = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        while self.n == 0:
+            time.sleep(0.001)
+        return self
+
+    def run(self):
+        while not self.stop:
+            self.n += 1
+
+    def counted(self, fn):
+        start = self.n
+        fn()
+        return self.n - start
+
+    def rate(self, seconds):
+        return self.counted(lambda: time.sleep(seconds))
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join(10)
+
+
+SLEEP_US = 400000
+
+
+def block_in(name):
+    """Makes the next call of the fake's `name` sleep SLEEP_US
+    microseconds after it answered, in C, holding no lock: usleep is the
+    hook, its microseconds the hook's argument."""
+    f = fake()
+    f.fake_set_call_hook.argtypes = [ctypes.c_char_p, ctypes.c_void_p,
+                                     ctypes.c_void_p]
+    usleep = ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p)
+    name = name.encode()
+    block_in.kept = name  # the fake keeps the pointer
+    f.fake_set_call_hook(name, usleep, SLEEP_US)
+    return lambda: fake().fake_log_count(name)
+
+
+@needs_fake
+def test_blocking_calls_let_other_threads_run(ctx):
+    """A release that frees pinned memory (cudaFreeHost waits for the
+    device), and a pinned allocation, leave the GIL to other threads, by
+    close(), by the collector and by release_handle() alike: a thread that
+    counts meanwhile gets far more than in a tenth of the sleep."""
+    fake().fake_log_count.restype = ctypes.c_size_t
+    fake().fake_log_count.argtypes = [ctypes.c_char_p]
+
+    def free_by_close():
+        b = ctx.alloc(64, cusafe.Memory.HOST_PINNED)
+        block_in("cudaFreeHost")
+        return b.close
+
+    def free_by_collector():
+        box = [ctx.alloc(64, cusafe.Memory.HOST_PINNED)]
+        block_in("cudaFreeHost")
+        return box.clear
+
+    def free_by_release_handle():
+        raw = ctx.alloc(64, cusafe.Memory.HOST_PINNED).detach()
+        block_in("cudaFreeHost")
+        return lambda: cusafe.release_handle(raw)
+
+    def pinned_alloc():
+        block_in("cudaMallocHost")
+        return lambda: ctx.alloc(64, cusafe.Memory.HOST_PINNED).close()
+
+    with Counter() as c:
+        tenth = c.rate(SLEEP_US / 1e7)
+        for how in (free_by_close, free_by_collector, free_by_release_handle,
+                    pinned_alloc):
+            fn = how()
+            t = time.monotonic()
+            n = c.counted(fn)
+            assert time.monotonic() - t >= SLEEP_US / 1e6, \
+                "%s: the hook did not run" % how.__name__
+            assert n > 3 * tenth, (how.__name__, n, tenth)
+
+
+def test_collection_keeps_the_exception_being_raised(ctx):
+    """An object collected while an exception propagates, whose release
+    runs Python code (the last reference of a wrapped array gives the
+    producer back, whose finalizer raises and catches an exception of its
+    own), releases at once and leaves the exception as it was."""
+    b = ctx.alloc(64)
+    deleted = []
+
+    class Producer:
+        def __init__(self):
+            self.__cuda_array_interface__ = {
+                "shape": (64,), "typestr": "|u1",
+                "data": (b.interop_pointer(), False), "version": 3}
+
+        def __del__(self):
+            try:  # an exception raised and caught here ...
+                int("x")
+            except ValueError:  # ... must not clear the TypeError
+                pass
+            deleted.append(True)
+
+    def fail():
+        # The dict fails on its unhashable key with the Buffer as its
+        # value: the Buffer goes while the TypeError is being raised.
+        return {"w": cusafe.Buffer.wrap(Producer(), ctx), ((),): None,
+                (): None, ([],): None}
+
+    with pytest.raises(TypeError, match="unhashable"):
+        fail()
+    assert deleted == [True]  # at once, not by the collector
+    b.close()
+
+
+def test_no_reference_leaks(ctx):
+    """Neither the objects nor their failures keep what they were given:
+    the reference counts of the arguments are unchanged after many calls,
+    and the memory Python allocates stays flat."""
+    size = int("1000003")  # an int of its own, not a cached small one
+    pinned = cusafe.Memory.HOST_PINNED
+    closed = cusafe.Context(0)
+    closed.close()
+    bad = [("size", -1), ("size", 2.5), ("memory", 7)]
+
+    def calls(n):
+        for _ in range(n):
+            ctx.alloc(size).close()
+            with ctx.alloc(size, pinned) as b:
+                b.handle
+            b = ctx.alloc(size)
+            del b
+            s = ctx.stream()
+            raw = s.detach()
+            cusafe.retain_handle(raw)
+            cusafe.release_handle(raw)
+            cusafe.release_handle(raw)
+            for what, value in bad:
+                try:
+                    if what == "size":
+                        ctx.alloc(value)
+                    else:
+                        ctx.alloc(size, value)
+                except (ValueError, TypeError):
+                    pass
+            try:
+                closed.alloc(size)
+            except ValueError:
+                pass
+
+    calls(200)  # warm: caches filled
+    before = [sys.getrefcount(o) for o in (size, pinned, ctx, closed)]
+    tracemalloc.start()
+    try:
+        calls(100)
+        first, _ = tracemalloc.get_traced_memory()
+        calls(2000)
+        gc.collect()
+        second, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    after = [sys.getrefcount(o) for o in (size, pinned, ctx, closed)]
+    assert after == before
+    # 2000 rounds of 11 calls: a leak of one object a call would be
+    # hundreds of kilobytes.
+    assert second - first < 16384, (first, second)
