@@ -449,7 +449,8 @@ _SPEEDUPS_OPTIONAL = (
     "cusafe_context_release", "cusafe_stream_release",
     "cusafe_event_release", "cusafe_buffer_release",
     "cusafe_module_release", "cusafe_kernel_release",
-    "cusafe_graph_release", "cusafe_buffer_alloc")
+    "cusafe_graph_release", "cusafe_buffer_alloc", "cusafe_kernel_launch",
+    "cusafe_kernel_launch_ex")
 
 
 def _init_speedups(cdll: ctypes.CDLL, path: str) -> None:

@@ -1311,7 +1311,3 @@ class Module(_Object):
 def _check_status(status: int) -> None:
     """Raises the library's error for a failed call (for _speedups)."""
     library().check(status)
-
-
-if _speedups is not None:
-    _speedups.setup(_check_status, _count, _MEMORY_KINDS, Buffer)

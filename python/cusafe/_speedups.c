@@ -25,6 +25,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,6 +37,38 @@ typedef uint64_t speedups_handle;
 typedef int (*speedups_handle_fn)(speedups_handle);
 typedef int (*speedups_alloc_fn)(speedups_handle *, speedups_handle, int,
                                  size_t);
+
+/* cusafe_arg and cusafe_launch_config, restated (see above). */
+typedef struct {
+	uint32_t kind;
+	uint32_t size;
+	union {
+		speedups_handle buffer;
+		int64_t i;
+		uint64_t u;
+		float f32;
+		double f64;
+		const void *bytes;
+	} value;
+} speedups_arg;
+typedef struct {
+	uint32_t grid[3];
+	uint32_t block[3];
+	size_t shared_memory;
+	speedups_handle stream;
+} speedups_config;
+typedef int (*speedups_launch_fn)(speedups_handle, const speedups_config *,
+                                  const speedups_arg *, size_t);
+typedef int (*speedups_launch_ex_fn)(speedups_handle,
+                                     const speedups_config *,
+                                     const void *, size_t,
+                                     const speedups_arg *, size_t);
+
+/* cusafe_arg_kind */
+enum {
+	ARG_BUFFER = 1, ARG_I8, ARG_U8, ARG_I16, ARG_U16, ARG_I32, ARG_U32,
+	ARG_I64, ARG_U64, ARG_F32, ARG_F64, ARG_BYTES
+};
 
 /* CUSAFE_MEMORY_DEVICE: the one kind allocated with the GIL held. */
 #define MEMORY_DEVICE 0
@@ -57,14 +90,25 @@ static const char *const release_names[KIND_COUNT] = {
 static speedups_handle_fn fn_retain;
 static speedups_handle_fn fn_releases[KIND_COUNT];
 static speedups_alloc_fn fn_alloc;
+static speedups_launch_fn fn_launch;
+static speedups_launch_ex_fn fn_launch_ex;
 
 /* What the package registers (setup()): Python code for the cold paths,
  * so that both implementations raise the same errors. */
+static PyTypeObject speedups_object_type;
 static PyTypeObject speedups_buffer_type;
 static PyObject *py_check;   /* check(status): raises the library's error */
 static PyObject *py_count;   /* _count(value, what): an int or the error */
 static PyObject *py_kinds;   /* {memory kind: int}: what alloc() takes */
 static PyTypeObject *py_buffer_type; /* the package's Buffer */
+static PyTypeObject *py_stream_type; /* the package's Stream */
+static PyTypeObject *py_bytes_type;  /* the package's Bytes (launches) */
+/* The typed scalars I8 ... F64, by ArgKind - ARG_I8. */
+static PyTypeObject *py_scalar_types[ARG_F64 - ARG_I8 + 1];
+/* The ctypes path of Kernel.launch: where an argument, a grid or a
+ * keyword is anything but the common cases, it runs the whole launch,
+ * checks and errors included. */
+static PyObject *py_launch;
 
 /* Set by the package's exit hook (at_exit()), which Python runs before it
  * tears its modules down: from then on a collected object releases
@@ -121,7 +165,10 @@ speedups_init(PyObject *module, PyObject *addresses)
 		if (address_of(addresses, release_names[k], &releases[k],
 		               k != KIND_ANY) < 0)
 			return NULL;
-	if (address_of(addresses, "cusafe_buffer_alloc", &alloc, 1) < 0)
+	void *launch, *launch_ex;
+	if (address_of(addresses, "cusafe_buffer_alloc", &alloc, 1) < 0 ||
+	    address_of(addresses, "cusafe_kernel_launch", &launch, 1) < 0 ||
+	    address_of(addresses, "cusafe_kernel_launch_ex", &launch_ex, 1) < 0)
 		return NULL;
 	/* ISO C has no function pointer from void *; POSIX (dlsym) does. */
 	fn_retain = (speedups_handle_fn)(uintptr_t)retain;
@@ -131,44 +178,79 @@ speedups_init(PyObject *module, PyObject *addresses)
 		fn_releases[k] = (speedups_handle_fn)(uintptr_t)(
 			releases[k] ? releases[k] : releases[KIND_ANY]);
 	fn_alloc = (speedups_alloc_fn)(uintptr_t)alloc;
+	fn_launch = (speedups_launch_fn)(uintptr_t)launch;
+	fn_launch_ex = (speedups_launch_ex_fn)(uintptr_t)launch_ex;
 	Py_RETURN_NONE;
 }
 
-/* setup(check, count, kinds, buffer): what the package gives once its
- * classes exist; see py_check. */
+static int
+set_type(PyObject *v, PyTypeObject *base, const char *what,
+         PyTypeObject **slot)
+{
+	if (!PyType_Check(v) ||
+	    (base != NULL && !PyType_IsSubtype((PyTypeObject *)v, base))) {
+		PyErr_Format(PyExc_TypeError, "setup(): %s must be a %s", what,
+		             base != NULL ? base->tp_name : "type");
+		return -1;
+	}
+	Py_INCREF(v);
+	Py_XSETREF(*slot, (PyTypeObject *)v);
+	return 0;
+}
+
+/* setup(check=, count=, kinds=, buffer=, stream=, scalars=, bytes=,
+ * launch=): what the package gives once its classes exist; see
+ * py_check. */
 static PyObject *
-speedups_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+speedups_setup(PyObject *module, PyObject *args, PyObject *kwargs)
 {
 	(void)module;
-	if (nargs != 4) {
-		PyErr_Format(PyExc_TypeError,
-		             "setup() takes 4 arguments (%zd given)", nargs);
+	static char *names[] = {"check", "count", "kinds", "buffer", "stream",
+	                        "scalars", "bytes", "launch", NULL};
+	PyObject *check, *count, *kinds, *buffer, *stream, *scalars, *bytes,
+		*launch;
+	if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOO!OOO!OO:setup",
+	                                 names, &check, &count, &PyDict_Type,
+	                                 &kinds, &buffer, &stream,
+	                                 &PyTuple_Type, &scalars, &bytes,
+	                                 &launch))
+		return NULL;
+	if (!PyCallable_Check(check) || !PyCallable_Check(count) ||
+	    !PyCallable_Check(launch)) {
+		PyErr_SetString(PyExc_TypeError, "setup(): check, count and "
+		                "launch must be callable");
 		return NULL;
 	}
-	if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-		PyErr_SetString(PyExc_TypeError,
-		                "setup(): check and count must be callable");
+	if (PyTuple_GET_SIZE(scalars) != ARG_F64 - ARG_I8 + 1) {
+		PyErr_Format(PyExc_TypeError, "setup(): scalars must be the %d "
+		             "types I8 ... F64", ARG_F64 - ARG_I8 + 1);
 		return NULL;
 	}
-	if (!PyDict_Check(args[2])) {
-		PyErr_SetString(PyExc_TypeError, "setup(): kinds must be a dict");
+	for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(scalars); i++)
+		if (!PyType_Check(PyTuple_GET_ITEM(scalars, i))) {
+			PyErr_SetString(PyExc_TypeError,
+			                "setup(): scalars must be types");
+			return NULL;
+		}
+	if (set_type(buffer, &speedups_buffer_type, "buffer",
+	             &py_buffer_type) < 0 ||
+	    set_type(stream, &speedups_object_type, "stream",
+	             &py_stream_type) < 0 ||
+	    set_type(bytes, NULL, "bytes", &py_bytes_type) < 0)
 		return NULL;
+	for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(scalars); i++) {
+		PyObject *t = PyTuple_GET_ITEM(scalars, i);
+		Py_INCREF(t);
+		Py_XSETREF(py_scalar_types[i], (PyTypeObject *)t);
 	}
-	if (!PyType_Check(args[3]) ||
-	    !PyType_IsSubtype((PyTypeObject *)args[3], &speedups_buffer_type)) {
-		PyErr_SetString(PyExc_TypeError,
-		                "setup(): buffer must be a subclass of "
-		                "cusafe._speedups.BufferObject");
-		return NULL;
-	}
-	Py_INCREF(args[0]);
-	Py_XSETREF(py_check, args[0]);
-	Py_INCREF(args[1]);
-	Py_XSETREF(py_count, args[1]);
-	Py_INCREF(args[2]);
-	Py_XSETREF(py_kinds, args[2]);
-	Py_INCREF(args[3]);
-	Py_XSETREF(py_buffer_type, (PyTypeObject *)args[3]);
+	Py_INCREF(check);
+	Py_XSETREF(py_check, check);
+	Py_INCREF(count);
+	Py_XSETREF(py_count, count);
+	Py_INCREF(kinds);
+	Py_XSETREF(py_kinds, kinds);
+	Py_INCREF(launch);
+	Py_XSETREF(py_launch, launch);
 	Py_RETURN_NONE;
 }
 
@@ -705,6 +787,489 @@ static PyTypeObject speedups_context_type = {
 	.tp_methods = context_methods,
 };
 
+/* ------------------------------------------------------------------------
+ * KernelObject: Kernel.launch
+ * ------------------------------------------------------------------------
+ *
+ * A launch of the common cases -- grid and block as ints or tuples or
+ * lists of 1 to 3 ints, `shared` an int, `stream` a Stream or None, and
+ * arguments that are Buffers, ints, floats, the typed scalars with values
+ * of their own type in range, or Bytes -- is converted here and queued by
+ * one call of cusafe_kernel_launch, with the GIL held (a launch queues; it
+ * waits for nothing).  Anything else (other libraries' arrays, values
+ * that must be converted or refused, attributes of Hopper's launches,
+ * keywords given otherwise) goes to the ctypes path from the start, which
+ * converts or raises: one behaviour, and the ctypes path's messages.
+ */
+
+/* The result of a conversion that cannot go on here: the ctypes path
+ * runs the launch instead. */
+#define FALLBACK 1
+
+/* A dimension in 0..2**32-1 (the library checks >= 1). */
+static int
+dim_of(PyObject *v, uint32_t *out)
+{
+	if (!PyLong_CheckExact(v))
+		return FALLBACK;
+	int overflow;
+	long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+	if (overflow || n < 0 || n > (long long)UINT32_MAX) {
+		PyErr_Clear();
+		return FALLBACK;
+	}
+	*out = (uint32_t)n;
+	return 0;
+}
+
+/* A grid or block: an int, or a tuple or list of 1 to 3 ints. */
+static int
+dims_of(PyObject *v, uint32_t out[3])
+{
+	out[0] = out[1] = out[2] = 1;
+	if (PyLong_CheckExact(v))
+		return dim_of(v, &out[0]);
+	if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v))
+		return FALLBACK;
+	Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+	if (n < 1 || n > 3)
+		return FALLBACK;
+	PyObject **items = PySequence_Fast_ITEMS(v);
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (dim_of(items[i], &out[i]))
+			return FALLBACK;
+	return 0;
+}
+
+/* The value of a typed scalar, in range, into *arg; FALLBACK for a value
+ * of another type (the ctypes path converts it, or says why not) or out
+ * of range (it raises). */
+static int
+scalar_of(PyObject *a, int kind, speedups_arg *arg)
+{
+	PyObject *v = PyObject_GetAttrString(a, "value");
+	if (v == NULL) {
+		PyErr_Clear();
+		return FALLBACK;
+	}
+	int r = FALLBACK;
+	arg->kind = (uint32_t)kind;
+	if (kind == ARG_F32 || kind == ARG_F64) {
+		if (PyFloat_CheckExact(v)) {
+			double d = PyFloat_AS_DOUBLE(v);
+			if (kind == ARG_F64) {
+				arg->value.f64 = d;
+				r = 0;
+			} else {
+				/* As struct's "f": finite, but rounds to
+				 * infinity, is refused. */
+				float f = (float)d;
+				if (!(isinf(f) && !isinf(d))) {
+					arg->value.u = 0;
+					arg->value.f32 = f;
+					r = 0;
+				}
+			}
+		}
+	} else if (PyLong_CheckExact(v)) {
+		static const struct {
+			long long lo;
+			unsigned long long hi;
+		} range[] = {
+			[ARG_I8] = {INT8_MIN, INT8_MAX},
+			[ARG_U8] = {0, UINT8_MAX},
+			[ARG_I16] = {INT16_MIN, INT16_MAX},
+			[ARG_U16] = {0, UINT16_MAX},
+			[ARG_I32] = {INT32_MIN, INT32_MAX},
+			[ARG_U32] = {0, UINT32_MAX},
+			[ARG_I64] = {INT64_MIN, INT64_MAX},
+			[ARG_U64] = {0, UINT64_MAX},
+		};
+		int overflow;
+		long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+		if (overflow == 0 && !(n == -1 && PyErr_Occurred())) {
+			if (n >= range[kind].lo &&
+			    (n < 0 || (unsigned long long)n <= range[kind].hi)) {
+				arg->value.i = n; /* signed: sign-extended */
+				r = 0;
+			}
+		} else if (overflow > 0 && kind == ARG_U64) {
+			unsigned long long u = PyLong_AsUnsignedLongLong(v);
+			if (!(u == (unsigned long long)-1 && PyErr_Occurred())) {
+				arg->value.u = u;
+				r = 0;
+			}
+		}
+		PyErr_Clear();
+	}
+	Py_DECREF(v);
+	return r;
+}
+
+/* The cusafe_arg of one argument; FALLBACK where the ctypes path must
+ * convert it; -1 with ValueError for a closed Buffer (as the ctypes path:
+ * its handle is read first). */
+static int
+arg_of(PyObject *a, speedups_arg *arg)
+{
+	PyTypeObject *t = Py_TYPE(a);
+	arg->size = 0;
+	if (t == py_buffer_type || PyType_IsSubtype(t, py_buffer_type)) {
+		speedups_handle h = ((speedups_object *)a)->live;
+		if (!h) {
+			closed_error(a);
+			return -1;
+		}
+		arg->kind = ARG_BUFFER;
+		arg->value.buffer = h;
+		return 0;
+	}
+	if (t == &PyLong_Type) {
+		int overflow;
+		long long n = PyLong_AsLongLongAndOverflow(a, &overflow);
+		if (overflow)
+			return FALLBACK; /* OverflowError, there */
+		arg->kind = ARG_I64;
+		arg->value.i = n;
+		return 0;
+	}
+	if (t == &PyFloat_Type) {
+		arg->kind = ARG_F64;
+		arg->value.f64 = PyFloat_AS_DOUBLE(a);
+		return 0;
+	}
+	for (int k = ARG_I8; k <= ARG_F64; k++)
+		if (t == py_scalar_types[k - ARG_I8])
+			return scalar_of(a, k, arg);
+	if (t == py_bytes_type) {
+		PyObject *data = PyObject_GetAttrString(a, "data");
+		if (data == NULL) {
+			PyErr_Clear();
+			return FALLBACK;
+		}
+		int r = FALLBACK;
+		/* The Bytes object holds data for the call (args holds it). */
+		if (PyBytes_CheckExact(data) &&
+		    PyBytes_GET_SIZE(data) <= (Py_ssize_t)UINT32_MAX) {
+			arg->kind = ARG_BYTES;
+			arg->size = (uint32_t)PyBytes_GET_SIZE(data);
+			arg->value.bytes = PyBytes_AS_STRING(data);
+			r = 0;
+		}
+		Py_DECREF(data);
+		return r;
+	}
+	return FALLBACK;
+}
+
+/* The configuration of a launch; FALLBACK as arg_of, -1 with
+ * ValueError for a closed Stream. */
+static int
+config_of(PyObject *grid, PyObject *block, PyObject *shared,
+          PyObject *stream, speedups_config *config)
+{
+	if (dims_of(grid, config->grid) || dims_of(block, config->block))
+		return FALLBACK;
+	config->shared_memory = 0;
+	if (shared != NULL) {
+		if (!PyLong_CheckExact(shared))
+			return FALLBACK;
+		unsigned long long n = PyLong_AsUnsignedLongLong(shared);
+		if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+			PyErr_Clear();
+			return FALLBACK;
+		}
+		config->shared_memory = (size_t)n;
+	}
+	config->stream = 0;
+	if (stream != NULL && stream != Py_None) {
+		if (py_stream_type == NULL ||
+		    !PyObject_TypeCheck(stream, py_stream_type))
+			return FALLBACK;
+		config->stream = ((speedups_object *)stream)->live;
+		if (!config->stream) {
+			closed_error(stream);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Raises for a failed launch: ValueError for a closed Kernel (passed as
+ * 0), else the library's error. */
+static PyObject *
+launch_failed(PyObject *kernel, int status)
+{
+	if (((speedups_object *)kernel)->live == 0)
+		return closed_error(kernel);
+	return raise_status(status);
+}
+
+#define STACK_ARGS 16
+
+static PyObject *
+kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
+              PyObject *kwnames)
+{
+	speedups_object *self = (speedups_object *)op;
+	Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+	PyObject *shared = NULL, *stream = NULL;
+	Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+	int r = nargs < 2 || fn_launch == NULL || py_buffer_type == NULL
+	                ? FALLBACK : 0;
+	for (Py_ssize_t i = 0; r == 0 && i < nkw; i++) {
+		PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+		if (PyUnicode_CompareWithASCIIString(key, "shared") == 0)
+			shared = args[nargs + i];
+		else if (PyUnicode_CompareWithASCIIString(key, "stream") == 0)
+			stream = args[nargs + i];
+		else
+			r = FALLBACK; /* Hopper's attributes, or an error */
+	}
+	speedups_config config;
+	if (r == 0)
+		r = config_of(args[0], args[1], shared, stream, &config);
+	speedups_arg stack[STACK_ARGS], *cargs = stack;
+	size_t n = nargs >= 2 ? (size_t)(nargs - 2) : 0;
+	if (r == 0 && n > STACK_ARGS) {
+		cargs = PyMem_Malloc(n * sizeof *cargs);
+		if (cargs == NULL) {
+			PyErr_NoMemory();
+			r = -1;
+		}
+	}
+	for (size_t i = 0; r == 0 && i < n; i++)
+		r = arg_of(args[2 + i], &cargs[i]);
+	int st = 0;
+	if (r == 0)
+		st = fn_launch(self->live, &config, n ? cargs : NULL, n);
+	if (cargs != stack)
+		PyMem_Free(cargs);
+	if (r < 0)
+		return NULL;
+	if (r == FALLBACK) {
+		if (py_launch == NULL)
+			return raise_status(-1);
+		/* The ctypes path, with self as its first argument. */
+		PyObject *stack_call[STACK_ARGS + 4];
+		PyObject **call = stack_call;
+		size_t total = (size_t)nargs + (size_t)nkw;
+		if (total + 1 > sizeof stack_call / sizeof stack_call[0]) {
+			call = PyMem_Malloc((total + 1) * sizeof *call);
+			if (call == NULL)
+				return PyErr_NoMemory();
+		}
+		call[0] = op;
+		for (size_t i = 0; i < total; i++)
+			call[i + 1] = args[i];
+		PyObject *res = PyObject_Vectorcall(py_launch, call,
+		                                    (size_t)nargs + 1, kwnames);
+		if (call != stack_call)
+			PyMem_Free(call);
+		return res;
+	}
+	if (st)
+		return launch_failed(op, st);
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef kernel_methods[] = {
+	{"launch", (PyCFunction)(void (*)(void))kernel_launch,
+	 METH_FASTCALL | METH_KEYWORDS,
+	 "launch(grid, block, *args, shared=0, stream=None, cluster=None,\n"
+	 "       cooperative=False, programmatic_serialization=False,\n"
+	 "       priority=None)\n--\n\n"
+	 "Launches the kernel: grid and block are ints or tuples of up to 3\n"
+	 "ints; args are Buffers (passed as their device address), arrays of\n"
+	 "other libraries (objects with __dlpack__ or\n"
+	 "__cuda_array_interface__), wrapped for the launch, ints (I64),\n"
+	 "floats (F64), typed values (I32(...), F32(...), ...) or\n"
+	 "Bytes(...).  Ordered on `stream` (None: the context's default);\n"
+	 "the buffers stay alive until the kernel has completed.  Every\n"
+	 "argument is checked against the kernel's parameters (CusafeError\n"
+	 "INVALID_ARGUMENTS).  A closed Kernel, Buffer or Stream raises\n"
+	 "ValueError; see the package's documentation of Kernel.launch for\n"
+	 "every error and for Hopper's attributes (cluster, cooperative,\n"
+	 "programmatic_serialization, priority).  One C call for the\n"
+	 "common arguments; the ctypes path for the others."},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject speedups_kernel_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "cusafe._speedups.KernelObject",
+	.tp_basicsize = sizeof(speedups_object),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+	.tp_doc = "The base of the package's Kernel: an Object with launch().",
+	.tp_methods = kernel_methods,
+};
+
+/* ------------------------------------------------------------------------
+ * PreparedObject: the call of a PreparedLaunch
+ * ------------------------------------------------------------------------
+ *
+ * Kernel.prepare converts and checks in Python, once; _prepare() copies
+ * the kernel's handle, the configuration, the attributes and the packed
+ * arguments here, and each call is one call of cusafe_kernel_launch (or
+ * _ex), with the GIL held.  What the arguments point to (Bytes' data,
+ * wrapped arrays) the Python subclass keeps.
+ */
+typedef struct {
+	PyObject_HEAD
+	speedups_handle kernel;
+	speedups_config config;
+	speedups_arg *args;
+	size_t nargs;
+	void *attrs; /* cusafe_launch_attr[nattrs], or NULL */
+	size_t nattrs;
+	int prepared;
+} speedups_prepared;
+
+/* A copy of the bytes of a buffer-protocol object (None: *out NULL). */
+static int
+copy_of(PyObject *obj, const char *what, size_t unit, void **out,
+        size_t *count)
+{
+	*out = NULL;
+	*count = 0;
+	if (obj == Py_None)
+		return 0;
+	Py_buffer view;
+	if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+		return -1;
+	int r = 0;
+	if (view.len % (Py_ssize_t)unit) {
+		PyErr_Format(PyExc_ValueError, "_prepare(): %s of %zd bytes, not "
+		             "a multiple of %zu", what, view.len, unit);
+		r = -1;
+	} else if (view.len > 0) {
+		*out = PyMem_Malloc((size_t)view.len);
+		if (*out == NULL) {
+			PyErr_NoMemory();
+			r = -1;
+		} else {
+			memcpy(*out, view.buf, (size_t)view.len);
+			*count = (size_t)view.len / unit;
+		}
+	}
+	PyBuffer_Release(&view);
+	return r;
+}
+
+/* The size of cusafe_launch_attr. */
+#define ATTR_SIZE 24
+
+static PyObject *
+prepared_prepare(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
+{
+	speedups_prepared *self = (speedups_prepared *)op;
+	if (nargs != 4) {
+		PyErr_Format(PyExc_TypeError,
+		             "_prepare() takes 4 arguments (%zd given)", nargs);
+		return NULL;
+	}
+	if (self->prepared) {
+		PyErr_SetString(PyExc_RuntimeError,
+		                "this launch is prepared already");
+		return NULL;
+	}
+	speedups_handle kernel;
+	if (handle_of(args[0], &kernel) < 0)
+		return NULL;
+	Py_buffer view;
+	if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
+		return NULL;
+	if (view.len != (Py_ssize_t)sizeof self->config) {
+		PyErr_Format(PyExc_ValueError, "_prepare(): a configuration of "
+		             "%zd bytes, not %zu", view.len,
+		             sizeof self->config);
+		PyBuffer_Release(&view);
+		return NULL;
+	}
+	speedups_config config;
+	memcpy(&config, view.buf, sizeof config);
+	PyBuffer_Release(&view);
+	void *cargs, *attrs;
+	size_t n, nattrs;
+	if (copy_of(args[2], "arguments", sizeof(speedups_arg), &cargs,
+	            &n) < 0)
+		return NULL;
+	if (copy_of(args[3], "attributes", ATTR_SIZE, &attrs, &nattrs) < 0) {
+		PyMem_Free(cargs);
+		return NULL;
+	}
+	self->kernel = kernel;
+	self->config = config;
+	self->args = cargs;
+	self->nargs = n;
+	self->attrs = attrs;
+	self->nattrs = nattrs;
+	self->prepared = 1;
+	Py_RETURN_NONE;
+}
+
+static PyObject *
+prepared_call(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+	speedups_prepared *self = (speedups_prepared *)op;
+	if (PyTuple_GET_SIZE(args) != 0 ||
+	    (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+		PyErr_Format(PyExc_TypeError, "%s() takes no arguments",
+		             type_name(op));
+		return NULL;
+	}
+	if (!self->prepared) {
+		PyErr_SetString(PyExc_RuntimeError, "this launch is not prepared");
+		return NULL;
+	}
+	int st;
+	if (self->attrs == NULL) {
+		if (fn_launch == NULL)
+			return no_init();
+		st = fn_launch(self->kernel, &self->config, self->args,
+		               self->nargs);
+	} else {
+		if (fn_launch_ex == NULL)
+			return no_init();
+		st = fn_launch_ex(self->kernel, &self->config, self->attrs,
+		                  self->nattrs, self->args, self->nargs);
+	}
+	if (st)
+		return raise_status(st);
+	Py_RETURN_NONE;
+}
+
+static void
+prepared_dealloc(PyObject *op)
+{
+	speedups_prepared *self = (speedups_prepared *)op;
+	PyMem_Free(self->args);
+	PyMem_Free(self->attrs);
+	Py_TYPE(op)->tp_free(op);
+}
+
+static PyMethodDef prepared_methods[] = {
+	{"_prepare", (PyCFunction)(void (*)(void))prepared_prepare,
+	 METH_FASTCALL,
+	 "_prepare(kernel, config, args, attrs, /)\n--\n\n"
+	 "Copies the launch: the kernel's handle (an int), a LaunchConfig,\n"
+	 "the packed cusafe_arg array (bytes, or None for none) and the\n"
+	 "cusafe_launch_attr array (a ctypes array, or None); once."},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject speedups_prepared_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "cusafe._speedups.PreparedObject",
+	.tp_basicsize = sizeof(speedups_prepared),
+	.tp_dealloc = prepared_dealloc,
+	.tp_call = prepared_call,
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+	.tp_doc = "The base of the package's PreparedLaunch: calling it\n"
+	          "launches, one C call.",
+	.tp_methods = prepared_methods,
+};
+
 static PyMethodDef speedups_methods[] = {
 	{"init", speedups_init, METH_O,
 	 "init(addresses, /)\n--\n\n"
@@ -725,12 +1290,17 @@ static PyMethodDef speedups_methods[] = {
 	 "cusafe_release(handle); returns its status (0: success).  TypeError\n"
 	 "for a handle that is not an int, OverflowError for one outside\n"
 	 "0..2**64-1, RuntimeError before init()."},
-	{"setup", (PyCFunction)(void (*)(void))speedups_setup, METH_FASTCALL,
-	 "setup(check, count, kinds, buffer, /)\n--\n\n"
+	{"setup", (PyCFunction)(void (*)(void))speedups_setup,
+	 METH_VARARGS | METH_KEYWORDS,
+	 "setup(*, check, count, kinds, buffer, stream, scalars, bytes, "
+	 "launch)\n--\n\n"
 	 "What the package gives once its classes exist: check(status)\n"
 	 "raises the library's error, count(value, what) converts a size or\n"
 	 "raises, kinds maps the memory kinds alloc() takes to their ints,\n"
-	 "buffer is the class (a BufferObject) of the Buffers alloc() makes."},
+	 "buffer is the class (a BufferObject) of the Buffers alloc() makes,\n"
+	 "stream the class of Streams, scalars the types I8 ... F64, bytes\n"
+	 "the class Bytes, launch the ctypes Kernel.launch, which runs every\n"
+	 "launch that is not of the common cases."},
 	{"at_exit", speedups_at_exit, METH_NOARGS,
 	 "at_exit()\n--\n\n"
 	 "From now on a collected Object releases nothing (the package calls\n"
@@ -756,9 +1326,13 @@ PyInit__speedups(void)
 	speedups_object_type.tp_new = PyBaseObject_Type.tp_new;
 	speedups_buffer_type.tp_base = &speedups_object_type;
 	speedups_context_type.tp_base = &speedups_object_type;
+	speedups_kernel_type.tp_base = &speedups_object_type;
+	speedups_prepared_type.tp_new = PyBaseObject_Type.tp_new;
 	if (PyType_Ready(&speedups_object_type) < 0 ||
 	    PyType_Ready(&speedups_buffer_type) < 0 ||
-	    PyType_Ready(&speedups_context_type) < 0)
+	    PyType_Ready(&speedups_context_type) < 0 ||
+	    PyType_Ready(&speedups_kernel_type) < 0 ||
+	    PyType_Ready(&speedups_prepared_type) < 0)
 		return NULL;
 	PyObject *m = PyModule_Create(&speedups_module);
 	if (m == NULL)
@@ -770,6 +1344,8 @@ PyInit__speedups(void)
 		{"Object", &speedups_object_type},
 		{"BufferObject", &speedups_buffer_type},
 		{"ContextObject", &speedups_context_type},
+		{"KernelObject", &speedups_kernel_type},
+		{"PreparedObject", &speedups_prepared_type},
 	};
 	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
 		Py_INCREF(types[i].type);

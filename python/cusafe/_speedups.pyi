@@ -2,7 +2,7 @@
 The package gives it the loaded library's function addresses (init()) and
 falls back to ctypes without it."""
 
-from typing import Any, Callable, Dict, Type, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
 _O = TypeVar("_O", bound="Object")
 
@@ -12,12 +12,17 @@ def init(addresses: Dict[str, int], /) -> None:
     cusafe_buffer_alloc where given.  KeyError, TypeError or ValueError for
     a missing, non-int or null address; the previous addresses stay."""
 
-def setup(check: Callable[[int], None], count: Callable[[Any, str], int],
-          kinds: Dict[int, int], buffer: Type[BufferObject], /) -> None:
+def setup(*, check: Callable[[int], None],
+          count: Callable[[Any, str], int], kinds: Dict[int, int],
+          buffer: Type[BufferObject], stream: Type[Object],
+          scalars: Tuple[type, ...], bytes: type,
+          launch: Callable[..., None]) -> None:
     """What the package gives once its classes exist: the function that
     raises the library's error for a status, the one that converts a size
     (or raises), the memory kinds alloc() takes, the class of the Buffers
-    that alloc() makes."""
+    that alloc() makes, the class of Streams, the typed scalars I8 ... F64,
+    the class Bytes, and the ctypes Kernel.launch, which runs the launches
+    of other arguments."""
 
 def at_exit() -> None:
     """From now on a collected Object releases nothing."""
@@ -59,3 +64,19 @@ class ContextObject(Object):
     """An Object with alloc()."""
 
     def alloc(self, size: int, memory: int = ...) -> BufferObject: ...
+
+class KernelObject(Object):
+    """An Object with launch()."""
+
+    def launch(self, grid: Any, block: Any, *args: Any, shared: int = ...,
+               stream: Optional[Object] = ..., cluster: Any = ...,
+               cooperative: bool = ...,
+               programmatic_serialization: bool = ...,
+               priority: Optional[int] = ...) -> None: ...
+
+class PreparedObject:
+    """A prepared launch: calling it launches."""
+
+    def _prepare(self, kernel: int, config: Any, args: Optional[bytes],
+                 attrs: Any, /) -> None: ...
+    def __call__(self) -> None: ...

@@ -282,8 +282,38 @@ def test_no_reference_leaks(ctx):
             except ValueError:
                 pass
 
+    m = ctx.load_builtin()
+    fill = m.kernel("cusafe_fill_f32")
+    scale = m.kernel("cusafe_scale_f32")
+    buf = ctx.alloc(64)
+    value = float("2.5")
+    prepared = fill.prepare(1, 16, buf, cusafe.F32(value), 16)
+    stream = ctx.stream()
+    args = (buf, cusafe.F32(value), 16)
+
+    def launches(n):
+        for _ in range(n):
+            fill.launch(1, 16, *args)
+            fill(1, (16,), buf, cusafe.F32(value), 16, stream=stream)
+            prepared()
+            for bad in ((buf, value, 16), (buf, cusafe.F32(value),
+                                           cusafe.I8(size)),
+                        (buf, cusafe.F32(value), 2**64), (buf,),
+                        (buf, cusafe.F32(value), "x")):
+                try:
+                    scale.launch(1, 16, *bad)
+                except (cusafe.CusafeError, TypeError, OverflowError):
+                    pass
+
+    before_calls = calls
+
+    def calls(n):  # noqa: F811
+        before_calls(n)
+        launches(n)
+
     calls(200)  # warm: caches filled
-    before = [sys.getrefcount(o) for o in (size, pinned, ctx, closed)]
+    watched = (size, pinned, ctx, closed, fill, buf, value, stream, args)
+    before = [sys.getrefcount(o) for o in watched]
     tracemalloc.start()
     try:
         calls(100)
@@ -293,8 +323,77 @@ def test_no_reference_leaks(ctx):
         second, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    after = [sys.getrefcount(o) for o in (size, pinned, ctx, closed)]
+    after = [sys.getrefcount(o) for o in watched]
     assert after == before
-    # 2000 rounds of 11 calls: a leak of one object a call would be
+    # 2000 rounds of some 20 calls: a leak of one object a call would be
     # hundreds of kilobytes.
     assert second - first < 16384, (first, second)
+
+
+def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
+    """With "c", a launch of Buffers, ints, floats, typed scalars and
+    Bytes, with grids as ints, tuples or lists, on the default stream or
+    a Stream, never reaches the ctypes path; other arguments, values that
+    must be converted or refused, and Hopper's attributes do."""
+    if cusafe.implementation() != "c":
+        pytest.skip("the package runs on ctypes")
+    from cusafe import _launch, _objects, _speedups
+    reached = []
+
+    def ctypes_path(*args, **kwargs):
+        reached.append(args[3:])
+        return _launch._launch_py(*args, **kwargs)
+
+    def register(launch):
+        _speedups.setup(
+            check=_objects._check_status, count=_objects._count,
+            kinds=_objects._MEMORY_KINDS, buffer=cusafe.Buffer,
+            stream=cusafe.Stream,
+            scalars=(cusafe.I8, cusafe.U8, cusafe.I16, cusafe.U16,
+                     cusafe.I32, cusafe.U32, cusafe.I64, cusafe.U64,
+                     cusafe.F32, cusafe.F64),
+            bytes=cusafe.Bytes, launch=launch)
+
+    m = ctx.load_builtin()
+    fill = m.kernel("cusafe_fill_f32")
+    b = ctx.alloc(64)
+    s = ctx.stream()
+    register(ctypes_path)
+    try:
+        fill.launch(1, 16, b, cusafe.F32(1.0), 16)
+        fill.launch((1,), [16, 1], b, cusafe.F32(-1e38), 16, shared=0,
+                    stream=s)
+        fill(1, (16, 1, 1), b, cusafe.F32(1.0), cusafe.U64(16))
+        # Converted here and refused by the library (kind for parameter
+        # 1, a float): the edges of each type's range.
+        for value in (cusafe.F64(1.0), cusafe.I8(-128), cusafe.U8(255),
+                      cusafe.I16(-3), cusafe.U16(3), cusafe.I32(-2**31),
+                      cusafe.U32(2**32 - 1), cusafe.I64(-2**63),
+                      cusafe.U64(2**64 - 1), cusafe.Bytes(bytes(8)), 1.5,
+                      -2**63):
+            with pytest.raises(cusafe.CusafeError) as e:
+                fill.launch(1, 16, b, value, 16)
+            assert e.value.status == cusafe.Status.INVALID_ARGUMENTS
+        assert reached == []
+        for args, kwargs in (
+                ((1, 16, b, 2.0, 16), {"cooperative": False}),
+                ((1, 16, b, cusafe.F32(2), 16), {}),       # converted
+                ((1, 16, b, cusafe.F32(1e39), 16), {}),    # refused
+                ((1, 16, b, cusafe.I32(2**31), 16), {}),   # refused
+                ((1, 16, b, cusafe.F32(1.0), True), {}),   # refused
+                ((1, 16, b, cusafe.F32(1.0), 2**63), {}),  # refused
+                (((1, 1, 1, 1), 16, b, cusafe.F32(1.0), 16), {}),
+                ((1.0, 16, b, cusafe.F32(1.0), 16), {}),
+                ((1, 16, b, cusafe.F32(1.0), 16), {"shared": -1}),
+                ((1, 16, b, cusafe.F32(1.0), 16), {"stream": 0}),
+                ((1, 16, b.as_array(), cusafe.F32(1.0), 16), {})):
+            try:
+                fill.launch(*args, **kwargs)
+            except (TypeError, ValueError, OverflowError,
+                    cusafe.CusafeError):
+                pass
+        assert len(reached) == 11, reached
+    finally:
+        register(_launch._launch_py)
+    b.close()
+    s.close()
