@@ -18,6 +18,8 @@ typedef CUresult (*release_fn)(CUdevice);
 typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
 typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 typedef CUresult (*capturing_fn)(CUstream, CUstreamCaptureStatus *);
+cs_drv_launch_fn cs_drv_launch;       /* NULL where missing */
+cs_drv_launch_ex_fn cs_drv_launch_ex; /* NULL where missing */
 static retain_fn primary_retain;
 static release_fn primary_release;
 static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
@@ -83,6 +85,13 @@ static cusafe_status init_driver(int n) {
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuStreamIsCapturing", (void **)&stream_is_capturing,
                       false, &retry_capturing);
+  /* The launch calls, written before `initialised` shows and never after
+   * (a launch needs a kernel, which needs the library initialised). */
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuLaunchKernel", (void **)&cs_drv_launch, false, NULL);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuLaunchKernelEx", (void **)&cs_drv_launch_ex, false,
+                      NULL);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;

@@ -275,6 +275,9 @@ static int is_failure_of(const char *function, cudaError_t err,
 static const char *const absorbable[] = {
     "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
     "cudaFreeAsync",
+    /* The driver's launch calls: a launch that fails there is made again
+     * through the runtime, whose answer is the launch's. */
+    "cuLaunchKernel", "cuLaunchKernelEx",
     /* Peer access, set up before the first copy between two devices:
      * without it CUDA stages the copy through the host. */
     "cudaDeviceCanAccessPeer", "cudaDeviceEnablePeerAccess",

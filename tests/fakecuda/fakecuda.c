@@ -255,7 +255,8 @@ static int g_initialized;
 static struct {
   enum fake_driver driver;
   int ndev;
-  int peer_ok; /* devices reach each other's memory */
+  int peer_ok;       /* devices reach each other's memory */
+  int driver_launch; /* cuLaunchKernel and cuLaunchKernelEx offered */
   int paused;
   int strict;
   int torn_down;
@@ -388,6 +389,7 @@ static void set_defaults(void) {
   g.driver = FAKE_DRIVER_OK;
   g.ndev = DEFAULT_DEVICES;
   g.peer_ok = 1;
+  g.driver_launch = 1;
   g.paused = 0;
   g.strict = 1;
   g.calls = 0;
@@ -1693,6 +1695,15 @@ static size_t count_graphs(int device);
 static size_t count_execs(int device);
 static size_t count_captures(int device);
 static struct flibrary *find_library(cudaLibrary_t h);
+static CUresult CUDAAPI fk_drv_launch_kernel(CUfunction f, unsigned gx,
+                                             unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by,
+                                             unsigned bz, unsigned shared,
+                                             CUstream hstream, void **params,
+                                             void **extra);
+static CUresult CUDAAPI fk_drv_launch_kernel_ex(const CUlaunchConfig *config,
+                                                CUfunction f, void **params,
+                                                void **extra);
 
 /* cuLibraryGetModule: a fake library is loaded whole at cudaLibraryLoadData
  * (its image was checked then), so its module always exists. */
@@ -1808,6 +1819,17 @@ fk_get_driver_entry_point(const char *symbol, void **func,
         fk_drv_stream_is_capturing;
     result = cudaDriverEntryPointSuccess;
     memcpy(&fn, &capturing, sizeof fn);
+  } else if (strcmp(symbol, "cuLaunchKernel") == 0 && g.driver_launch) {
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, unsigned, unsigned, CUstream, void **,
+                       void **) = fk_drv_launch_kernel;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &launch, sizeof fn);
+  } else if (strcmp(symbol, "cuLaunchKernelEx") == 0 && g.driver_launch) {
+    CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **,
+                          void **) = fk_drv_launch_kernel_ex;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &launch_ex, sizeof fn);
   } else if (strcmp(symbol, "cuLibraryGetModule") == 0) {
     CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
     result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
@@ -3034,6 +3056,48 @@ static cudaError_t fk_launch_kernel_ex(const cudaLaunchConfig_t *config,
   return launch_common("cudaLaunchKernelExC", func, config->gridDim,
                        config->blockDim, args, config->dynamicSmemBytes,
                        config->stream, config->attrs, config->numAttrs);
+}
+
+/* The driver's launch calls, which the library prefers: the same launch,
+ * which leaves the runtime's last error as it was.  A CUkernel launches
+ * in its stream's context: as the runtime's launch, here. */
+static CUresult CUDAAPI fk_drv_launch_kernel(CUfunction f, unsigned gx,
+                                             unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by,
+                                             unsigned bz, unsigned shared,
+                                             CUstream hstream, void **params,
+                                             void **extra) {
+  if (extra)
+    violation("cuLaunchKernel with extra %p: the library passes none",
+              (void *)extra);
+  cudaError_t saved = t_last_error;
+  cudaError_t e = launch_common("cuLaunchKernel", (const void *)f,
+                                (dim3){gx, gy, gz}, (dim3){bx, by, bz}, params,
+                                shared, (cudaStream_t)hstream, NULL, 0);
+  t_last_error = saved;
+  return (CUresult)e;
+}
+
+static CUresult CUDAAPI fk_drv_launch_kernel_ex(const CUlaunchConfig *config,
+                                                CUfunction f, void **params,
+                                                void **extra) {
+  if (extra)
+    violation("cuLaunchKernelEx with extra %p: the library passes none",
+              (void *)extra);
+  cudaError_t saved = t_last_error, e;
+  if (!config) { /* counted and logged like any call */
+    e = begin("cuLaunchKernelEx", 0);
+    unlock();
+    return (CUresult)(e != cudaSuccess ? e : cudaErrorInvalidValue);
+  }
+  e = launch_common(
+      "cuLaunchKernelEx", (const void *)f,
+      (dim3){config->gridDimX, config->gridDimY, config->gridDimZ},
+      (dim3){config->blockDimX, config->blockDimY, config->blockDimZ}, params,
+      config->sharedMemBytes, (cudaStream_t)config->hStream,
+      (const cudaLaunchAttribute *)config->attrs, config->numAttrs);
+  t_last_error = saved;
+  return (CUresult)e;
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
@@ -4397,6 +4461,12 @@ FAKE_EXPORT void fake_set_driver(enum fake_driver state) {
     misuse("fake_set_driver(%d): unknown state", (int)state);
   lock();
   g.driver = state;
+  unlock();
+}
+
+FAKE_EXPORT void fake_set_driver_launch(int offered) {
+  lock();
+  g.driver_launch = offered != 0;
   unlock();
 }
 

@@ -3027,6 +3027,7 @@ static const char *const fault_fns[] = {
     "cudaFuncGetParamInfo", "cudaFuncGetAttributes",
     "cudaKernelSetAttributeForDevice",
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaLaunchKernel",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "cudaGetDevice",
     "cudaSetDevice", "cudaDeviceGetAttribute", "cudaStreamBeginCapture",
