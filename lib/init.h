@@ -33,7 +33,10 @@ bool cs_stream_surely_free(cudaStream_t stream);
 /* The driver's launch calls, cuLaunchKernel and cuLaunchKernelEx, NULL
  * where the driver lacks them: a launch through them skips the runtime's
  * own work around the same call (lib/launch.c says how a failure is
- * reported).  Set once, before the library shows as initialised. */
+ * reported).  Looked up at initialisation, and where that look-up failed
+ * (an error, not an answer that the driver lacks them), again by
+ * cs_drv_launch_again() and cs_drv_launch_ex_again(), which the launches
+ * that found them NULL call; read relaxed. */
 typedef CUresult (*cs_drv_launch_fn)(CUfunction f, unsigned gx, unsigned gy,
                                      unsigned gz, unsigned bx, unsigned by,
                                      unsigned bz, unsigned shared,
@@ -42,8 +45,10 @@ typedef CUresult (*cs_drv_launch_fn)(CUfunction f, unsigned gx, unsigned gy,
 typedef CUresult (*cs_drv_launch_ex_fn)(const CUlaunchConfig *config,
                                         CUfunction f, void **params,
                                         void **extra);
-extern cs_drv_launch_fn cs_drv_launch;
-extern cs_drv_launch_ex_fn cs_drv_launch_ex;
+extern _Atomic(cs_drv_launch_fn) cs_drv_launch;
+extern _Atomic(cs_drv_launch_ex_fn) cs_drv_launch_ex;
+cs_drv_launch_fn cs_drv_launch_again(void);
+cs_drv_launch_ex_fn cs_drv_launch_ex_again(void);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

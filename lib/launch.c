@@ -512,7 +512,11 @@ _Static_assert(offsetof(cudaLaunchAttributeValue, clusterDim) ==
 __attribute__((noinline)) static cusafe_status
 queue_kernel_ex(const struct cs_kernel *k, const cusafe_launch_config *c,
                 void **argv, cudaStream_t stream, const struct launch_ext *x) {
-  if (CS_LIKELY(cs_drv_launch_ex != NULL)) {
+  cs_drv_launch_ex_fn drv =
+      atomic_load_explicit(&cs_drv_launch_ex, memory_order_relaxed);
+  if (CS_UNLIKELY(!drv))
+    drv = cs_drv_launch_ex_again(); /* its look-up may have failed */
+  if (CS_LIKELY(drv != NULL)) {
     CUlaunchConfig dc = {c->grid[0],
                          c->grid[1],
                          c->grid[2],
@@ -523,7 +527,7 @@ queue_kernel_ex(const struct cs_kernel *k, const cusafe_launch_config *c,
                          (CUstream)stream,
                          (CUlaunchAttribute *)x->attrs,
                          x->nattrs};
-    if (cs_drv_launch_ex(&dc, (CUfunction)k->fn, argv, NULL) == CUDA_SUCCESS)
+    if (drv(&dc, (CUfunction)k->fn, argv, NULL) == CUDA_SUCCESS)
       return CUSAFE_SUCCESS;
   }
   cudaLaunchConfig_t cfg = {{c->grid[0], c->grid[1], c->grid[2]},
@@ -537,11 +541,28 @@ queue_kernel_ex(const struct cs_kernel *k, const cusafe_launch_config *c,
                             : cs_fail_cuda(err, "cudaLaunchKernelExC");
 }
 
-/* cudaLaunchKernel: the launch where the driver's call is missing or
- * failed. */
+static inline cusafe_status drv_launch(cs_drv_launch_fn drv,
+                                       const struct cs_kernel *k,
+                                       const cusafe_launch_config *c,
+                                       void **argv, cudaStream_t stream) {
+  return drv((CUfunction)k->fn, c->grid[0], c->grid[1], c->grid[2], c->block[0],
+             c->block[1], c->block[2],
+             (unsigned)c->shared_memory, /* <= the kernel's limit */
+             (CUstream)stream, argv, NULL) == CUDA_SUCCESS
+             ? CUSAFE_SUCCESS
+             : CS_SLOW;
+}
+
+/* The launch where the driver's call refused it (`tried`) or is missing:
+ * the driver's looked up again if its look-up failed, else
+ * cudaLaunchKernel. */
 __attribute__((noinline)) static cusafe_status
 queue_kernel_runtime(const struct cs_kernel *k, const cusafe_launch_config *c,
-                     void **argv, cudaStream_t stream) {
+                     void **argv, cudaStream_t stream, bool tried) {
+  cs_drv_launch_fn drv;
+  if (!tried && (drv = cs_drv_launch_again()) != NULL &&
+      drv_launch(drv, k, c, argv, stream) == CUSAFE_SUCCESS)
+    return CUSAFE_SUCCESS;
   dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
   dim3 block = {c->block[0], c->block[1], c->block[2]};
   cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block, argv,
@@ -560,14 +581,12 @@ queue_kernel(const struct cs_kernel *k, const cusafe_launch_config *c,
              void **argv, cudaStream_t stream, const struct launch_ext *x) {
   if (x)
     return queue_kernel_ex(k, c, argv, stream, x);
-  cs_drv_launch_fn drv = cs_drv_launch;
+  cs_drv_launch_fn drv =
+      atomic_load_explicit(&cs_drv_launch, memory_order_relaxed);
   if (CS_LIKELY(drv != NULL) &&
-      CS_LIKELY(drv((CUfunction)k->fn, c->grid[0], c->grid[1], c->grid[2],
-                    c->block[0], c->block[1], c->block[2],
-                    (unsigned)c->shared_memory, /* <= the kernel's limit */
-                    (CUstream)stream, argv, NULL) == CUDA_SUCCESS))
+      CS_LIKELY(drv_launch(drv, k, c, argv, stream) == CUSAFE_SUCCESS))
     return CUSAFE_SUCCESS;
-  return queue_kernel_runtime(k, c, argv, stream);
+  return queue_kernel_runtime(k, c, argv, stream, drv != NULL);
 }
 
 /* A launch whose buffers' latest work is on other streams: the buffers

@@ -2269,6 +2269,101 @@ START_TEST(test_without_driver_launch) {
 }
 END_TEST
 
+/* The grid, block and dynamic shared memory of a launch reach CUDA
+ * unchanged, through each of the four launch calls. */
+static void expect_config(const char *call, uint32_t gx, uint32_t gy,
+                          uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                          size_t shared) {
+  dim3 grid, block;
+  size_t got_shared;
+  fake_last_launch_config(&grid, &block, &got_shared);
+  TU_ASSERT(grid.x == gx && grid.y == gy && grid.z == gz,
+            "%s: grid (%u, %u, %u) reached CUDA, (%u, %u, %u) launched", call,
+            grid.x, grid.y, grid.z, gx, gy, gz);
+  TU_ASSERT(block.x == bx && block.y == by && block.z == bz,
+            "%s: block (%u, %u, %u) reached CUDA, (%u, %u, %u) launched", call,
+            block.x, block.y, block.z, bx, by, bz);
+  TU_ASSERT(got_shared == shared,
+            "%s: %zu bytes of dynamic shared memory reached CUDA, %zu "
+            "launched",
+            call, got_shared, shared);
+}
+
+START_TEST(test_geometry_reaches_cuda) {
+  struct fixture f;
+  fixture_make(&f);
+  cusafe_launch_config c = config_dims(6, 3, 2, 8, 4, 2);
+  c.shared_memory = 1000;
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  const cusafe_launch_attr a[] = {attr_priority(-1)};
+  fake_log_clear();
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 1);
+  expect_config("cuLaunchKernel", 6, 3, 2, 8, 4, 2, 1000);
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 1);
+  expect_config("cuLaunchKernelEx", 6, 3, 2, 8, 4, 2, 1000);
+  /* The runtime's, after the driver's refused. */
+  fake_fail_function("cuLaunchKernel", cudaErrorInvalidValue);
+  fake_fail_function("cuLaunchKernelEx", cudaErrorInvalidValue);
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
+  expect_config("cudaLaunchKernel", 6, 3, 2, 8, 4, 2, 1000);
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
+  expect_config("cudaLaunchKernelExC", 6, 3, 2, 8, 4, 2, 1000);
+  fake_fail_clear();
+  TU_OK(cusafe_context_synchronize(f.ctx));
+  fixture_release(&f);
+}
+END_TEST
+
+/* A look-up of the driver's launch calls that failed at initialisation
+ * (an error, not an answer that the driver lacks them) is made again at
+ * the next launch, which then goes through the driver as every later one
+ * does. */
+static int lookups;
+static void on_lookup(void *arg) {
+  int fail_at = *(const int *)arg;
+  /* cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease,
+   * cuLibraryGetModule, cuMemGetAddressRange, cuStreamIsCapturing, then
+   * cuLaunchKernel and cuLaunchKernelEx. */
+  if (++lookups == fail_at - 1)
+    fake_fail_after(1, cudaErrorUnknown, 0);
+  else
+    fake_set_call_hook("cudaGetDriverEntryPointByVersion", on_lookup, arg);
+}
+
+START_TEST(test_failed_lookup_tried_again) {
+  static const int fail_at[2] = {6, 7}; /* the two launch calls */
+  fake_set_call_hook("cudaGetDriverEntryPointByVersion", on_lookup,
+                     (void *)&fail_at[_i]);
+  struct fixture f;
+  fixture_make(&f);
+  ck_assert_int_eq(lookups, fail_at[_i] - 1);
+  fake_set_call_hook("cudaGetDriverEntryPointByVersion", NULL, NULL);
+  cusafe_launch_config c = config_dims(2, 1, 1, 32, 1, 1);
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  const cusafe_launch_attr a[] = {attr_cluster(2, 1, 1)};
+  fake_log_clear();
+  for (int i = 0; i < 3; i++) {
+    TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+    TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  }
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 3);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 3);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
+  ck_assert_uint_eq(fake_log_count("cudaGetDriverEntryPointByVersion"), 1);
+  TU_OK(cusafe_context_synchronize(f.ctx));
+  fixture_release(&f);
+}
+END_TEST
+
 /* The buffers of an attributed launch stay alive until it has run, as
  * every launch's do. */
 START_TEST(test_ex_keeps_buffers) {
@@ -2394,6 +2489,8 @@ static Suite *launch_suite(void) {
   tcase_add_test(tc, test_ex_cuda_failures);
   tcase_add_test(tc, test_driver_launch_falls_back);
   tcase_add_test(tc, test_without_driver_launch);
+  tcase_add_test(tc, test_geometry_reaches_cuda);
+  tcase_add_loop_test(tc, test_failed_lookup_tried_again, 0, 2);
   tcase_add_test(tc, test_ex_keeps_buffers);
   tcase_add_test(tc, test_ex_capture);
   suite_add_tcase(s, tc);

@@ -306,6 +306,9 @@ static struct {
   /* The attributes of the last launch (none for cudaLaunchKernel). */
   cudaLaunchAttribute launch_attrs[FAKE_MAX_LAUNCH_ATTRS];
   size_t launch_nattrs;
+  /* The grid, block and dynamic shared memory of the last launch. */
+  dim3 launch_grid, launch_block;
+  size_t launch_shared;
   size_t param_space; /* bytes of parameters a kernel may take */
 
   struct fdevice dev[MAX_DEVICES];
@@ -3033,6 +3036,9 @@ static cudaError_t launch_common(const char *name, const void *func, dim3 grid,
   if (nattrs)
     memcpy(g.launch_attrs, attrs, nattrs * sizeof *attrs);
   g.launch_nattrs = nattrs;
+  g.launch_grid = grid;
+  g.launch_block = block;
+  g.launch_shared = shared_memory;
   struct fop *o = new_op(OP_LAUNCH);
   o->kernel = k;
   o->staging = values;
@@ -4620,6 +4626,15 @@ FAKE_EXPORT size_t fake_last_launch_attrs(cudaLaunchAttribute *dst,
     memcpy(dst, g.launch_attrs, (n < capacity ? n : capacity) * sizeof *dst);
   unlock();
   return n;
+}
+
+FAKE_EXPORT void fake_last_launch_config(dim3 *grid, dim3 *block,
+                                         size_t *shared) {
+  lock();
+  *grid = g.launch_grid;
+  *block = g.launch_block;
+  *shared = g.launch_shared;
+  unlock();
 }
 
 FAKE_EXPORT void fake_set_param_space(size_t bytes) {

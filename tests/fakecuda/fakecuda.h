@@ -169,6 +169,9 @@ void fake_set_cluster_sms(int device, int sms); /* 1..132 */
  * cudaLaunchKernel or before any launch): copies min(n, capacity) of them
  * to dst (unless NULL) and returns n. */
 size_t fake_last_launch_attrs(cudaLaunchAttribute *dst, size_t capacity);
+/* The grid, block and dynamic shared memory of the last launch that was
+ * queued, through any of the four launch calls (zeros before any). */
+void fake_last_launch_config(dim3 *grid, dim3 *block, size_t *shared);
 
 /* The bytes of parameters one kernel of a fake image may take (default
  * 32764, CUDA's limit since 12.1): what a later CUDA might allow. */
