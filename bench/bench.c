@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
 
@@ -432,6 +433,7 @@ static void fill_random(void *p, size_t n) {
 struct launch_case {
   int batches;
   int use_cusafe;
+  int use_driver; /* raw: cuLaunchKernel(Ex) instead of the runtime's */
   /* cusafe */
   cusafe_kernel kernel;
   cusafe_launch_config config;
@@ -450,6 +452,22 @@ struct launch_case {
   unsigned grid_x;
 };
 
+/* The driver's launch calls, which cusafe makes where the driver has them:
+ * rows against them too show what cusafe itself costs. */
+static CUresult (*cu_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, unsigned, CUstream, void **,
+                             void **);
+static CUresult (*cu_launch_ex)(const CUlaunchConfig *, CUfunction, void **,
+                                void **);
+
+static void driver_entry(const char *symbol, void **fn) {
+  enum cudaDriverEntryPointQueryResult found;
+  CU(cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault,
+                                      &found));
+  if (found != cudaDriverEntryPointSuccess || !*fn)
+    die("the driver lacks %s", symbol);
+}
+
 static void launch_sync(const struct launch_case *c) {
   if (c->use_cusafe) {
     if (c->sync_stream)
@@ -466,9 +484,26 @@ static double launch_ex_sample(const struct launch_case *c) {
   uint64_t total = 0;
   cudaLaunchConfig_t raw = {{c->grid_x, 1, 1}, {32, 1, 1},   0,
                             c->raw_stream,     c->raw_attrs, c->nattrs};
+  CUlaunchConfig drv = {c->grid_x,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        (CUstream)c->raw_stream,
+                        (CUlaunchAttribute *)c->raw_attrs,
+                        c->nattrs};
   for (int b = 0; b < c->batches; b++) {
     uint64_t t0 = now_ns();
-    if (c->use_cusafe) {
+    if (c->use_driver) {
+      for (int i = 0; i < LAUNCH_BATCH; i++) {
+        CUresult res =
+            cu_launch_ex(&drv, (CUfunction)c->raw_kernel, c->raw_args, NULL);
+        if (UNLIKELY(res != CUDA_SUCCESS))
+          die("cuLaunchKernelEx failed: %d (line %d)", (int)res, __LINE__);
+      }
+    } else if (c->use_cusafe) {
       for (int i = 0; i < LAUNCH_BATCH; i++) {
         cusafe_status st = cusafe_kernel_launch_ex(
             c->kernel, &c->config, c->attrs, c->nattrs, c->args, c->nargs);
@@ -500,7 +535,14 @@ static double launch_sample(void *arg) {
     return launch_ex_sample(c);
   for (int b = 0; b < c->batches; b++) {
     uint64_t t0 = now_ns();
-    if (c->use_cusafe) {
+    if (c->use_driver) {
+      for (int i = 0; i < LAUNCH_BATCH; i++) {
+        CUresult res = cu_launch((CUfunction)c->raw_kernel, 1, 1, 1, 32, 1, 1,
+                                 0, (CUstream)c->raw_stream, c->raw_args, NULL);
+        if (UNLIKELY(res != CUDA_SUCCESS))
+          die("cuLaunchKernel failed: %d (line %d)", (int)res, __LINE__);
+      }
+    } else if (c->use_cusafe) {
       for (int i = 0; i < LAUNCH_BATCH; i++) {
         cusafe_status st =
             cusafe_kernel_launch(c->kernel, &c->config, c->args, c->nargs);
@@ -522,7 +564,7 @@ static double launch_sample(void *arg) {
   return (double)total / ((double)c->batches * LAUNCH_BATCH);
 }
 
-/* Launches `probe` through both paths and checks that every argument
+/* Launches `probe` through the three paths and checks that every argument
  * arrived: the benchmark's launches pass arguments the same way. */
 static void launch_check(cusafe_module module, cudaLibrary_t library,
                          cudaStream_t stream) {
@@ -563,6 +605,18 @@ static void launch_check(cusafe_module module, cudaLibrary_t library,
   CU(cudaStreamSynchronize(stream));
   if (memcmp(got, want, sizeof got))
     die("check: raw launch of probe passed wrong arguments");
+  /* And through the driver's call, which the rows "vs cuLaunchKernel"
+   * time. */
+  CU(cudaMemsetAsync(dout, 0xA5, sizeof got, stream));
+  CUresult res = cu_launch((CUfunction)rk, 1, 1, 1, 32, 1, 1, 0,
+                           (CUstream)stream, args, NULL);
+  if (res != CUDA_SUCCESS)
+    die("check: cuLaunchKernel of probe failed: %d", (int)res);
+  memset(got, 0x5A, sizeof got);
+  CU(cudaMemcpyAsync(got, dout, sizeof got, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  if (memcmp(got, want, sizeof got))
+    die("check: driver launch of probe passed wrong arguments");
   CU(cudaFree(dout));
 }
 
@@ -577,9 +631,12 @@ static void group_launch(void) {
   char what[200];
   snprintf(what, sizeof what,
            "host-side cost per launch (%d launches per sample, drained every "
-           "%d); raw: cudaLaunchKernel of the same cubin",
+           "%d); raw: cudaLaunchKernel of the same cubin, and on the rows "
+           "\"vs cuLaunchKernel\" the driver's call, which cusafe makes",
            batches * LAUNCH_BATCH, LAUNCH_BATCH);
   group_header("launch", what);
+  driver_entry("cuLaunchKernel", (void **)&cu_launch);
+  driver_entry("cuLaunchKernelEx", (void **)&cu_launch_ex);
 
   cusafe_module module;
   CK(cusafe_module_load_data(&module, ctx, cubin, cubin_size));
@@ -653,14 +710,18 @@ static void group_launch(void) {
   }
 
   static const struct {
-    const char *kernel, *label;
+    const char *kernel, *label, *driver_label;
     int nargs;
   } cases[] = {
-      {"empty0", "empty kernel, 0 args", 0},
-      {"empty4", "empty kernel, 4 args: 4 scalars", 4},
-      {"empty4p", "empty kernel, 4 args: 2 buffers + 2 scalars", 4},
-      {"empty16", "empty kernel, 16 args: 16 scalars", 16},
-      {"empty16p", "empty kernel, 16 args: 4 buffers + 12 scalars", 16},
+      {"empty0", "empty kernel, 0 args", "vs cuLaunchKernel: 0 args", 0},
+      {"empty4", "empty kernel, 4 args: 4 scalars",
+       "vs cuLaunchKernel: 4 scalars", 4},
+      {"empty4p", "empty kernel, 4 args: 2 buffers + 2 scalars",
+       "vs cuLaunchKernel: 2 buffers + 2 scalars", 4},
+      {"empty16", "empty kernel, 16 args: 16 scalars",
+       "vs cuLaunchKernel: 16 scalars", 16},
+      {"empty16p", "empty kernel, 16 args: 4 buffers + 12 scalars",
+       "vs cuLaunchKernel: 4 buffers + 12 scalars", 16},
   };
   const cusafe_arg *cs_args[] = {NULL, a4, a4p, a16, a16p};
   void **raw_args[] = {NULL, r4, r4p, r16, r16p};
@@ -681,6 +742,8 @@ static void group_launch(void) {
                               .raw_kernel = rk,
                               .raw_args = raw_args[i],
                               .raw_stream = stream};
+    struct launch_case drv = raw;
+    drv.use_driver = 1;
     if (i == 0) {
       /* The same launch on a stream of the caller's: one more handle to
        * look up per launch.  And the raw launch timed twice as if it were
@@ -690,12 +753,13 @@ static void group_launch(void) {
       on_stream.config.stream = cs_stream;
       on_stream.sync_stream = cs_stream;
       struct launch_case raw2 = raw;
-      struct variant v[4] = {{launch_sample, &cs, {0}},
+      struct variant v[5] = {{launch_sample, &cs, {0}},
                              {launch_sample, &on_stream, {0}},
                              {launch_sample, &raw, {0}},
-                             {launch_sample, &raw2, {0}}};
-      measure(v, 4, samples, 10);
-      for (int j = 0; j < 4; j++)
+                             {launch_sample, &raw2, {0}},
+                             {launch_sample, &drv, {0}}};
+      measure(v, 5, samples, 10);
+      for (int j = 0; j < 5; j++)
         to_us(v[j].v, samples);
       report("launch", cases[i].label, "us", v[0].v, v[2].v, samples,
              "cudaLaunchKernel", T_RATIO_MAX, 1.03);
@@ -703,14 +767,21 @@ static void group_launch(void) {
              v[2].v, samples, "cudaLaunchKernel", T_RATIO_MAX, 1.03);
       report("launch", "(A/A: raw launch vs itself, 0 args)", "us", v[3].v,
              v[2].v, samples, "cudaLaunchKernel", T_NONE, 0);
+      report("launch", "(cuLaunchKernel vs cudaLaunchKernel, 0 args)", "us",
+             v[4].v, v[2].v, samples, "cudaLaunchKernel", T_NONE, 0);
+      report("launch", cases[i].driver_label, "us", v[0].v, v[4].v, samples,
+             "cuLaunchKernel", T_RATIO_MAX, 1.08);
     } else {
-      struct variant v[2] = {{launch_sample, &cs, {0}},
-                             {launch_sample, &raw, {0}}};
-      measure(v, 2, samples, 10);
-      to_us(v[0].v, samples);
-      to_us(v[1].v, samples);
+      struct variant v[3] = {{launch_sample, &cs, {0}},
+                             {launch_sample, &raw, {0}},
+                             {launch_sample, &drv, {0}}};
+      measure(v, 3, samples, 10);
+      for (int j = 0; j < 3; j++)
+        to_us(v[j].v, samples);
       report("launch", cases[i].label, "us", v[0].v, v[1].v, samples,
              "cudaLaunchKernel", T_RATIO_MAX, 1.03);
+      report("launch", cases[i].driver_label, "us", v[0].v, v[2].v, samples,
+             "cuLaunchKernel", T_RATIO_MAX, 1.08);
     }
     CK(cusafe_kernel_release(k));
   }
@@ -739,6 +810,9 @@ static void group_launch(void) {
     static const char *const labels[] = {
         "empty kernel, 4 scalars, cluster of 2 (launch_ex)",
         "empty kernel, 4 scalars, cooperative (launch_ex)"};
+    static const char *const driver_labels[] = {
+        "vs cuLaunchKernelEx: cluster of 2",
+        "vs cuLaunchKernelEx: cooperative"};
     for (int j = 0; j < 2; j++) {
       unsigned grid_x = j == 0 ? 2 : 1;
       struct launch_case cs = {
@@ -758,13 +832,18 @@ static void group_launch(void) {
                                 .raw_attrs = &raw_attr[j],
                                 .nattrs = 1,
                                 .grid_x = grid_x};
-      struct variant v[2] = {{launch_sample, &cs, {0}},
-                             {launch_sample, &raw, {0}}};
-      measure(v, 2, samples, 10);
-      to_us(v[0].v, samples);
-      to_us(v[1].v, samples);
+      struct launch_case drv = raw;
+      drv.use_driver = 1;
+      struct variant v[3] = {{launch_sample, &cs, {0}},
+                             {launch_sample, &raw, {0}},
+                             {launch_sample, &drv, {0}}};
+      measure(v, 3, samples, 10);
+      for (int k = 0; k < 3; k++)
+        to_us(v[k].v, samples);
       report("launch", labels[j], "us", v[0].v, v[1].v, samples,
              "cudaLaunchKernelExC", T_RATIO_MAX, 1.03);
+      report("launch", driver_labels[j], "us", v[0].v, v[2].v, samples,
+             "cuLaunchKernelEx", T_RATIO_MAX, 1.08);
     }
     CK(cusafe_kernel_release(k));
   }

@@ -1881,7 +1881,10 @@ typedef struct cusafe_launch_config {
  * their device address (a view at its offset) and stay alive until the kernel
  * has completed, like every other operation on them (see "Ordering"
  * above).  Dynamic shared memory above the default limit is opted into
- * automatically.
+ * automatically.  The kernel is queued through the driver's cuLaunchKernel
+ * where the driver has it (it costs less than the runtime's
+ * cudaLaunchKernel); a launch that it refuses is made again through
+ * cudaLaunchKernel, whose error is the one reported.
  * Parameters: kernel [in] the kernel; config [in] grid, block, dynamic
  *   shared memory and stream (CUSAFE_STREAM_DEFAULT: the default stream of
  *   the kernel's context); args [in] nargs arguments, NULL allowed when
@@ -1909,7 +1912,8 @@ typedef struct cusafe_launch_config {
  *   arguments, and no host memory for them.  A CUDA failure
  *   (cudaKernelSetAttributeForDevice for the shared memory opt-in, the
  *   event record and stream wait that order a buffer's earlier work on
- *   another stream, cudaLaunchKernel): its mapped status.
+ *   another stream, cudaLaunchKernel after cuLaunchKernel): its mapped
+ *   status.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.  The kernel is not queued on failure.
  * Ownership: no reference is handed to the caller; the buffers' memory and
@@ -2025,7 +2029,8 @@ typedef struct cusafe_launch_attr {
  *   launch, programmatic serialization below compute capability 9.0.  A
  *   CUDA failure (cudaKernelSetAttributeForDevice for the opt-in to
  *   non-portable clusters, cudaOccupancyMaxActiveClusters,
- *   cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaLaunchKernelExC):
+ *   cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaLaunchKernelExC
+ *   after cuLaunchKernelEx, as cusafe_kernel_launch() does):
  *   its mapped status.  The kernel is not queued on failure.
  * Ownership: as cusafe_kernel_launch(); attrs is read during the call
  *   only.

@@ -18,6 +18,8 @@ typedef CUresult (*release_fn)(CUdevice);
 typedef CUresult (*get_module_fn)(CUmodule *, CUlibrary);
 typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 typedef CUresult (*capturing_fn)(CUstream, CUstreamCaptureStatus *);
+_Atomic(cs_drv_launch_fn) cs_drv_launch;       /* NULL where missing */
+_Atomic(cs_drv_launch_ex_fn) cs_drv_launch_ex; /* NULL where missing */
 static retain_fn primary_retain;
 static release_fn primary_release;
 static get_module_fn library_get_module; /* NULL on drivers before 12.0 */
@@ -27,6 +29,7 @@ static capturing_fn stream_is_capturing; /* NULL where missing */
  * the driver lacks them): looked up again at their next use, so that one
  * failed call does not turn their checks off for good. */
 static _Atomic bool retry_get_module, retry_range, retry_capturing;
+static _Atomic bool retry_launch, retry_launch_ex;
 
 static void at_exit(void) { cusafe_shutdown(); }
 
@@ -83,6 +86,12 @@ static cusafe_status init_driver(int n) {
   if (st == CUSAFE_SUCCESS)
     st = driver_entry("cuStreamIsCapturing", (void **)&stream_is_capturing,
                       false, &retry_capturing);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuLaunchKernel", (void **)&cs_drv_launch, false,
+                      &retry_launch);
+  if (st == CUSAFE_SUCCESS)
+    st = driver_entry("cuLaunchKernelEx", (void **)&cs_drv_launch_ex, false,
+                      &retry_launch_ex);
   if (st != CUSAFE_SUCCESS)
     return st;
   device_count = n;
@@ -169,6 +178,16 @@ bool cs_stream_surely_free(cudaStream_t stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return capturing && capturing((CUstream)stream, &status) == CUDA_SUCCESS &&
          status == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+cs_drv_launch_fn cs_drv_launch_again(void) {
+  entry_again("cuLaunchKernel", (void **)&cs_drv_launch, &retry_launch);
+  return atomic_load_explicit(&cs_drv_launch, memory_order_relaxed);
+}
+
+cs_drv_launch_ex_fn cs_drv_launch_ex_again(void) {
+  entry_again("cuLaunchKernelEx", (void **)&cs_drv_launch_ex, &retry_launch_ex);
+  return atomic_load_explicit(&cs_drv_launch_ex, memory_order_relaxed);
 }
 
 CUresult cs_library_load_now(cudaLibrary_t library) {

@@ -30,6 +30,25 @@ CUresult cs_mem_range(const void *ptr, char **base, size_t *size, bool *have);
  * lacks the function.  For a replay's fast path on a stream that other
  * code may capture. */
 bool cs_stream_surely_free(cudaStream_t stream);
+/* The driver's launch calls, cuLaunchKernel and cuLaunchKernelEx, NULL
+ * where the driver lacks them: a launch through them skips the runtime's
+ * own work around the same call (lib/launch.c says how a failure is
+ * reported).  Looked up at initialisation, and where that look-up failed
+ * (an error, not an answer that the driver lacks them), again by
+ * cs_drv_launch_again() and cs_drv_launch_ex_again(), which the launches
+ * that found them NULL call; read relaxed. */
+typedef CUresult (*cs_drv_launch_fn)(CUfunction f, unsigned gx, unsigned gy,
+                                     unsigned gz, unsigned bx, unsigned by,
+                                     unsigned bz, unsigned shared,
+                                     CUstream stream, void **params,
+                                     void **extra);
+typedef CUresult (*cs_drv_launch_ex_fn)(const CUlaunchConfig *config,
+                                        CUfunction f, void **params,
+                                        void **extra);
+extern _Atomic(cs_drv_launch_fn) cs_drv_launch;
+extern _Atomic(cs_drv_launch_ex_fn) cs_drv_launch_ex;
+cs_drv_launch_fn cs_drv_launch_again(void);
+cs_drv_launch_ex_fn cs_drv_launch_ex_again(void);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

@@ -17,6 +17,7 @@
 #include "context.h"
 #include "device.h"
 #include "graph.h"
+#include "init.h"
 #include "kernel.h"
 
 /* Arguments held on the stack; more go to the heap. */
@@ -470,10 +471,65 @@ ext_prepare(const struct launch_ext *x, struct cs_kernel *k,
   return CUSAFE_SUCCESS;
 }
 
-/* Queues the kernel with its attributes: cudaLaunchKernelExC. */
+/* The kernel is queued through the driver's own launch calls where the
+ * driver has them: the runtime's cudaLaunchKernel adds its own work around
+ * the same call (about 0.2 us per launch on an H100's host), and the
+ * context is the stream's either way (a CUkernel launches in its stream's
+ * context, or on a default stream in the thread's current one).  Any
+ * failure is the runtime's to report: the same launch is made through it,
+ * which either succeeds (the driver's call queued nothing) or fails with
+ * the runtime's own error -- a thread with no current context on a
+ * default stream among them, which the runtime binds first. */
+
+/* CUDA's two attribute types are one layout, of the same numbers. */
+_Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute) &&
+                   offsetof(cudaLaunchAttribute, val) ==
+                       offsetof(CUlaunchAttribute, value),
+               "cudaLaunchAttribute is CUlaunchAttribute");
+_Static_assert(
+    (int)cudaLaunchAttributeClusterDimension ==
+            (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION &&
+        (int)cudaLaunchAttributeCooperative ==
+            (int)CU_LAUNCH_ATTRIBUTE_COOPERATIVE &&
+        (int)cudaLaunchAttributeProgrammaticStreamSerialization ==
+            (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
+        (int)cudaLaunchAttributePriority == (int)CU_LAUNCH_ATTRIBUTE_PRIORITY,
+    "the attributes' ids are the driver's");
+_Static_assert(offsetof(cudaLaunchAttributeValue, clusterDim) ==
+                       offsetof(CUlaunchAttributeValue, clusterDim) &&
+                   offsetof(cudaLaunchAttributeValue, cooperative) ==
+                       offsetof(CUlaunchAttributeValue, cooperative) &&
+                   offsetof(cudaLaunchAttributeValue,
+                            programmaticStreamSerializationAllowed) ==
+                       offsetof(CUlaunchAttributeValue,
+                                programmaticStreamSerializationAllowed) &&
+                   offsetof(cudaLaunchAttributeValue, priority) ==
+                       offsetof(CUlaunchAttributeValue, priority),
+               "the attributes' values are the driver's");
+
+/* Queues the kernel with its attributes: cuLaunchKernelEx, or
+ * cudaLaunchKernelExC. */
 __attribute__((noinline)) static cusafe_status
 queue_kernel_ex(const struct cs_kernel *k, const cusafe_launch_config *c,
                 void **argv, cudaStream_t stream, const struct launch_ext *x) {
+  cs_drv_launch_ex_fn drv =
+      atomic_load_explicit(&cs_drv_launch_ex, memory_order_relaxed);
+  if (CS_UNLIKELY(!drv))
+    drv = cs_drv_launch_ex_again(); /* its look-up may have failed */
+  if (CS_LIKELY(drv != NULL)) {
+    CUlaunchConfig dc = {c->grid[0],
+                         c->grid[1],
+                         c->grid[2],
+                         c->block[0],
+                         c->block[1],
+                         c->block[2],
+                         (unsigned)c->shared_memory, /* <= the kernel's limit */
+                         (CUstream)stream,
+                         (CUlaunchAttribute *)x->attrs,
+                         x->nattrs};
+    if (drv(&dc, (CUfunction)k->fn, argv, NULL) == CUDA_SUCCESS)
+      return CUSAFE_SUCCESS;
+  }
   cudaLaunchConfig_t cfg = {{c->grid[0], c->grid[1], c->grid[2]},
                             {c->block[0], c->block[1], c->block[2]},
                             c->shared_memory,
@@ -483,6 +539,36 @@ queue_kernel_ex(const struct cs_kernel *k, const cusafe_launch_config *c,
   cudaError_t err = cs_cu->launch_kernel_ex(&cfg, (const void *)k->fn, argv);
   return err == cudaSuccess ? CUSAFE_SUCCESS
                             : cs_fail_cuda(err, "cudaLaunchKernelExC");
+}
+
+static inline cusafe_status drv_launch(cs_drv_launch_fn drv,
+                                       const struct cs_kernel *k,
+                                       const cusafe_launch_config *c,
+                                       void **argv, cudaStream_t stream) {
+  return drv((CUfunction)k->fn, c->grid[0], c->grid[1], c->grid[2], c->block[0],
+             c->block[1], c->block[2],
+             (unsigned)c->shared_memory, /* <= the kernel's limit */
+             (CUstream)stream, argv, NULL) == CUDA_SUCCESS
+             ? CUSAFE_SUCCESS
+             : CS_SLOW;
+}
+
+/* The launch where the driver's call refused it (`tried`) or is missing:
+ * the driver's looked up again if its look-up failed, else
+ * cudaLaunchKernel. */
+__attribute__((noinline)) static cusafe_status
+queue_kernel_runtime(const struct cs_kernel *k, const cusafe_launch_config *c,
+                     void **argv, cudaStream_t stream, bool tried) {
+  cs_drv_launch_fn drv;
+  if (!tried && (drv = cs_drv_launch_again()) != NULL &&
+      drv_launch(drv, k, c, argv, stream) == CUSAFE_SUCCESS)
+    return CUSAFE_SUCCESS;
+  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
+  dim3 block = {c->block[0], c->block[1], c->block[2]};
+  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block, argv,
+                                         c->shared_memory, stream);
+  return err == cudaSuccess ? CUSAFE_SUCCESS
+                            : cs_fail_cuda(err, "cudaLaunchKernel");
 }
 
 /* ---- the launch ------------------------------------------------------------
@@ -495,12 +581,12 @@ queue_kernel(const struct cs_kernel *k, const cusafe_launch_config *c,
              void **argv, cudaStream_t stream, const struct launch_ext *x) {
   if (x)
     return queue_kernel_ex(k, c, argv, stream, x);
-  dim3 grid = {c->grid[0], c->grid[1], c->grid[2]};
-  dim3 block = {c->block[0], c->block[1], c->block[2]};
-  cudaError_t err = cs_cu->launch_kernel((const void *)k->fn, grid, block, argv,
-                                         c->shared_memory, stream);
-  return err == cudaSuccess ? CUSAFE_SUCCESS
-                            : cs_fail_cuda(err, "cudaLaunchKernel");
+  cs_drv_launch_fn drv =
+      atomic_load_explicit(&cs_drv_launch, memory_order_relaxed);
+  if (CS_LIKELY(drv != NULL) &&
+      CS_LIKELY(drv_launch(drv, k, c, argv, stream) == CUSAFE_SUCCESS))
+    return CUSAFE_SUCCESS;
+  return queue_kernel_runtime(k, c, argv, stream, drv != NULL);
 }
 
 /* A launch whose buffers' latest work is on other streams: the buffers

@@ -139,10 +139,17 @@ static const struct expectation injections[] = {
      CUSAFE_ERROR_OUT_OF_MEMORY, FAILED_MSG, -1},
     {"cudaMallocManaged", cudaErrorMemoryAllocation, 1, 0,
      CUSAFE_ERROR_OUT_OF_MEMORY, FAILED_MSG, -1},
-    /* A launch asks for more registers or threads than there are. */
-    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
+    /* A launch asks for more registers or threads than there are: the
+     * driver's call refuses it, and so does the runtime's that the
+     * library then makes (failing persistently), whose error is the
+     * launch's.  Failing once, the driver's refusal is absorbed. */
+    {"cuLaunchKernel", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
      FAILED_MSG, -1},
-    {"cudaLaunchKernelExC", cudaErrorLaunchOutOfResources, 1, 0,
+    {"cuLaunchKernelEx", cudaErrorLaunchOutOfResources, 1, 0, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaLaunchKernel", cudaErrorLaunchOutOfResources, 0, 0, CUSAFE_ERROR_CUDA,
+     FAILED_MSG, -1},
+    {"cudaLaunchKernelExC", cudaErrorLaunchOutOfResources, 0, 0,
      CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
     /* Synchronisations report a kernel fault, which breaks the device. */
     {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
@@ -275,6 +282,9 @@ static int is_failure_of(const char *function, cudaError_t err,
 static const char *const absorbable[] = {
     "cudaSetDevice", "cudaGetLastError", "cudaGetDriverEntryPointByVersion",
     "cudaFreeAsync",
+    /* The driver's launch calls: a launch that fails there is made again
+     * through the runtime, whose answer is the launch's. */
+    "cuLaunchKernel", "cuLaunchKernelEx",
     /* Peer access, set up before the first copy between two devices:
      * without it CUDA stages the copy through the host. */
     "cudaDeviceCanAccessPeer", "cudaDeviceEnablePeerAccess",

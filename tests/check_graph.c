@@ -836,7 +836,7 @@ START_TEST(test_wrap_default_during_blocking_capture) {
 END_TEST
 
 /* A capture that another thread begins or ends while a launch on its
- * stream is in progress (the fake's launch hook: inside cudaLaunchKernel,
+ * stream is in progress (the fake's launch hook: inside the launch call,
  * before the kernel is queued) waits for the launch: the kernel is
  * captured exactly when the launch saw the stream capture. */
 

@@ -400,7 +400,7 @@ START_TEST(test_argument_checks) {
          CUSAFE_ERROR_INVALID_VALUE, "config is NULL");
   TU_ERR(cusafe_kernel_launch(f.k1, &c, NULL, 3), CUSAFE_ERROR_INVALID_VALUE,
          "args is NULL");
-  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  ck_assert_int_eq(fake_log_find("cuLaunchKernel", 0), -1);
 
   /* BYTES of the right size pass; no arguments at all too. */
   {
@@ -410,7 +410,7 @@ START_TEST(test_argument_checks) {
     TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
   }
   TU_OK(cusafe_kernel_launch(f.k0, &c, NULL, 0));
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 2);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 2);
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
   fixture_release(&f);
 }
@@ -751,7 +751,7 @@ START_TEST(test_config_checks) {
   TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
          "%zu bytes of shared memory exceed the device's limit of %zu",
          227 * KIB + 1, 227 * KIB);
-  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  ck_assert_int_eq(fake_log_find("cuLaunchKernel", 0), -1);
   ck_assert_int_eq(fake_log_find("cudaKernelSetAttributeForDevice", 0), -1);
 
   /* The limits themselves pass: the largest grid, the largest block. */
@@ -828,7 +828,7 @@ START_TEST(test_context_mismatch) {
                        CUSAFE_ARG_U64V(1)),
          CUSAFE_ERROR_CONTEXT_MISMATCH,
          "stream belongs to device 1 but kernel belongs to device 0");
-  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  ck_assert_int_eq(fake_log_find("cuLaunchKernel", 0), -1);
   fixture_release(&f);
 }
 END_TEST
@@ -875,7 +875,7 @@ START_TEST(test_invalid_handles) {
   TU_ERR(cusafe_kernel_get_params(&count, NULL, 0, k),
          CUSAFE_ERROR_INVALID_HANDLE,
          "kernel 0x%016llx is stale: its object was released", TU_HX(k));
-  ck_assert_int_eq(fake_log_find("cudaLaunchKernel", 0), -1);
+  ck_assert_int_eq(fake_log_find("cuLaunchKernel", 0), -1);
   fixture_release(&f);
 }
 END_TEST
@@ -887,6 +887,9 @@ START_TEST(test_cuda_failures) {
   cusafe_module m = (cusafe_module)0x1234;
   fixture_make(&f);
 
+  /* The driver's launch fails, and so does the runtime's that the
+   * library then makes: the runtime's error is the launch's. */
+  fake_fail_function("cuLaunchKernel", cudaErrorInvalidConfiguration);
   fake_fail_function("cudaLaunchKernel", cudaErrorInvalidConfiguration);
   TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_INVALID_CONFIGURATION,
          "cudaLaunchKernel failed: invalid configuration argument");
@@ -894,7 +897,9 @@ START_TEST(test_cuda_failures) {
   fake_fail_function("cudaLaunchKernel", cudaErrorLaunchOutOfResources);
   TU_ERR(LAUNCH_K1(f, c), CUSAFE_ERROR_CUDA,
          "cudaLaunchKernel failed: too many resources requested for launch");
+  fake_fail_function("cuLaunchKernel", cudaSuccess);
   fake_fail_function("cudaLaunchKernel", cudaSuccess);
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
   TU_OK(LAUNCH_K1(f, c));
 
   const struct {
@@ -1320,12 +1325,12 @@ START_TEST(test_builtin_zero_size) {
   ck_assert_uint_eq(fake_live_allocations(0), live);
   TU_OK(cusafe_buffer_alloc(&big, ctx, CUSAFE_MEMORY_DEVICE, 64));
   TU_OK(cusafe_buffer_view(&end, big, 64, 0));
-  size_t launches = fake_log_count("cudaLaunchKernel");
+  size_t launches = fake_log_count("cuLaunchKernel");
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(y), CUSAFE_ARG_F32V(2.0f),
                       CUSAFE_ARG_BUF(x), CUSAFE_ARG_U64V(0)));
   TU_OK(CUSAFE_LAUNCH(k, &c, CUSAFE_ARG_BUF(end), CUSAFE_ARG_F32V(2.0f),
                       CUSAFE_ARG_BUF(x), CUSAFE_ARG_U64V(0)));
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), launches + 2);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), launches + 2);
   TU_OK(cusafe_release(x));
   TU_OK(cusafe_release(y));
   TU_OK(cusafe_release(end));
@@ -1437,7 +1442,7 @@ END_TEST
 
 /* A launch whose buffer is already on its stream takes no lock; if the
  * buffer moves to another stream while the launch is in progress (here:
- * a fill on another stream, from inside cudaLaunchKernel), the launch
+ * a fill on another stream, from inside the launch call), the launch
  * must order that stream after its kernel.  Otherwise the release queues
  * the free on the other stream, where it runs before the kernel. */
 struct move_arg {
@@ -1865,6 +1870,8 @@ static cusafe_status launch_k0(cusafe_kernel k, uint32_t gx, uint32_t bx,
 
 /* Nothing reached CUDA's launch calls. */
 static void assert_no_launch(void) {
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 0);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 0);
   ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
   ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
@@ -1877,7 +1884,7 @@ START_TEST(test_ex_layout) {
 }
 END_TEST
 
-/* Without attributes the call is cusafe_kernel_launch: cudaLaunchKernel. */
+/* Without attributes the call is cusafe_kernel_launch: cuLaunchKernel. */
 START_TEST(test_ex_without_attributes) {
   struct fixture f;
   cusafe_launch_config c = config1();
@@ -1890,14 +1897,14 @@ START_TEST(test_ex_without_attributes) {
   TU_ERR(cusafe_kernel_launch_ex(f.k1, &c, NULL, 0, args, 2),
          CUSAFE_ERROR_INVALID_ARGUMENTS,
          "kernel k1 takes 3 arguments, 2 given");
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 1);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 0);
   ck_assert_uint_eq(fake_last_launch_attrs(NULL, 0), 0);
   fixture_release(&f);
 }
 END_TEST
 
-/* The attributes reach cudaLaunchKernelExC exactly. */
+/* The attributes reach cuLaunchKernelEx exactly. */
 START_TEST(test_ex_attributes_reach_cuda) {
   struct fixture f;
   cudaLaunchAttribute got[8];
@@ -1912,8 +1919,8 @@ START_TEST(test_ex_attributes_reach_cuda) {
   const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
                              CUSAFE_ARG_U64V(8)};
   TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 3, args, 3));
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 1);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 0);
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 1);
   ck_assert_uint_eq(fake_last_launch_attrs(got, 8), 3);
   ck_assert_int_eq(got[0].id, cudaLaunchAttributeClusterDimension);
@@ -1950,7 +1957,7 @@ START_TEST(test_ex_attributes_reach_cuda) {
   TU_OK(cusafe_kernel_launch_ex(f.k0, &c2, np, 2, NULL, 0));
   TU_OK(cusafe_kernel_launch_ex(f.k0, &c2, np, 2, NULL, 0));
   ck_assert_uint_eq(fake_log_count("cudaKernelSetAttributeForDevice"), 1);
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 2);
   ck_assert_uint_eq(fake_last_launch_attrs(got, 8), 1);
   ck_assert_int_eq(got[0].id, cudaLaunchAttributeClusterDimension);
   ck_assert_uint_eq(got[0].val.clusterDim.x, 4);
@@ -1977,7 +1984,7 @@ START_TEST(test_ex_occupancy_cached) {
   TU_OK(launch_k0(f.k0, 256, 512, coop, 1)); /* another shape: asked */
   ck_assert_uint_eq(
       fake_log_count("cudaOccupancyMaxActiveBlocksPerMultiprocessor"), 2);
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 7);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 7);
   fixture_release(&f);
 }
 END_TEST
@@ -2084,7 +2091,7 @@ START_TEST(test_ex_refusals) {
   assert_no_launch();
   TU_OK(launch_k0(k, 264, 1024, a, 1));
   TU_OK(launch_k0(k, 256, 1024, a, 2));
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 2);
 
   /* A cluster that fits no GPC: GPCs of one multiprocessor, which holds 2
    * blocks of 1024 threads (a kernel handle of its own: occupancy is
@@ -2150,12 +2157,17 @@ START_TEST(test_ex_cuda_failures) {
       attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
   const cusafe_launch_attr coop[] = {
       attr_flag(CUSAFE_LAUNCH_ATTR_COOPERATIVE, 1)};
+  /* The launch itself fails where both the driver's call and the
+   * runtime's, made after it, fail. */
   static const char *const calls[] = {"cudaKernelSetAttributeForDevice",
                                       "cudaOccupancyMaxActiveClusters",
                                       "cudaLaunchKernelExC"};
   for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    int launch = i == 2;
     fake_log_clear();
     fake_fail_function(calls[i], cudaErrorLaunchOutOfResources);
+    if (launch)
+      fake_fail_function("cuLaunchKernelEx", cudaErrorLaunchOutOfResources);
     TU_ERR(launch_k0(f.k0, 32, 128, np, 3), CUSAFE_ERROR_CUDA,
            "%s failed: too many resources requested for launch", calls[i]);
     ck_assert_int_eq(cusafe_last_cuda_error(), cudaErrorLaunchOutOfResources);
@@ -2163,6 +2175,8 @@ START_TEST(test_ex_cuda_failures) {
     TU_ERR(launch_k0(f.k0, 32, 128, np, 3), CUSAFE_ERROR_OUT_OF_MEMORY,
            "%s failed: out of memory", calls[i]);
     fake_fail_function(calls[i], cudaSuccess);
+    fake_fail_function("cuLaunchKernelEx", cudaSuccess);
+    ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), launch ? 2 : 0);
     ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
   }
   fake_log_clear();
@@ -2176,6 +2190,176 @@ START_TEST(test_ex_cuda_failures) {
   TU_OK(launch_k0(f.k0, 32, 128, np, 3));
   TU_OK(launch_k0(f.k0, 8, 128, coop, 1));
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
+  fixture_release(&f);
+}
+END_TEST
+
+/* A launch that the driver's call refuses is made through the runtime,
+ * whose answer is the launch's: it succeeds here, once, with its
+ * arguments, and leaves no error behind. */
+START_TEST(test_driver_launch_falls_back) {
+  struct fixture f;
+  fixture_make(&f);
+  cusafe_launch_config c = config1();
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  fake_log_clear();
+  fake_fail_function("cuLaunchKernel", cudaErrorInvalidValue);
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  long drv = fake_log_find("cuLaunchKernel", 0);
+  long rt = fake_log_find("cudaLaunchKernel", 0);
+  ck_assert_int_ge(drv, 0);
+  ck_assert_int_gt(rt, drv);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
+  unsigned char got[24];
+  ck_assert_uint_eq(fake_last_launch_args(got, sizeof got), 24);
+  int32_t four_got;
+  uint64_t eight_got;
+  memcpy(&four_got, got + 8, 4);
+  memcpy(&eight_got, got + 16, 8);
+  ck_assert_int_eq(four_got, 4);
+  ck_assert_uint_eq(eight_got, 8);
+
+  /* The same with attributes: cuLaunchKernelEx, then cudaLaunchKernelExC
+   * with the same attributes. */
+  cudaLaunchAttribute attrs[4];
+  const cusafe_launch_attr a[] = {attr_priority(-2)};
+  fake_fail_function("cuLaunchKernelEx", cudaErrorInvalidValue);
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
+  ck_assert_uint_eq(fake_last_launch_attrs(attrs, 4), 1);
+  ck_assert_int_eq(attrs[0].id, cudaLaunchAttributePriority);
+  ck_assert_int_eq(attrs[0].val.priority, -2);
+  fake_fail_clear();
+  TU_OK(cusafe_context_synchronize(f.ctx));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
+  ck_assert_int_eq(cusafe_last_cuda_error(), 0);
+  fixture_release(&f);
+}
+END_TEST
+
+/* Where the driver lacks its launch calls, the runtime's make every
+ * launch, with the same arguments and attributes. */
+START_TEST(test_without_driver_launch) {
+  fake_set_driver_launch(0);
+  struct fixture f;
+  fixture_make(&f);
+  cusafe_launch_config c = config_dims(2, 1, 1, 32, 1, 1);
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  fake_log_clear();
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  const cusafe_launch_attr a[] = {attr_cluster(2, 1, 1)};
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 0);
+  cudaLaunchAttribute attrs[4];
+  ck_assert_uint_eq(fake_last_launch_attrs(attrs, 4), 1);
+  ck_assert_int_eq(attrs[0].id, cudaLaunchAttributeClusterDimension);
+  ck_assert_uint_eq(attrs[0].val.clusterDim.x, 2);
+  TU_OK(cusafe_context_synchronize(f.ctx));
+  ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 2);
+  fixture_release(&f);
+}
+END_TEST
+
+/* The grid, block and dynamic shared memory of a launch reach CUDA
+ * unchanged, through each of the four launch calls. */
+static void expect_config(const char *call, uint32_t gx, uint32_t gy,
+                          uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                          size_t shared) {
+  dim3 grid, block;
+  size_t got_shared;
+  fake_last_launch_config(&grid, &block, &got_shared);
+  TU_ASSERT(grid.x == gx && grid.y == gy && grid.z == gz,
+            "%s: grid (%u, %u, %u) reached CUDA, (%u, %u, %u) launched", call,
+            grid.x, grid.y, grid.z, gx, gy, gz);
+  TU_ASSERT(block.x == bx && block.y == by && block.z == bz,
+            "%s: block (%u, %u, %u) reached CUDA, (%u, %u, %u) launched", call,
+            block.x, block.y, block.z, bx, by, bz);
+  TU_ASSERT(got_shared == shared,
+            "%s: %zu bytes of dynamic shared memory reached CUDA, %zu "
+            "launched",
+            call, got_shared, shared);
+}
+
+START_TEST(test_geometry_reaches_cuda) {
+  struct fixture f;
+  fixture_make(&f);
+  cusafe_launch_config c = config_dims(6, 3, 2, 8, 4, 2);
+  c.shared_memory = 1000;
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  const cusafe_launch_attr a[] = {attr_priority(-1)};
+  fake_log_clear();
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 1);
+  expect_config("cuLaunchKernel", 6, 3, 2, 8, 4, 2, 1000);
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 1);
+  expect_config("cuLaunchKernelEx", 6, 3, 2, 8, 4, 2, 1000);
+  /* The runtime's, after the driver's refused. */
+  fake_fail_function("cuLaunchKernel", cudaErrorInvalidValue);
+  fake_fail_function("cuLaunchKernelEx", cudaErrorInvalidValue);
+  TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 1);
+  expect_config("cudaLaunchKernel", 6, 3, 2, 8, 4, 2, 1000);
+  TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 1);
+  expect_config("cudaLaunchKernelExC", 6, 3, 2, 8, 4, 2, 1000);
+  fake_fail_clear();
+  TU_OK(cusafe_context_synchronize(f.ctx));
+  fixture_release(&f);
+}
+END_TEST
+
+/* A look-up of the driver's launch calls that failed at initialisation
+ * (an error, not an answer that the driver lacks them) is made again at
+ * the next launch, which then goes through the driver as every later one
+ * does. */
+static int lookups;
+static void on_lookup(void *arg) {
+  int fail_at = *(const int *)arg;
+  /* cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease,
+   * cuLibraryGetModule, cuMemGetAddressRange, cuStreamIsCapturing, then
+   * cuLaunchKernel and cuLaunchKernelEx. */
+  if (++lookups == fail_at - 1)
+    fake_fail_after(1, cudaErrorUnknown, 0);
+  else
+    fake_set_call_hook("cudaGetDriverEntryPointByVersion", on_lookup, arg);
+}
+
+START_TEST(test_failed_lookup_tried_again) {
+  static const int fail_at[2] = {6, 7}; /* the two launch calls */
+  fake_set_call_hook("cudaGetDriverEntryPointByVersion", on_lookup,
+                     (void *)&fail_at[_i]);
+  struct fixture f;
+  fixture_make(&f);
+  ck_assert_int_eq(lookups, fail_at[_i] - 1);
+  fake_set_call_hook("cudaGetDriverEntryPointByVersion", NULL, NULL);
+  cusafe_launch_config c = config_dims(2, 1, 1, 32, 1, 1);
+  int32_t four = 4;
+  const cusafe_arg args[] = {CUSAFE_ARG_BUF(f.buf), CUSAFE_ARG_I32V(four),
+                             CUSAFE_ARG_U64V(8)};
+  const cusafe_launch_attr a[] = {attr_cluster(2, 1, 1)};
+  fake_log_clear();
+  for (int i = 0; i < 3; i++) {
+    TU_OK(cusafe_kernel_launch(f.k1, &c, args, 3));
+    TU_OK(cusafe_kernel_launch_ex(f.k1, &c, a, 1, args, 3));
+  }
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 3);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 3);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 0);
+  ck_assert_uint_eq(fake_log_count("cudaGetDriverEntryPointByVersion"), 1);
+  TU_OK(cusafe_context_synchronize(f.ctx));
   fixture_release(&f);
 }
 END_TEST
@@ -2241,7 +2425,7 @@ START_TEST(test_ex_capture) {
   TU_OK(cusafe_kernel_launch_ex(fill, &c, cl, 2, fill_args, 3));
   TU_OK(cusafe_kernel_launch_ex(scale, &c, pdl, 1, scale_args, 3));
   TU_OK(cusafe_stream_end_capture(&g, s));
-  ck_assert_uint_eq(fake_log_count("cudaLaunchKernelExC"), 2);
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernelEx"), 2);
   ck_assert_uint_eq(fake_log_count("exec:cudaLaunchKernel"), 0);
   /* The graph keeps the buffer and the kernels. */
   TU_OK(cusafe_buffer_retain(x));
@@ -2303,6 +2487,10 @@ static Suite *launch_suite(void) {
   tcase_add_test(tc, test_ex_refusals);
   tcase_add_test(tc, test_ex_device_cannot);
   tcase_add_test(tc, test_ex_cuda_failures);
+  tcase_add_test(tc, test_driver_launch_falls_back);
+  tcase_add_test(tc, test_without_driver_launch);
+  tcase_add_test(tc, test_geometry_reaches_cuda);
+  tcase_add_loop_test(tc, test_failed_lookup_tried_again, 0, 2);
   tcase_add_test(tc, test_ex_keeps_buffers);
   tcase_add_test(tc, test_ex_capture);
   suite_add_tcase(s, tc);

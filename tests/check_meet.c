@@ -3145,7 +3145,7 @@ START_TEST(test_settle_while_other_code_begins_a_capture) {
   cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, w};
   size_t records = fake_log_count("cudaEventRecord");
   size_t syncs = fake_log_count("cudaStreamSynchronize");
-  fake_set_call_hook("cudaLaunchKernel", r4_after_launch, &r);
+  fake_set_call_hook("cuLaunchKernel", r4_after_launch, &r);
   (void)CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(r.b), CUSAFE_ARG_F32V(1.0f),
                       CUSAFE_ARG_U64V(N / 4));
   /* The mover's hand-off and the settle's, recorded into the capture. */
@@ -3246,7 +3246,7 @@ START_TEST(test_settle_park_drained_by_synchronisation) {
   TU_OK(cusafe_module_load_builtin(&mod, ctx));
   cusafe_kernel fill = tu_get_kernel(mod, "cusafe_fill_f32");
   cusafe_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, w};
-  fake_set_call_hook("cudaLaunchKernel", r4_after_launch, &r);
+  fake_set_call_hook("cuLaunchKernel", r4_after_launch, &r);
   (void)CUSAFE_LAUNCH(fill, &cfg, CUSAFE_ARG_BUF(r.b), CUSAFE_ARG_F32V(1.0f),
                       CUSAFE_ARG_U64V(N / 4));
   end_raw_capture(r.raw);
@@ -3401,6 +3401,61 @@ START_TEST(test_give_back_parked_while_leftover_stuck) {
 END_TEST
 #endif
 
+/* A launch on a wrapped default stream from a thread that has made no CUDA
+ * call, where no context need be current: the driver's launch call takes
+ * a default stream's context from the thread, and where it refuses, the
+ * launch is made through the runtime, which binds the device's primary
+ * context first.  Each kernel runs once, in order. */
+struct fresh_launch {
+  cusafe_kernel fill;
+  cusafe_stream stream;
+  cusafe_buffer b;
+  float value;
+  cusafe_status st[2];
+};
+
+static void *launch_from_fresh_thread(void *arg) {
+  struct fresh_launch *l = arg;
+  cusafe_launch_config c = {{1, 1, 1}, {64, 1, 1}, 0, l->stream};
+  for (int i = 0; i < 2; i++) {
+    float v = l->value + (float)i;
+    const cusafe_arg a[] = {CUSAFE_ARG_BUF(l->b), CUSAFE_ARG_F32V(v),
+                            CUSAFE_ARG_U64V(N / sizeof(float))};
+    l->st[i] = cusafe_kernel_launch(l->fill, &c, a, 3);
+  }
+  return NULL;
+}
+
+START_TEST(test_launch_on_default_stream_from_fresh_thread) {
+  cusafe_module m = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_module_load_builtin(&m, ctx));
+  struct fresh_launch l = {.fill = tu_get_kernel(m, "cusafe_fill_f32"),
+                           .b = new_buffer(),
+                           .value = 2.5f};
+  TU_OK(cusafe_stream_wrap(&l.stream, ctx, (void *)cudaStreamLegacy));
+  pthread_t t;
+  TU_ASSERT(pthread_create(&t, NULL, launch_from_fresh_thread, &l) == 0,
+            "pthread_create failed");
+  pthread_join(t, NULL);
+  TU_OK(l.st[0]);
+  TU_OK(l.st[1]);
+  float got[N / sizeof(float)];
+  TU_OK(cusafe_buffer_read(l.b, 0, got, sizeof got));
+  for (size_t i = 0; i < N / sizeof(float); i++)
+    TU_ASSERT(got[i] == 3.5f, "element %zu is %g, expected 3.5", i,
+              (double)got[i]);
+#ifdef CUSAFE_TEST_FAKE
+  /* The fake has no current contexts: both launches are the driver's. */
+  ck_assert_uint_eq(fake_log_count("cuLaunchKernel"), 2);
+  ck_assert_uint_eq(fake_log_count("cudaLaunchKernel"), 0);
+#endif
+  TU_OK(cusafe_stream_release(l.stream));
+  TU_OK(cusafe_buffer_release(l.b));
+  TU_OK(cusafe_kernel_release(l.fill));
+  TU_OK(cusafe_module_release(m));
+}
+END_TEST
+
 static Suite *meet_suite(void) {
   Suite *s = suite_create("meet");
   TCase *tc = tcase_create("defects");
@@ -3408,6 +3463,7 @@ static Suite *meet_suite(void) {
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_capture_use_through_released_wrapper);
   tcase_add_test(tc, test_end_capture_through_other_stream);
+  tcase_add_test(tc, test_launch_on_default_stream_from_fresh_thread);
 #ifdef CUSAFE_TEST_FAKE
   tcase_add_test(tc, test_concurrent_last_releases_end_capture);
   tcase_add_test(tc, test_capture_begins_during_last_release);

@@ -475,7 +475,7 @@ START_TEST(test_declared_refusals) {
     TU_ERR(cusafe_kernel_launch(k, &c, args, 8), CUSAFE_ERROR_INVALID_ARGUMENTS,
            "argument %zu of kernel %s is %s", wrong[w].i, KT_SIG, wrong[w].is);
   }
-  TU_ASSERT(fake_log_find("cudaLaunchKernel", 0) == -1,
+  TU_ASSERT(fake_log_find("cuLaunchKernel", 0) == -1,
             "a refused launch was queued");
   /* What the types take: either sign of the width, a struct's bytes and
    * the scalars of its size (a handle passed as U64). */
@@ -488,8 +488,8 @@ START_TEST(test_declared_refusals) {
   TU_OK(cusafe_kernel_launch(k, &c, args, 8));
   args[6] = CUSAFE_ARG_F64V(1.0);
   TU_OK(cusafe_kernel_launch(k, &c, args, 8));
-  TU_ASSERT(fake_log_count("cudaLaunchKernel") == 3, "%zu launches queued",
-            fake_log_count("cudaLaunchKernel"));
+  TU_ASSERT(fake_log_count("cuLaunchKernel") == 3, "%zu launches queued",
+            fake_log_count("cuLaunchKernel"));
   TU_OK(cusafe_context_synchronize(ctx));
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_buffer_release(x));
@@ -549,8 +549,8 @@ START_TEST(test_declare_refused) {
          "argument 1 of kernel scale(struct Handle, unsigned int) is a float, "
          "parameter 1 is unsigned int");
   TU_OK(CUSAFE_LAUNCH(s, &c, CUSAFE_ARG_U64V(0), CUSAFE_ARG_I32V(1)));
-  TU_ASSERT(fake_log_count("cudaLaunchKernel") == 1, "%zu launches",
-            fake_log_count("cudaLaunchKernel"));
+  TU_ASSERT(fake_log_count("cuLaunchKernel") == 1, "%zu launches",
+            fake_log_count("cuLaunchKernel"));
   TU_OK(cusafe_context_synchronize(ctx));
   TU_OK(cusafe_kernel_release(k));
   TU_OK(cusafe_kernel_release(s));

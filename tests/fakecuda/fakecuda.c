@@ -255,7 +255,8 @@ static int g_initialized;
 static struct {
   enum fake_driver driver;
   int ndev;
-  int peer_ok; /* devices reach each other's memory */
+  int peer_ok;       /* devices reach each other's memory */
+  int driver_launch; /* cuLaunchKernel and cuLaunchKernelEx offered */
   int paused;
   int strict;
   int torn_down;
@@ -305,6 +306,9 @@ static struct {
   /* The attributes of the last launch (none for cudaLaunchKernel). */
   cudaLaunchAttribute launch_attrs[FAKE_MAX_LAUNCH_ATTRS];
   size_t launch_nattrs;
+  /* The grid, block and dynamic shared memory of the last launch. */
+  dim3 launch_grid, launch_block;
+  size_t launch_shared;
   size_t param_space; /* bytes of parameters a kernel may take */
 
   struct fdevice dev[MAX_DEVICES];
@@ -388,6 +392,7 @@ static void set_defaults(void) {
   g.driver = FAKE_DRIVER_OK;
   g.ndev = DEFAULT_DEVICES;
   g.peer_ok = 1;
+  g.driver_launch = 1;
   g.paused = 0;
   g.strict = 1;
   g.calls = 0;
@@ -1693,6 +1698,15 @@ static size_t count_graphs(int device);
 static size_t count_execs(int device);
 static size_t count_captures(int device);
 static struct flibrary *find_library(cudaLibrary_t h);
+static CUresult CUDAAPI fk_drv_launch_kernel(CUfunction f, unsigned gx,
+                                             unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by,
+                                             unsigned bz, unsigned shared,
+                                             CUstream hstream, void **params,
+                                             void **extra);
+static CUresult CUDAAPI fk_drv_launch_kernel_ex(const CUlaunchConfig *config,
+                                                CUfunction f, void **params,
+                                                void **extra);
 
 /* cuLibraryGetModule: a fake library is loaded whole at cudaLibraryLoadData
  * (its image was checked then), so its module always exists. */
@@ -1808,6 +1822,17 @@ fk_get_driver_entry_point(const char *symbol, void **func,
         fk_drv_stream_is_capturing;
     result = cudaDriverEntryPointSuccess;
     memcpy(&fn, &capturing, sizeof fn);
+  } else if (strcmp(symbol, "cuLaunchKernel") == 0 && g.driver_launch) {
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, unsigned, unsigned, CUstream, void **,
+                       void **) = fk_drv_launch_kernel;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &launch, sizeof fn);
+  } else if (strcmp(symbol, "cuLaunchKernelEx") == 0 && g.driver_launch) {
+    CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **,
+                          void **) = fk_drv_launch_kernel_ex;
+    result = cudaDriverEntryPointSuccess;
+    memcpy(&fn, &launch_ex, sizeof fn);
   } else if (strcmp(symbol, "cuLibraryGetModule") == 0) {
     CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
     result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
@@ -3011,6 +3036,9 @@ static cudaError_t launch_common(const char *name, const void *func, dim3 grid,
   if (nattrs)
     memcpy(g.launch_attrs, attrs, nattrs * sizeof *attrs);
   g.launch_nattrs = nattrs;
+  g.launch_grid = grid;
+  g.launch_block = block;
+  g.launch_shared = shared_memory;
   struct fop *o = new_op(OP_LAUNCH);
   o->kernel = k;
   o->staging = values;
@@ -3034,6 +3062,48 @@ static cudaError_t fk_launch_kernel_ex(const cudaLaunchConfig_t *config,
   return launch_common("cudaLaunchKernelExC", func, config->gridDim,
                        config->blockDim, args, config->dynamicSmemBytes,
                        config->stream, config->attrs, config->numAttrs);
+}
+
+/* The driver's launch calls, which the library prefers: the same launch,
+ * which leaves the runtime's last error as it was.  A CUkernel launches
+ * in its stream's context: as the runtime's launch, here. */
+static CUresult CUDAAPI fk_drv_launch_kernel(CUfunction f, unsigned gx,
+                                             unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by,
+                                             unsigned bz, unsigned shared,
+                                             CUstream hstream, void **params,
+                                             void **extra) {
+  if (extra)
+    violation("cuLaunchKernel with extra %p: the library passes none",
+              (void *)extra);
+  cudaError_t saved = t_last_error;
+  cudaError_t e = launch_common("cuLaunchKernel", (const void *)f,
+                                (dim3){gx, gy, gz}, (dim3){bx, by, bz}, params,
+                                shared, (cudaStream_t)hstream, NULL, 0);
+  t_last_error = saved;
+  return (CUresult)e;
+}
+
+static CUresult CUDAAPI fk_drv_launch_kernel_ex(const CUlaunchConfig *config,
+                                                CUfunction f, void **params,
+                                                void **extra) {
+  if (extra)
+    violation("cuLaunchKernelEx with extra %p: the library passes none",
+              (void *)extra);
+  cudaError_t saved = t_last_error, e;
+  if (!config) { /* counted and logged like any call */
+    e = begin("cuLaunchKernelEx", 0);
+    unlock();
+    return (CUresult)(e != cudaSuccess ? e : cudaErrorInvalidValue);
+  }
+  e = launch_common(
+      "cuLaunchKernelEx", (const void *)f,
+      (dim3){config->gridDimX, config->gridDimY, config->gridDimZ},
+      (dim3){config->blockDimX, config->blockDimY, config->blockDimZ}, params,
+      config->sharedMemBytes, (cudaStream_t)config->hStream,
+      (const cudaLaunchAttribute *)config->attrs, config->numAttrs);
+  t_last_error = saved;
+  return (CUresult)e;
 }
 
 static void *arg_pointer(const struct fkernel *k, const unsigned char *v,
@@ -4400,6 +4470,12 @@ FAKE_EXPORT void fake_set_driver(enum fake_driver state) {
   unlock();
 }
 
+FAKE_EXPORT void fake_set_driver_launch(int offered) {
+  lock();
+  g.driver_launch = offered != 0;
+  unlock();
+}
+
 FAKE_EXPORT void fake_set_peer_access(int allowed) {
   lock();
   g.peer_ok = allowed != 0;
@@ -4550,6 +4626,15 @@ FAKE_EXPORT size_t fake_last_launch_attrs(cudaLaunchAttribute *dst,
     memcpy(dst, g.launch_attrs, (n < capacity ? n : capacity) * sizeof *dst);
   unlock();
   return n;
+}
+
+FAKE_EXPORT void fake_last_launch_config(dim3 *grid, dim3 *block,
+                                         size_t *shared) {
+  lock();
+  *grid = g.launch_grid;
+  *block = g.launch_block;
+  *shared = g.launch_shared;
+  unlock();
 }
 
 FAKE_EXPORT void fake_set_param_space(size_t bytes) {

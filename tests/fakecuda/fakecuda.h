@@ -65,6 +65,13 @@ extern "C" {
 enum fake_driver { FAKE_DRIVER_OK, FAKE_DRIVER_MISSING, FAKE_DRIVER_NO_DEVICE };
 void fake_set_driver(enum fake_driver state);
 void fake_set_device_count(int n); /* 0..8; default 2 */
+/* Whether the driver's launch calls, cuLaunchKernel and cuLaunchKernelEx,
+ * are offered through cudaGetDriverEntryPointByVersion (default 1).  They
+ * launch as cudaLaunchKernel and cudaLaunchKernelExC do, log under their
+ * own names (a kernel that runs logs "exec:cudaLaunchKernel" either way),
+ * and leave cudaGetLastError's error as it was.  Must be set before the
+ * library's first call (or after fake_reset). */
+void fake_set_driver_launch(int offered);
 /* Whether devices can reach each other's memory (cudaDeviceCanAccessPeer;
  * default 1, for every pair).  With 0, cudaDeviceEnablePeerAccess answers
  * cudaErrorPeerAccessUnsupported and cudaMemPoolSetAccess for another
@@ -162,23 +169,30 @@ void fake_set_cluster_sms(int device, int sms); /* 1..132 */
  * cudaLaunchKernel or before any launch): copies min(n, capacity) of them
  * to dst (unless NULL) and returns n. */
 size_t fake_last_launch_attrs(cudaLaunchAttribute *dst, size_t capacity);
+/* The grid, block and dynamic shared memory of the last launch that was
+ * queued, through any of the four launch calls (zeros before any). */
+void fake_last_launch_config(dim3 *grid, dim3 *block, size_t *shared);
 
 /* The bytes of parameters one kernel of a fake image may take (default
  * 32764, CUDA's limit since 12.1): what a later CUDA might allow. */
 void fake_set_param_space(size_t bytes);
 
-/* cudaLaunchKernel sleeps `microseconds` (default 0) before it does
+/* Every launch call (cudaLaunchKernel, cudaLaunchKernelExC,
+ * cuLaunchKernel, cuLaunchKernelEx) sleeps `microseconds` (default 0)
+ * before it does
  * anything, holding no lock of the fake's: a caller's launch in progress
  * then lasts long enough for other threads to release what it uses. */
 void fake_set_launch_delay(unsigned microseconds);
 
-/* The next cudaLaunchKernel calls fn(arg) first, once, on the launching
+/* The next launch call (any of the four) calls fn(arg) first, once, on
+ * the launching
  * thread and holding no lock of the fake's: what another thread might do
  * while a launch is in progress.  NULL cancels. */
 void fake_set_launch_hook(void (*fn)(void *arg), void *arg);
 
 /* The next call of the runtime function `name` (such as
- * "cudaStreamIsCapturing") calls fn(arg) once, after it has answered, on
+ * "cudaStreamIsCapturing"), or of the driver's "cuLaunchKernel" or
+ * "cuLaunchKernelEx", calls fn(arg) once, after it has answered, on
  * the calling thread and holding no lock of the fake's: what another
  * thread might do right after that answer.  NULL cancels. */
 void fake_set_call_hook(const char *name, void (*fn)(void *arg), void *arg);

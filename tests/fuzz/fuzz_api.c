@@ -2634,13 +2634,38 @@ static void op_launch(struct th *t) {
   }
 
   uint8_t how = u8(&t->r);
+  /* One launch in four with attributes (cusafe_kernel_launch_ex): known
+   * and unknown ids, flags and reserved words of any value, clusters that
+   * fit or do not, priorities in and out of range, repeats. */
+  cusafe_launch_attr attrs[4];
+  size_t nattrs = how & 0xC0 ? 0 : 1 + u8(&t->r) % 4 % 3;
+  for (size_t i = 0; i < nattrs; i++) {
+    uint8_t a = u8(&t->r), v = u8(&t->r);
+    memset(&attrs[i], 0, sizeof attrs[i]);
+    /* mostly known ids; 0 and 6 unknown */
+    attrs[i].id = a % 32 < 30 ? 1 + a % 5 : a % 32 == 30 ? 0 : 6;
+    attrs[i].reserved = a / 32 == 7 && v % 4 == 0;
+    if (attrs[i].id == CUSAFE_LAUNCH_ATTR_CLUSTER) {
+      for (int d = 0; d < 3; d++)
+        attrs[i].value.dim[d] =
+            v % 4 == 0 ? PICK(&t->r, dims) : 1u << (u8(&t->r) % 4);
+    } else if (attrs[i].id == CUSAFE_LAUNCH_ATTR_PRIORITY) {
+      attrs[i].value.priority = (int32_t)(v % 10) - 7;
+    } else {
+      attrs[i].value.flag = v % 8 == 0 ? (int32_t)v - 128 : v % 2;
+    }
+  }
   if (faults) {
     helper_join(t);
     drain_all();
   }
-  cusafe_status st = cusafe_kernel_launch(k, how % 32 == 31 ? NULL : &cfg,
-                                          how % 32 == 30 ? NULL : args, nargs);
-  check(st, "cusafe_kernel_launch");
+  const cusafe_launch_config *pc = how % 32 == 31 ? NULL : &cfg;
+  const cusafe_arg *pa = how % 32 == 30 ? NULL : args;
+  cusafe_status st =
+      nattrs ? cusafe_kernel_launch_ex(k, pc, how % 32 == 29 ? NULL : attrs,
+                                       nattrs, pa, nargs)
+             : cusafe_kernel_launch(k, pc, pa, nargs);
+  check(st, nattrs ? "cusafe_kernel_launch_ex" : "cusafe_kernel_launch");
   if (st == CUSAFE_SUCCESS && faults) {
     maybe_sticky = 1; /* a misaligned pointer faults, as on a GPU */
     drain_all();      /* now, while nothing else is queued */
@@ -3002,6 +3027,7 @@ static const char *const fault_fns[] = {
     "cudaFuncGetParamInfo", "cudaFuncGetAttributes",
     "cudaKernelSetAttributeForDevice",
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaLaunchKernel",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "cudaGetDevice",
     "cudaSetDevice", "cudaDeviceGetAttribute", "cudaStreamBeginCapture",

@@ -723,6 +723,9 @@ def test_cuda_failures(ctx, function, inject, call, status, cuda_error):
     f = fake()
     before = live_counts()
     f.fake_fail_function(function.encode(), inject)
+    # A launch that the driver's call refuses is made through the runtime.
+    if function == "cudaLaunchKernel":
+        f.fake_fail_function(b"cuLaunchKernel", inject)
     try:
         err = status_of(call, ctx)
     finally:

@@ -129,6 +129,7 @@ def test_refusals(ctx, fill):
     f = fake()
     f.fake_log_count.restype = ctypes.c_size_t
     f.fake_log_count.argtypes = [ctypes.c_char_p]
+    assert f.fake_log_count(b"cuLaunchKernelEx") == 0
     assert f.fake_log_count(b"cudaLaunchKernelExC") == 0
 
 

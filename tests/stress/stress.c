@@ -41,7 +41,7 @@
  *
  * With `racy` the workers do nothing but that last operation: the even ones
  * launch with the racy handles, the odd ones replace them, as fast as they
- * can; each launch sleeps 100 us inside cudaLaunchKernel, so that
+ * can; each launch sleeps 100 us inside CUDA's launch call, so that
  * releases meet launches in progress.
  *
  * With `paused` the fake's streams run their work only when synchronised,
