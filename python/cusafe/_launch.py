@@ -555,7 +555,9 @@ class Kernel(_KernelBase):
         raises CusafeError (INVALID_CONFIGURATION, INVALID_VALUE or
         NOT_SUPPORTED) with the library's sentence; a flag that is not a
         bool or a priority that is not an int raises TypeError.  These
-        launches take the general path."""
+        launches take the general path of the ctypes implementation; with
+        the C accelerator (implementation() == "c") they are one C call,
+        as the common launches are."""
         if cluster is not None or cooperative is not False or \
                 programmatic_serialization is not False or \
                 priority is not None:

@@ -59,10 +59,29 @@ typedef struct {
 } speedups_config;
 typedef int (*speedups_launch_fn)(speedups_handle, const speedups_config *,
                                   const speedups_arg *, size_t);
+/* cusafe_launch_attr, restated (see above): 24 bytes. */
+typedef struct {
+	uint32_t id;
+	uint32_t reserved;
+	union {
+		uint32_t dim[3];
+		int32_t flag;
+		int32_t priority;
+		uint64_t pad[2];
+	} value;
+} speedups_attr;
 typedef int (*speedups_launch_ex_fn)(speedups_handle,
                                      const speedups_config *,
-                                     const void *, size_t,
+                                     const speedups_attr *, size_t,
                                      const speedups_arg *, size_t);
+
+_Static_assert(sizeof(speedups_attr) == 24, "cusafe_launch_attr's size");
+
+/* cusafe_launch_attr_id */
+enum {
+	ATTR_CLUSTER = 1, ATTR_NON_PORTABLE_CLUSTER, ATTR_COOPERATIVE,
+	ATTR_PROGRAMMATIC_SERIALIZATION, ATTR_PRIORITY, ATTR_MAX = 5
+};
 
 /* cusafe_arg_kind */
 enum {
@@ -792,14 +811,16 @@ static PyTypeObject speedups_context_type = {
  * ------------------------------------------------------------------------
  *
  * A launch of the common cases -- grid and block as ints or tuples or
- * lists of 1 to 3 ints, `shared` an int, `stream` a Stream or None, and
- * arguments that are Buffers, ints, floats, the typed scalars with values
- * of their own type in range, or Bytes -- is converted here and queued by
- * one call of cusafe_kernel_launch, with the GIL held (a launch queues; it
- * waits for nothing).  Anything else (other libraries' arrays, values
- * that must be converted or refused, attributes of Hopper's launches,
- * keywords given otherwise) goes to the ctypes path from the start, which
- * converts or raises: one behaviour, and the ctypes path's messages.
+ * lists of 1 to 3 ints, `shared` an int, `stream` a Stream or None,
+ * Hopper's attributes as bools, a cluster as a grid and a priority of 32
+ * bits, and arguments that are Buffers, ints, floats, the typed scalars
+ * with values of their own type in range, or Bytes -- is converted here
+ * and queued by one call of cusafe_kernel_launch (cusafe_kernel_launch_ex
+ * with attributes), with the GIL held (a launch queues; it waits for
+ * nothing).  Anything else (other libraries' arrays, values that must be
+ * converted or refused, keywords given otherwise) goes to the ctypes path
+ * from the start, which converts or raises: one behaviour, and the ctypes
+ * path's messages.
  */
 
 /* The result of a conversion that cannot go on here: the ctypes path
@@ -1005,7 +1026,112 @@ launch_failed(PyObject *kernel, int status)
 	return raise_status(status);
 }
 
+/* Hopper's keyword arguments, as Kernel.launch was given them (NULL: not
+ * given). */
+typedef struct {
+	PyObject *cluster, *cooperative, *programmatic, *priority;
+} launch_keywords;
+
+/* A flag of Kernel.launch: a bool, or FALLBACK (the ctypes path raises
+ * TypeError). */
+static int
+flag_of(PyObject *v, int *out)
+{
+	*out = 0;
+	if (v == NULL || v == Py_False)
+		return 0;
+	if (v == Py_True) {
+		*out = 1;
+		return 0;
+	}
+	return FALLBACK;
+}
+
+/* The cusafe_launch_attr array of the keywords, in the ctypes path's
+ * order (_launch_attrs): the cluster (and NON_PORTABLE_CLUSTER for more
+ * than 8 blocks), cooperative, programmatic serialization, priority.
+ * FALLBACK for any value that the ctypes path must convert or refuse;
+ * the library checks the rest. */
+static int
+attrs_of(const launch_keywords *kw, speedups_attr attrs[ATTR_MAX],
+         size_t *count)
+{
+	int cooperative, programmatic;
+	size_t n = 0;
+	*count = 0;
+	if (flag_of(kw->cooperative, &cooperative) ||
+	    flag_of(kw->programmatic, &programmatic))
+		return FALLBACK;
+	memset(attrs, 0, ATTR_MAX * sizeof *attrs);
+	if (kw->cluster != NULL && kw->cluster != Py_None) {
+		uint32_t *dim = attrs[n].value.dim;
+		if (dims_of(kw->cluster, dim))
+			return FALLBACK;
+		attrs[n++].id = ATTR_CLUSTER;
+		/* Each factor below 2**32: no overflow in 64 bits until the
+		 * product has passed 8. */
+		uint64_t blocks = (uint64_t)dim[0] * dim[1];
+		if (blocks <= 8)
+			blocks *= dim[2];
+		if (blocks > 8) {
+			attrs[n].id = ATTR_NON_PORTABLE_CLUSTER;
+			attrs[n++].value.flag = 1;
+		}
+	}
+	if (cooperative) {
+		attrs[n].id = ATTR_COOPERATIVE;
+		attrs[n++].value.flag = 1;
+	}
+	if (programmatic) {
+		attrs[n].id = ATTR_PROGRAMMATIC_SERIALIZATION;
+		attrs[n++].value.flag = 1;
+	}
+	if (kw->priority != NULL && kw->priority != Py_None) {
+		if (!PyLong_CheckExact(kw->priority))
+			return FALLBACK; /* bool, or converted there */
+		int overflow;
+		long long p = PyLong_AsLongLongAndOverflow(kw->priority,
+		                                          &overflow);
+		if (overflow || p < INT32_MIN || p > INT32_MAX) {
+			PyErr_Clear();
+			return FALLBACK;
+		}
+		attrs[n].id = ATTR_PRIORITY;
+		attrs[n++].value.priority = (int32_t)p;
+	}
+	*count = n;
+	return 0;
+}
+
 #define STACK_ARGS 16
+
+/* Calls the ctypes Kernel.launch with the same arguments: it converts,
+ * or raises its own error. */
+static PyObject *
+launch_by_ctypes(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
+{
+	if (py_launch == NULL)
+		return raise_status(-1);
+	/* The ctypes path, with self as its first argument. */
+	PyObject *stack_call[STACK_ARGS + 8];
+	PyObject **call = stack_call;
+	size_t nkw = kwnames ? (size_t)PyTuple_GET_SIZE(kwnames) : 0;
+	size_t total = (size_t)nargs + nkw;
+	if (total + 1 > sizeof stack_call / sizeof stack_call[0]) {
+		call = PyMem_Malloc((total + 1) * sizeof *call);
+		if (call == NULL)
+			return PyErr_NoMemory();
+	}
+	call[0] = op;
+	for (size_t i = 0; i < total; i++)
+		call[i + 1] = args[i];
+	PyObject *res = PyObject_Vectorcall(py_launch, call,
+	                                    (size_t)nargs + 1, kwnames);
+	if (call != stack_call)
+		PyMem_Free(call);
+	return res;
+}
 
 static PyObject *
 kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
@@ -1014,18 +1140,35 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 	speedups_object *self = (speedups_object *)op;
 	Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
 	PyObject *shared = NULL, *stream = NULL;
+	launch_keywords kw = {NULL, NULL, NULL, NULL};
 	Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-	int r = nargs < 2 || fn_launch == NULL || py_buffer_type == NULL
-	                ? FALLBACK : 0;
+	int r = nargs < 2 || fn_launch == NULL || fn_launch_ex == NULL ||
+	                py_buffer_type == NULL
+	        ? FALLBACK : 0;
 	for (Py_ssize_t i = 0; r == 0 && i < nkw; i++) {
+		static const char *const names[] = {
+			"shared", "stream", "cluster", "cooperative",
+			"programmatic_serialization", "priority"};
+		PyObject **slots[] = {&shared, &stream, &kw.cluster,
+		                      &kw.cooperative, &kw.programmatic,
+		                      &kw.priority};
 		PyObject *key = PyTuple_GET_ITEM(kwnames, i);
-		if (PyUnicode_CompareWithASCIIString(key, "shared") == 0)
-			shared = args[nargs + i];
-		else if (PyUnicode_CompareWithASCIIString(key, "stream") == 0)
-			stream = args[nargs + i];
+		size_t k = 0;
+		while (k < sizeof names / sizeof names[0] &&
+		       PyUnicode_CompareWithASCIIString(key, names[k]) != 0)
+			k++;
+		if (k < sizeof names / sizeof names[0])
+			*slots[k] = args[nargs + i];
 		else
-			r = FALLBACK; /* Hopper's attributes, or an error */
+			r = FALLBACK; /* an error, there */
 	}
+	/* The ctypes path's order: the attributes, the configuration, then
+	 * the arguments. */
+	speedups_attr attrs[ATTR_MAX];
+	size_t nattrs = 0;
+	if (r == 0 && (kw.cluster || kw.cooperative || kw.programmatic ||
+	               kw.priority))
+		r = attrs_of(&kw, attrs, &nattrs);
 	speedups_config config;
 	if (r == 0)
 		r = config_of(args[0], args[1], shared, stream, &config);
@@ -1041,33 +1184,17 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 	for (size_t i = 0; r == 0 && i < n; i++)
 		r = arg_of(args[2 + i], &cargs[i]);
 	int st = 0;
-	if (r == 0)
+	if (r == 0 && nattrs == 0)
 		st = fn_launch(self->live, &config, n ? cargs : NULL, n);
+	else if (r == 0)
+		st = fn_launch_ex(self->live, &config, attrs, nattrs,
+		                  n ? cargs : NULL, n);
 	if (cargs != stack)
 		PyMem_Free(cargs);
 	if (r < 0)
 		return NULL;
-	if (r == FALLBACK) {
-		if (py_launch == NULL)
-			return raise_status(-1);
-		/* The ctypes path, with self as its first argument. */
-		PyObject *stack_call[STACK_ARGS + 4];
-		PyObject **call = stack_call;
-		size_t total = (size_t)nargs + (size_t)nkw;
-		if (total + 1 > sizeof stack_call / sizeof stack_call[0]) {
-			call = PyMem_Malloc((total + 1) * sizeof *call);
-			if (call == NULL)
-				return PyErr_NoMemory();
-		}
-		call[0] = op;
-		for (size_t i = 0; i < total; i++)
-			call[i + 1] = args[i];
-		PyObject *res = PyObject_Vectorcall(py_launch, call,
-		                                    (size_t)nargs + 1, kwnames);
-		if (call != stack_call)
-			PyMem_Free(call);
-		return res;
-	}
+	if (r == FALLBACK)
+		return launch_by_ctypes(op, args, nargs, kwnames);
 	if (st)
 		return launch_failed(op, st);
 	Py_RETURN_NONE;
@@ -1091,7 +1218,7 @@ static PyMethodDef kernel_methods[] = {
 	 "ValueError; see the package's documentation of Kernel.launch for\n"
 	 "every error and for Hopper's attributes (cluster, cooperative,\n"
 	 "programmatic_serialization, priority).  One C call for the\n"
-	 "common arguments; the ctypes path for the others."},
+	 "common arguments and attributes; the ctypes path for the others."},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -1120,7 +1247,7 @@ typedef struct {
 	speedups_config config;
 	speedups_arg *args;
 	size_t nargs;
-	void *attrs; /* cusafe_launch_attr[nattrs], or NULL */
+	speedups_attr *attrs; /* [nattrs], or NULL */
 	size_t nattrs;
 	int prepared;
 } speedups_prepared;
@@ -1155,9 +1282,6 @@ copy_of(PyObject *obj, const char *what, size_t unit, void **out,
 	PyBuffer_Release(&view);
 	return r;
 }
-
-/* The size of cusafe_launch_attr. */
-#define ATTR_SIZE 24
 
 static PyObject *
 prepared_prepare(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
@@ -1194,7 +1318,8 @@ prepared_prepare(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
 	if (copy_of(args[2], "arguments", sizeof(speedups_arg), &cargs,
 	            &n) < 0)
 		return NULL;
-	if (copy_of(args[3], "attributes", ATTR_SIZE, &attrs, &nattrs) < 0) {
+	if (copy_of(args[3], "attributes", sizeof(speedups_attr), &attrs,
+	            &nattrs) < 0) {
 		PyMem_Free(cargs);
 		return NULL;
 	}

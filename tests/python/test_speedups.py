@@ -296,6 +296,13 @@ def test_no_reference_leaks(ctx):
             fill.launch(1, 16, *args)
             fill(1, (16,), buf, cusafe.F32(value), 16, stream=stream)
             prepared()
+            fill.launch(2, 16, *args, cluster=(2,), cooperative=True,
+                        priority=-1)
+            for kwargs in ({"priority": True}, {"priority": -6}):
+                try:
+                    fill.launch(2, 16, *args, **kwargs)
+                except (cusafe.CusafeError, TypeError):
+                    pass
             for bad in ((buf, value, 16), (buf, cusafe.F32(value),
                                            cusafe.I8(size)),
                         (buf, cusafe.F32(value), 2**64), (buf,),
@@ -333,8 +340,9 @@ def test_no_reference_leaks(ctx):
 def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
     """With "c", a launch of Buffers, ints, floats, typed scalars and
     Bytes, with grids as ints, tuples or lists, on the default stream or
-    a Stream, never reaches the ctypes path; other arguments, values that
-    must be converted or refused, and Hopper's attributes do."""
+    a Stream, with or without Hopper's attributes, never reaches the
+    ctypes path; other arguments, and values that must be converted or
+    refused, do."""
     if cusafe.implementation() != "c":
         pytest.skip("the package runs on ctypes")
     from cusafe import _launch, _objects, _speedups
@@ -374,9 +382,29 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
             with pytest.raises(cusafe.CusafeError) as e:
                 fill.launch(1, 16, b, value, 16)
             assert e.value.status == cusafe.Status.INVALID_ARGUMENTS
+        # Hopper's attributes, given or left as their defaults; refused
+        # by the library, not by the conversion.
+        fill.launch(1, 16, b, cusafe.F32(1.0), 16, cooperative=False,
+                    programmatic_serialization=False, cluster=None,
+                    priority=None)
+        fill.launch(4, 16, b, cusafe.F32(1.0), 16, cluster=[2, 1],
+                    cooperative=True, programmatic_serialization=True,
+                    priority=0, stream=s)
+        fill.launch(16, 16, b, cusafe.F32(1.0), 16, cluster=(16,))
+        for kwargs in ({"cluster": 0}, {"cluster": (2**32 - 1, 2**32 - 1,
+                                                    2**32 - 1)},
+                       {"priority": -2**31}, {"priority": 2**31 - 1}):
+            with pytest.raises(cusafe.CusafeError):
+                fill.launch(2, 16, b, cusafe.F32(1.0), 16, **kwargs)
         assert reached == []
         for args, kwargs in (
-                ((1, 16, b, 2.0, 16), {"cooperative": False}),
+                ((1, 16, b, 2.0, 16), {"cooperative": 0}),
+                ((1, 16, b, 2.0, 16), {"programmatic_serialization": 1}),
+                ((1, 16, b, 2.0, 16), {"priority": True}),
+                ((1, 16, b, 2.0, 16), {"priority": 2**31}),
+                ((1, 16, b, 2.0, 16), {"cluster": -1}),
+                ((1, 16, b, 2.0, 16), {"cluster": (1, 1, 1, 1)}),
+                ((1, 16, b, 2.0, 16), {"cluster": 2.0}),
                 ((1, 16, b, cusafe.F32(2), 16), {}),       # converted
                 ((1, 16, b, cusafe.F32(1e39), 16), {}),    # refused
                 ((1, 16, b, cusafe.I32(2**31), 16), {}),   # refused
@@ -392,7 +420,7 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
             except (TypeError, ValueError, OverflowError,
                     cusafe.CusafeError):
                 pass
-        assert len(reached) == 11, reached
+        assert len(reached) == 17, reached
     finally:
         register(_launch._launch_py)
     b.close()
