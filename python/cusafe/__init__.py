@@ -4,6 +4,8 @@
 library's path in it); `pip install ./python` installs the same package
 against an installed libcusafe.  It needs nothing but the standard
 library; numpy arrays work wherever bytes do, through the buffer protocol.
+Its C accelerator, cusafe._speedups, runs the hot paths where it was built
+(implementation() says whether; CUSAFE_PURE_PYTHON=1 turns it off).
 
     import cusafe
 
