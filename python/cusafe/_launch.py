@@ -205,13 +205,12 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
             keep = (keep or []) + [a.data]
         elif t is bool:
             raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
-        elif _provides(a, "__cuda_array_interface__") or \
-                _provides(a, "__dlpack__"):
+        elif _foreign(a):
             # Another library's array (or a cusafe Array): wrapped for this
             # launch, whose queued work then keeps it alive.  The probe
             # looks at the class: reading a cusafe Array's interface would
             # mark it lent, and its close() would then release nothing.
-            buf = Buffer.wrap(a, stream=stream)
+            buf = _wrap_arg(a, stream)
             fmt += "IIQ"
             values += (_K_BUFFER, 0, buf.handle)
             keep = (keep or []) + [buf]
@@ -642,6 +641,19 @@ class Kernel(_KernelBase):
         return self._name
 
 
+def _foreign(a: Any) -> bool:
+    """Whether a launch argument is another library's array (or a cusafe
+    Array), as _pack_args tells them: found on the class, never read."""
+    return _provides(a, "__cuda_array_interface__") or \
+        _provides(a, "__dlpack__")
+
+
+def _wrap_arg(a: Any, stream: Optional[Stream]) -> Buffer:
+    """The Buffer of another library's array for a launch on `stream`, as
+    _pack_args makes it."""
+    return Buffer.wrap(a, stream=stream)
+
+
 if _speedups is not None:
     # Kernel.launch is _speedups.KernelObject's, in C; the ctypes one above
     # runs the launches it does not convert itself.
@@ -651,4 +663,5 @@ if _speedups is not None:
     _speedups.setup(check=_check_status, count=_count, kinds=_MEMORY_KINDS,
                     buffer=Buffer, stream=Stream,
                     scalars=(I8, U8, I16, U16, I32, U32, I64, U64, F32, F64),
-                    bytes=Bytes, launch=_launch_py)
+                    bytes=Bytes, launch=_launch_py, foreign=_foreign,
+                    wrap=_wrap_arg)

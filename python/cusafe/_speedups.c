@@ -25,6 +25,10 @@
 #include <Python.h>
 #include <structmember.h>
 
+#if PY_VERSION_HEX < 0x03090000 /* public from 3.9 on */
+#define PyObject_Vectorcall _PyObject_Vectorcall
+#endif
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -128,6 +132,10 @@ static PyTypeObject *py_scalar_types[ARG_F64 - ARG_I8 + 1];
  * keyword is anything but the common cases, it runs the whole launch,
  * checks and errors included. */
 static PyObject *py_launch;
+/* Arrays of other libraries as launch arguments: foreign(a) says whether
+ * `a` is one (it has __dlpack__ or __cuda_array_interface__, found
+ * without reading it); wrap(a, stream) makes the Buffer of the launch. */
+static PyObject *py_foreign, *py_wrap;
 
 /* Set by the package's exit hook (at_exit()), which Python runs before it
  * tears its modules down: from then on a collected object releases
@@ -218,26 +226,28 @@ set_type(PyObject *v, PyTypeObject *base, const char *what,
 }
 
 /* setup(check=, count=, kinds=, buffer=, stream=, scalars=, bytes=,
- * launch=): what the package gives once its classes exist; see
- * py_check. */
+ * launch=, foreign=, wrap=): what the package gives once its classes
+ * exist; see py_check. */
 static PyObject *
 speedups_setup(PyObject *module, PyObject *args, PyObject *kwargs)
 {
 	(void)module;
 	static char *names[] = {"check", "count", "kinds", "buffer", "stream",
-	                        "scalars", "bytes", "launch", NULL};
+	                        "scalars", "bytes", "launch", "foreign",
+	                        "wrap", NULL};
 	PyObject *check, *count, *kinds, *buffer, *stream, *scalars, *bytes,
-		*launch;
-	if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOO!OOO!OO:setup",
+		*launch, *foreign, *wrap;
+	if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOO!OOO!OOOO:setup",
 	                                 names, &check, &count, &PyDict_Type,
 	                                 &kinds, &buffer, &stream,
 	                                 &PyTuple_Type, &scalars, &bytes,
-	                                 &launch))
+	                                 &launch, &foreign, &wrap))
 		return NULL;
 	if (!PyCallable_Check(check) || !PyCallable_Check(count) ||
-	    !PyCallable_Check(launch)) {
-		PyErr_SetString(PyExc_TypeError, "setup(): check, count and "
-		                "launch must be callable");
+	    !PyCallable_Check(launch) || !PyCallable_Check(foreign) ||
+	    !PyCallable_Check(wrap)) {
+		PyErr_SetString(PyExc_TypeError, "setup(): check, count, "
+		                "launch, foreign and wrap must be callable");
 		return NULL;
 	}
 	if (PyTuple_GET_SIZE(scalars) != ARG_F64 - ARG_I8 + 1) {
@@ -270,6 +280,10 @@ speedups_setup(PyObject *module, PyObject *args, PyObject *kwargs)
 	Py_XSETREF(py_kinds, kinds);
 	Py_INCREF(launch);
 	Py_XSETREF(py_launch, launch);
+	Py_INCREF(foreign);
+	Py_XSETREF(py_foreign, foreign);
+	Py_INCREF(wrap);
+	Py_XSETREF(py_wrap, wrap);
 	Py_RETURN_NONE;
 }
 
@@ -814,18 +828,21 @@ static PyTypeObject speedups_context_type = {
  * lists of 1 to 3 ints, `shared` an int, `stream` a Stream or None,
  * Hopper's attributes as bools, a cluster as a grid and a priority of 32
  * bits, and arguments that are Buffers, ints, floats, the typed scalars
- * with values of their own type in range, or Bytes -- is converted here
- * and queued by one call of cusafe_kernel_launch (cusafe_kernel_launch_ex
+ * with values of their own type in range, Bytes, or other libraries'
+ * arrays (wrapped by the package's Buffer.wrap) -- is converted here and
+ * queued by one call of cusafe_kernel_launch (cusafe_kernel_launch_ex
  * with attributes), with the GIL held (a launch queues; it waits for
- * nothing).  Anything else (other libraries' arrays, values that must be
- * converted or refused, keywords given otherwise) goes to the ctypes path
- * from the start, which converts or raises: one behaviour, and the ctypes
- * path's messages.
+ * nothing).  Anything else (values that must be converted or refused,
+ * keywords given otherwise) goes to the ctypes path from the start, which
+ * converts or raises: one behaviour, and the ctypes path's messages.
  */
 
 /* The result of a conversion that cannot go on here: the ctypes path
  * runs the launch instead. */
 #define FALLBACK 1
+/* An argument of a type of its own: another library's array, or an
+ * error (see wrap_foreign). */
+#define FOREIGN 2
 
 /* A dimension in 0..2**32-1 (the library checks >= 1). */
 static int
@@ -928,8 +945,9 @@ scalar_of(PyObject *a, int kind, speedups_arg *arg)
 }
 
 /* The cusafe_arg of one argument; FALLBACK where the ctypes path must
- * convert it; -1 with ValueError for a closed Buffer (as the ctypes path:
- * its handle is read first). */
+ * convert it, FOREIGN for an object of another type (perhaps another
+ * library's array: see wrap_foreign); -1 with ValueError for a closed
+ * Buffer (as the ctypes path: its handle is read first). */
 static int
 arg_of(PyObject *a, speedups_arg *arg)
 {
@@ -980,7 +998,62 @@ arg_of(PyObject *a, speedups_arg *arg)
 		Py_DECREF(data);
 		return r;
 	}
-	return FALLBACK;
+	if (t == &PyBool_Type)
+		return FALLBACK; /* TypeError, there */
+	return FOREIGN;
+}
+
+/* The arguments that arg_of found FOREIGN (kind 0), in `cargs`, each
+ * another library's array, wrapped for the launch on `stream` (None: the
+ * default) in the order of the arguments, as the ctypes path wraps them:
+ * their Buffers go into the new list *wrapped, which the caller drops
+ * after the launch (its queued work holds the memory then).  FALLBACK,
+ * before any is wrapped, where one is no array; -1 where a wrap fails. */
+static int
+wrap_foreign(PyObject *const *args, speedups_arg *cargs, size_t n,
+             PyObject *stream, PyObject **wrapped)
+{
+	*wrapped = NULL;
+	if (py_foreign == NULL || py_wrap == NULL)
+		return FALLBACK;
+	for (size_t i = 0; i < n; i++) {
+		if (cargs[i].kind != 0)
+			continue;
+		PyObject *yes = PyObject_CallFunctionObjArgs(py_foreign, args[i],
+		                                             NULL);
+		if (yes == NULL)
+			return -1;
+		int is = PyObject_IsTrue(yes);
+		Py_DECREF(yes);
+		if (is <= 0)
+			return is < 0 ? -1 : FALLBACK;
+	}
+	PyObject *list = PyList_New(0);
+	if (list == NULL)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		if (cargs[i].kind != 0)
+			continue;
+		PyObject *buf = PyObject_CallFunctionObjArgs(
+			py_wrap, args[i], stream ? stream : Py_None, NULL);
+		if (buf == NULL || PyList_Append(list, buf) < 0) {
+			Py_XDECREF(buf);
+			Py_DECREF(list);
+			return -1;
+		}
+		Py_DECREF(buf);
+		if (!PyObject_TypeCheck(buf, py_buffer_type) ||
+		    ((speedups_object *)buf)->live == 0) {
+			Py_DECREF(list);
+			PyErr_SetString(PyExc_SystemError,
+			                "cusafe: wrap() made no open Buffer");
+			return -1;
+		}
+		cargs[i].kind = ARG_BUFFER;
+		cargs[i].value.buffer = ((speedups_object *)buf)->live;
+	}
+	*wrapped = list;
+	return 0;
 }
 
 /* The configuration of a launch; FALLBACK as arg_of, -1 with
@@ -1181,8 +1254,23 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 			r = -1;
 		}
 	}
-	for (size_t i = 0; r == 0 && i < n; i++)
+	size_t foreign = 0;
+	for (size_t i = 0; r == 0 && i < n; i++) {
 		r = arg_of(args[2 + i], &cargs[i]);
+		if (r == FOREIGN) {
+			cargs[i].kind = 0;
+			foreign++;
+			r = 0;
+		} else if (r < 0 && foreign) {
+			/* The ctypes path wraps the arrays before it reads
+			 * this closed Buffer, or refuses a non-array first. */
+			PyErr_Clear();
+			r = FALLBACK;
+		}
+	}
+	PyObject *wrapped = NULL;
+	if (r == 0 && foreign)
+		r = wrap_foreign(args + 2, cargs, n, stream, &wrapped);
 	int st = 0;
 	if (r == 0 && nattrs == 0)
 		st = fn_launch(self->live, &config, n ? cargs : NULL, n);
@@ -1191,6 +1279,8 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 		                  n ? cargs : NULL, n);
 	if (cargs != stack)
 		PyMem_Free(cargs);
+	/* The launch's queued work holds the wrapped memory now. */
+	Py_XDECREF(wrapped);
 	if (r < 0)
 		return NULL;
 	if (r == FALLBACK)
@@ -1218,7 +1308,9 @@ static PyMethodDef kernel_methods[] = {
 	 "ValueError; see the package's documentation of Kernel.launch for\n"
 	 "every error and for Hopper's attributes (cluster, cooperative,\n"
 	 "programmatic_serialization, priority).  One C call for the\n"
-	 "common arguments and attributes; the ctypes path for the others."},
+	 "common arguments and attributes (other libraries' arrays wrapped\n"
+	 "through the package's Buffer.wrap); the ctypes path for the\n"
+	 "others."},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -1418,14 +1510,16 @@ static PyMethodDef speedups_methods[] = {
 	{"setup", (PyCFunction)(void (*)(void))speedups_setup,
 	 METH_VARARGS | METH_KEYWORDS,
 	 "setup(*, check, count, kinds, buffer, stream, scalars, bytes, "
-	 "launch)\n--\n\n"
+	 "launch,\n      foreign, wrap)\n--\n\n"
 	 "What the package gives once its classes exist: check(status)\n"
 	 "raises the library's error, count(value, what) converts a size or\n"
 	 "raises, kinds maps the memory kinds alloc() takes to their ints,\n"
 	 "buffer is the class (a BufferObject) of the Buffers alloc() makes,\n"
 	 "stream the class of Streams, scalars the types I8 ... F64, bytes\n"
 	 "the class Bytes, launch the ctypes Kernel.launch, which runs every\n"
-	 "launch that is not of the common cases."},
+	 "launch that is not of the common cases, foreign(a) whether a\n"
+	 "launch argument is another library's array and wrap(a, stream)\n"
+	 "its Buffer for the launch."},
 	{"at_exit", speedups_at_exit, METH_NOARGS,
 	 "at_exit()\n--\n\n"
 	 "From now on a collected Object releases nothing (the package calls\n"

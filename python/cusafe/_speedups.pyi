@@ -16,13 +16,15 @@ def setup(*, check: Callable[[int], None],
           count: Callable[[Any, str], int], kinds: Dict[int, int],
           buffer: Type[BufferObject], stream: Type[Object],
           scalars: Tuple[type, ...], bytes: type,
-          launch: Callable[..., None]) -> None:
+          launch: Callable[..., None], foreign: Callable[[Any], bool],
+          wrap: Callable[[Any, Any], BufferObject]) -> None:
     """What the package gives once its classes exist: the function that
     raises the library's error for a status, the one that converts a size
     (or raises), the memory kinds alloc() takes, the class of the Buffers
     that alloc() makes, the class of Streams, the typed scalars I8 ... F64,
-    the class Bytes, and the ctypes Kernel.launch, which runs the launches
-    of other arguments."""
+    the class Bytes, the ctypes Kernel.launch, which runs the launches
+    of other arguments, the function that tells another library's array,
+    and the one that wraps it for a launch on a stream."""
 
 def at_exit() -> None:
     """From now on a collected Object releases nothing."""

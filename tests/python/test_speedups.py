@@ -290,6 +290,12 @@ def test_no_reference_leaks(ctx):
     prepared = fill.prepare(1, 16, buf, cusafe.F32(value), 16)
     stream = ctx.stream()
     args = (buf, cusafe.F32(value), 16)
+    foreign = Foreign(buf)
+    try:  # host memory with __dlpack__: refused by the wrap
+        import numpy
+        host = numpy.zeros(4, "f4")
+    except ImportError:  # not an array: refused before any wrap
+        host = memoryview(bytearray(16))
 
     def launches(n):
         for _ in range(n):
@@ -298,6 +304,13 @@ def test_no_reference_leaks(ctx):
             prepared()
             fill.launch(2, 16, *args, cluster=(2,), cooperative=True,
                         priority=-1)
+            fill.launch(1, 4, foreign, cusafe.F32(value), 4)
+            for bad in ((foreign, value, 4), (foreign, cusafe.F32(value),
+                                              True), (foreign, host)):
+                try:
+                    fill.launch(1, 4, *bad)
+                except (cusafe.CusafeError, TypeError):
+                    pass
             for kwargs in ({"priority": True}, {"priority": -6}):
                 try:
                     fill.launch(2, 16, *args, **kwargs)
@@ -319,7 +332,8 @@ def test_no_reference_leaks(ctx):
         launches(n)
 
     calls(200)  # warm: caches filled
-    watched = (size, pinned, ctx, closed, fill, buf, value, stream, args)
+    watched = (size, pinned, ctx, closed, fill, buf, value, stream, args,
+               foreign)
     before = [sys.getrefcount(o) for o in watched]
     tracemalloc.start()
     try:
@@ -337,12 +351,24 @@ def test_no_reference_leaks(ctx):
     assert second - first < 16384, (first, second)
 
 
+class Foreign:
+    """An array of another library, through the CUDA Array Interface: a
+    window on the first 16 bytes of a cusafe buffer."""
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.__cuda_array_interface__ = {
+            "shape": (4,), "typestr": "<f4",
+            "data": (buf.interop_pointer(), False), "version": 3,
+            "strides": None, "stream": None}
+
+
 def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
-    """With "c", a launch of Buffers, ints, floats, typed scalars and
-    Bytes, with grids as ints, tuples or lists, on the default stream or
-    a Stream, with or without Hopper's attributes, never reaches the
-    ctypes path; other arguments, and values that must be converted or
-    refused, do."""
+    """With "c", a launch of Buffers, ints, floats, typed scalars, Bytes
+    and other libraries' arrays, with grids as ints, tuples or lists, on
+    the default stream or a Stream, with or without Hopper's attributes,
+    never reaches the ctypes path; other arguments, and values that must
+    be converted or refused, do."""
     if cusafe.implementation() != "c":
         pytest.skip("the package runs on ctypes")
     from cusafe import _launch, _objects, _speedups
@@ -360,7 +386,8 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
             scalars=(cusafe.I8, cusafe.U8, cusafe.I16, cusafe.U16,
                      cusafe.I32, cusafe.U32, cusafe.I64, cusafe.U64,
                      cusafe.F32, cusafe.F64),
-            bytes=cusafe.Bytes, launch=launch)
+            bytes=cusafe.Bytes, launch=launch, foreign=_launch._foreign,
+            wrap=_launch._wrap_arg)
 
     m = ctx.load_builtin()
     fill = m.kernel("cusafe_fill_f32")
@@ -396,8 +423,14 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
                        {"priority": -2**31}, {"priority": 2**31 - 1}):
             with pytest.raises(cusafe.CusafeError):
                 fill.launch(2, 16, b, cusafe.F32(1.0), 16, **kwargs)
+        # Arrays of other libraries: wrapped for the launch.
+        fill.launch(1, 16, b.as_array(), cusafe.F32(1.0), 16)
+        fill.launch(1, 4, Foreign(b), cusafe.F32(1.0), 4, stream=s,
+                    cluster=1)
         assert reached == []
         for args, kwargs in (
+                ((1, 16, object(), cusafe.F32(1.0), 16), {}),
+                ((1, 16, Foreign(b), cusafe.F32(1.0), True), {}),
                 ((1, 16, b, 2.0, 16), {"cooperative": 0}),
                 ((1, 16, b, 2.0, 16), {"programmatic_serialization": 1}),
                 ((1, 16, b, 2.0, 16), {"priority": True}),
@@ -413,14 +446,13 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
                 (((1, 1, 1, 1), 16, b, cusafe.F32(1.0), 16), {}),
                 ((1.0, 16, b, cusafe.F32(1.0), 16), {}),
                 ((1, 16, b, cusafe.F32(1.0), 16), {"shared": -1}),
-                ((1, 16, b, cusafe.F32(1.0), 16), {"stream": 0}),
-                ((1, 16, b.as_array(), cusafe.F32(1.0), 16), {})):
+                ((1, 16, b, cusafe.F32(1.0), 16), {"stream": 0})):
             try:
                 fill.launch(*args, **kwargs)
             except (TypeError, ValueError, OverflowError,
                     cusafe.CusafeError):
                 pass
-        assert len(reached) == 17, reached
+        assert len(reached) == 18, reached
     finally:
         register(_launch._launch_py)
     b.close()
