@@ -61,6 +61,12 @@ static cusafe_status driver_entry(const char *symbol, void **fn, bool required,
                  "no CUDA driver found: the driver lacks %s", symbol);
 }
 
+bool cs_driver_lookup(const char *symbol, void **fn) {
+  *fn = NULL;
+  (void)driver_entry(symbol, fn, false, NULL);
+  return *fn != NULL;
+}
+
 /* The first successful CUDA call was made: registers the handlers and
  * finds the driver's functions (init_lock held). */
 static cusafe_status init_driver(int n) {
