@@ -399,14 +399,18 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   }
   CUresult res = vmm.import_fd(&m->handle, (void *)(intptr_t)desc->fd,
                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_INVALID_HANDLE)
-    st = cs_fail_as(CUSAFE_ERROR_INVALID_VALUE, (cudaError_t)res,
-                    "desc's fd %d is no shareable CUDA memory "
-                    "(cuMemImportFromShareableHandle refuses it)",
-                    (int)desc->fd);
-  else if (res != CUDA_SUCCESS)
+  /* Drivers answer a descriptor of no shareable memory variously (an
+   * invalid value, handle, or an unknown error): all but running out of
+   * memory say that of the descriptor. */
+  if (res == CUDA_ERROR_OUT_OF_MEMORY) {
     st = drv_failed(res, "cuMemImportFromShareableHandle");
-  else
+  } else if (res != CUDA_SUCCESS) {
+    const char *words = cs_cu->get_error_string((cudaError_t)res);
+    st = cs_fail_as(CUSAFE_ERROR_INVALID_VALUE, (cudaError_t)res,
+                    "desc's fd %d is no shareable CUDA memory: "
+                    "cuMemImportFromShareableHandle failed: %s",
+                    (int)desc->fd, words ? words : "unknown error");
+  } else
     st = map_all(m); /* on failure, the handle is released */
   if (st == CUSAFE_SUCCESS) {
     st = wrap_shared(out, ctx, m, (size_t)desc->offset, (size_t)desc->size);
