@@ -1239,7 +1239,9 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
  * Returns: CUSAFE_SUCCESS: *out is a buffer of the shared memory.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: out or desc is NULL; desc->version
  *   is not CUSAFE_IPC_VERSION; a reserved word is not 0; desc->fd is not
- *   an open descriptor, or one of no shareable CUDA memory; desc was
+ *   an open descriptor, or one of no shareable CUDA memory
+ *   ("cuMemImportFromShareableHandle failed: invalid argument (the fd of
+ *   desc is no shareable CUDA memory)"); desc was
  *   exported by this very process ("buffer exported by this process: use
  *   the buffer itself").  CUSAFE_ERROR_OUT_OF_RANGE: offset and size reach
  *   beyond the allocation.  CUSAFE_ERROR_CONTEXT_MISMATCH: the memory is

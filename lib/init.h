@@ -45,9 +45,11 @@ typedef CUresult (*cs_drv_launch_ex_fn)(const CUlaunchConfig *config,
 extern cs_drv_launch_fn cs_drv_launch;
 extern cs_drv_launch_ex_fn cs_drv_launch_ex;
 /* Looks a driver function up by name (cudaGetDriverEntryPointByVersion,
- * for CUDA 12.0): true and *fn set if the driver has it, else false and
- * *fn NULL.  For functions looked up at their first use. */
-bool cs_driver_lookup(const char *symbol, void **fn);
+ * for CUDA 12.0), for functions looked up at their first use: success and
+ * *fn set if the driver has it; CUSAFE_ERROR_NOT_FOUND, with no message,
+ * if it lacks it; the failure of the look-up itself otherwise (the look-up
+ * is made once more for its words).  *fn is NULL on every failure. */
+cusafe_status cs_driver_lookup(const char *symbol, void **fn);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

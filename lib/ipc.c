@@ -77,13 +77,15 @@ static cusafe_status vmm_load(void) {
                  "one slot per name");
   cusafe_status st = CUSAFE_SUCCESS;
   pthread_mutex_lock(&vmm_lock);
-  for (size_t i = 0; i < sizeof names / sizeof *names && !vmm_found; i++)
-    if (!cs_driver_lookup(names[i], slots[i])) {
+  for (size_t i = 0; i < sizeof names / sizeof *names && !vmm_found; i++) {
+    st = cs_driver_lookup(names[i], slots[i]);
+    if (st == CUSAFE_ERROR_NOT_FOUND)
       st = cs_fail(CUSAFE_ERROR_NOT_SUPPORTED,
                    "shareable memory needs the driver's %s, which it lacks",
                    names[i]);
+    if (st != CUSAFE_SUCCESS)
       break;
-    }
+  }
   if (st == CUSAFE_SUCCESS)
     vmm_found = true;
   pthread_mutex_unlock(&vmm_lock);
@@ -407,9 +409,9 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   } else if (res != CUDA_SUCCESS) {
     const char *words = cs_cu->get_error_string((cudaError_t)res);
     st = cs_fail_as(CUSAFE_ERROR_INVALID_VALUE, (cudaError_t)res,
-                    "desc's fd %d is no shareable CUDA memory: "
-                    "cuMemImportFromShareableHandle failed: %s",
-                    (int)desc->fd, words ? words : "unknown error");
+                    "cuMemImportFromShareableHandle failed: %s (the fd of "
+                    "desc is no shareable CUDA memory)",
+                    words ? words : "unknown error");
   } else
     st = map_all(m); /* on failure, the handle is released */
   if (st == CUSAFE_SUCCESS) {

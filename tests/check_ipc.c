@@ -391,7 +391,10 @@ START_TEST(test_import_refusals) {
   ck_assert_int_ge(null_fd, 0);
   f.fd = null_fd;
   TU_ERR_PREFIX(cusafe_buffer_import(&in, ctx, &f), CUSAFE_ERROR_INVALID_VALUE,
-                "desc's fd ");
+                "cuMemImportFromShareableHandle failed: ");
+  TU_ASSERT(strstr(cusafe_last_error_message(),
+                   " (the fd of desc is no shareable CUDA memory)"),
+            "message \"%s\"", cusafe_last_error_message());
   close(null_fd);
   f.fd = null_fd; /* closed now */
   TU_ERR(cusafe_buffer_import(&in, ctx, &f), CUSAFE_ERROR_INVALID_VALUE,
