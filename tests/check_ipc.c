@@ -25,6 +25,9 @@
 
 #include "cusafe.h"
 #include "testutil.h"
+#ifdef CUSAFE_HAVE_DLPACK
+#include "cusafe_dlpack.h"
+#endif
 #ifdef CUSAFE_TEST_FAKE
 #include "fakecuda.h"
 #include "fakeutil.h"
@@ -679,6 +682,56 @@ START_TEST(test_shutdown_unmaps) {
 }
 END_TEST
 
+#ifdef CUSAFE_HAVE_DLPACK
+/* A DLPack tensor of a shareable buffer keeps its mapping after the
+ * buffer's release, until its deleter. */
+START_TEST(test_dlpack_tensor_keeps_shareable) {
+  cusafe_buffer b = shareable(4096);
+  DLManagedTensorVersioned *t = NULL;
+  int64_t n = 4096;
+  TU_OK(cusafe_buffer_to_dlpack(&t, b, 0, (DLDataType){kDLUInt, 8, 1}, 1, &n,
+                                NULL, CUSAFE_NULL_HANDLE));
+  TU_OK(cusafe_buffer_release(b));
+  ck_assert_uint_eq(fake_live_vmm_handles(-1), 1);
+  ck_assert_uint_eq(fake_live_allocations(-1), 1);
+  memset(t->dl_tensor.data, 0x42, 4096); /* the fake's memory is the host's */
+  t->deleter(t);
+  TU_OK(cusafe_context_synchronize(ctx));
+  ck_assert_uint_eq(fake_live_vmm_handles(-1), 0);
+  ck_assert_uint_eq(fake_live_allocations(-1), 0);
+}
+END_TEST
+#endif
+
+/* A forked child can neither export nor import (every call is refused
+ * there); the parent's shareable buffer is untouched by its exit. */
+START_TEST(test_forked_child_refused) {
+  cusafe_buffer b = shareable(4096);
+  write_pattern(b, 4096, 71);
+  cusafe_ipc_desc d;
+  TU_OK(cusafe_buffer_export(&d, b));
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ne(pid, -1);
+  if (pid == 0) {
+    cusafe_ipc_desc e;
+    cusafe_buffer in = CUSAFE_NULL_HANDLE;
+    cusafe_ipc_desc f = as_if_foreign(d);
+    int ok = cusafe_buffer_export(&e, b) == CUSAFE_ERROR_FORKED && e.fd == -1 &&
+             cusafe_buffer_import(&in, ctx, &f) == CUSAFE_ERROR_FORKED &&
+             in == CUSAFE_NULL_HANDLE &&
+             cusafe_buffer_release(b) == CUSAFE_SUCCESS;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  check_pattern(b, 4096, 71);
+  close(d.fd);
+  TU_OK(cusafe_buffer_release(b));
+}
+END_TEST
+
 /* Each call of the driver failing: its status and message, and nothing
  * left behind. */
 START_TEST(test_driver_failures) {
@@ -773,6 +826,10 @@ static Suite *ipc_suite(void) {
   tcase_add_test(tc, test_graph_holds_shareable);
   tcase_add_test(tc, test_shutdown_unmaps);
   tcase_add_test(tc, test_driver_failures);
+  tcase_add_test(tc, test_forked_child_refused);
+#ifdef CUSAFE_HAVE_DLPACK
+  tcase_add_test(tc, test_dlpack_tensor_keeps_shareable);
+#endif
   suite_add_tcase(s, tc);
   tc = tcase_create("no_vmm");
   tcase_add_checked_fixture(tc, no_vmm_setup, ctx_teardown);
