@@ -1159,7 +1159,9 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer, size_t offset,
  * cusafe_ipc_send(), cusafe_ipc_recv()).  What does not survive: work that
  * a killed process had queued and not finished (its results are whatever
  * the GPU wrote before the kill), and the memory's contents once no
- * process maps it any more. */
+ * process maps it any more.  Being mapped for its own device only, the
+ * memory is not made accessible to other devices: a copy between it and
+ * another device's memory is CUDA's to do or to refuse (with its error). */
 
 /* The version of struct cusafe_ipc_desc this header describes. */
 #define CUSAFE_IPC_VERSION 1u
@@ -1189,8 +1191,10 @@ typedef struct cusafe_ipc_desc {
  *   CUSAFE_ERROR_INVALID_SIZE: size is 0, or too large to round up.
  *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
  *   context.  CUSAFE_ERROR_NOT_SUPPORTED: the driver lacks virtual memory
- *   management or POSIX file descriptor handles.
- *   CUSAFE_ERROR_OUT_OF_MEMORY: no device or host memory.  A CUDA failure
+ *   management.
+ *   CUSAFE_ERROR_NO_DRIVER: the look-up of those calls of the driver
+ *   failed ("no CUDA driver found: ...").  CUSAFE_ERROR_OUT_OF_MEMORY: no
+ *   device or host memory.  A CUDA failure
  *   (cuMemGetAllocationGranularity, cuMemCreate, cuMemAddressReserve,
  *   cuMemMap, cuMemSetAccess): its mapped status; nothing is left behind.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
@@ -1247,7 +1251,8 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
  *   beyond the allocation.  CUSAFE_ERROR_CONTEXT_MISMATCH: the memory is
  *   on another device than ctx's (by UUID).  CUSAFE_ERROR_INVALID_HANDLE:
  *   ctx is NULL, forged, stale or not a context.
- *   CUSAFE_ERROR_NOT_SUPPORTED: as cusafe_buffer_alloc_shareable().
+ *   CUSAFE_ERROR_NOT_SUPPORTED, CUSAFE_ERROR_NO_DRIVER: as
+ *   cusafe_buffer_alloc_shareable().
  *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure
  *   (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
  *   cuMemSetAccess): its mapped status; nothing is left behind.
@@ -1267,7 +1272,8 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
  *   description.
  * Returns: CUSAFE_SUCCESS: sent.
  * Errors: CUSAFE_ERROR_INVALID_VALUE: desc is NULL, of another version,
- *   or its fd is negative; socket is no AF_UNIX socket, or sending fails
+ *   or its fd is negative or not open; socket is no AF_UNIX socket, or
+ *   sending fails
  *   ("cannot send on socket 5: Broken pipe").  CUSAFE_ERROR_SHUTDOWN /
  *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
  * Ownership: nothing is kept.

@@ -449,6 +449,10 @@ CUSAFE_API cusafe_status cusafe_ipc_send(int socket,
   if (desc->fd < 0)
     return cs_fail(CUSAFE_ERROR_INVALID_VALUE, "desc's fd is %d",
                    (int)desc->fd);
+  if (fcntl(desc->fd, F_GETFD) < 0)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "desc's fd %d is not an open file descriptor",
+                   (int)desc->fd);
   struct wire w;
   memset(&w, 0, sizeof w);
   memcpy(w.tag, wire_tag, sizeof w.tag);
@@ -493,9 +497,13 @@ CUSAFE_API cusafe_status cusafe_ipc_recv(int socket, cusafe_ipc_desc *out) {
     return cs_null("out");
   struct wire w;
   struct iovec iov = {&w, sizeof w};
+  /* Room for what else the socket may carry with it: the peer's
+   * credentials (SO_PASSCRED), a security label, and descriptors beyond
+   * the one expected, which are closed. */
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(4 * sizeof(int))];
+    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(256) +
+             CMSG_SPACE(16 * sizeof(int))];
   } control;
   struct msghdr msg = {.msg_iov = &iov,
                        .msg_iovlen = 1,

@@ -35,6 +35,10 @@
 
 extern char **environ;
 
+/* This program, as it was started: spawned again for the other process
+ * (not /proc/self/exe, which under Valgrind is Valgrind's tool). */
+static const char *self_path = "/proc/self/exe";
+
 #define BYTES ((size_t)3 << 20) /* more than one granule of 2 MiB */
 
 /* ---- the other process --------------------------------------------------- */
@@ -170,8 +174,8 @@ static struct child spawn_child(const char *role, const char *a, const char *b,
   posix_spawn_file_actions_addclose(&fa, ep[0]);
   posix_spawn_file_actions_addclose(&fa, sv[0]);
   struct child ch;
-  ck_assert_int_eq(
-      posix_spawn(&ch.pid, "/proc/self/exe", &fa, NULL, args, environ), 0);
+  ck_assert_int_eq(posix_spawn(&ch.pid, self_path, &fa, NULL, args, environ),
+                   0);
   posix_spawn_file_actions_destroy(&fa);
   close(sv[1]);
   close(ep[1]);
@@ -486,9 +490,59 @@ START_TEST(test_send_recv) {
   ck_assert_int_eq(write(sv[0], tagged, sizeof tagged), (ssize_t)sizeof tagged);
   TU_ERR(cusafe_ipc_recv(sv[1], &got), CUSAFE_ERROR_INVALID_VALUE,
          "socket %d sent a description without its file descriptor", sv[1]);
+  /* A description with two descriptors: both are closed, none kept. */
+  {
+    struct {
+      char tag[8];
+      cusafe_ipc_desc desc;
+    } w;
+    memcpy(w.tag, "cusafe1", 8);
+    w.desc = d;
+    struct iovec iov = {&w, sizeof w};
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(2 * sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int two[2] = {d.fd, d.fd};
+    memcpy(CMSG_DATA(c), two, sizeof two);
+    ck_assert_int_eq(sendmsg(sv[0], &msg, 0), (ssize_t)sizeof w);
+    int next = dup(0); /* the lowest free descriptor before the call */
+    close(next);
+    TU_ERR(cusafe_ipc_recv(sv[1], &got), CUSAFE_ERROR_INVALID_VALUE,
+           "socket %d sent more than one file descriptor", sv[1]);
+    int after = dup(0);
+    close(after);
+    ck_assert_int_eq(after, next); /* nothing left open */
+  }
+  /* With the peer's credentials asked for, they come along. */
+  int on = 1;
+  ck_assert_int_eq(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof on),
+                   0);
+  TU_OK(cusafe_ipc_send(sv[0], &d));
+  TU_OK(cusafe_ipc_recv(sv[1], &got));
+  ck_assert_uint_eq(got.size, d.size);
+  close(got.fd);
   close(sv[0]);
   TU_ERR(cusafe_ipc_recv(sv[1], &got), CUSAFE_ERROR_INVALID_VALUE,
          "socket %d closed by its peer", sv[1]);
+  /* Sending to a closed peer is an error, not a SIGPIPE. */
+  TU_ERR(cusafe_ipc_send(sv[1], &d), CUSAFE_ERROR_INVALID_VALUE,
+         "cannot send on socket %d: %s", sv[1], strerror(EPIPE));
+  int closed = dup(d.fd);
+  close(closed);
+  bad = d;
+  bad.fd = closed;
+  TU_ERR(cusafe_ipc_send(sv[1], &bad), CUSAFE_ERROR_INVALID_VALUE,
+         "desc's fd %d is not an open file descriptor", closed);
   close(sv[1]);
   close(p[0]);
   close(p[1]);
@@ -519,6 +573,27 @@ START_TEST(test_importer_outlives_killed_exporter) {
   check_pattern(in, BYTES, 21);
   write_pattern(in, BYTES, 22);
   check_pattern(in, BYTES, 22);
+  TU_OK(cusafe_buffer_release(in));
+}
+END_TEST
+
+/* The exporter releases its buffer and exits while the importer holds
+ * the memory. */
+START_TEST(test_importer_outlives_exporter_exit) {
+  struct child ch = spawn_child("export", "65536", "81", "release");
+  cusafe_ipc_desc d;
+  cusafe_buffer in = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_ipc_recv(ch.sock, &d));
+  TU_OK(cusafe_buffer_import(&in, ctx, &d));
+  close(d.fd);
+  ack(&ch);
+  char err[1024];
+  int status = child_wait(&ch, err, sizeof err);
+  CHILD_EXITED_0(status, err);
+  ck_assert_str_eq(err, "");
+  check_pattern(in, 65536, 81);
+  write_pattern(in, 65536, 82);
+  check_pattern(in, 65536, 82);
   TU_OK(cusafe_buffer_release(in));
 }
 END_TEST
@@ -814,6 +889,7 @@ static Suite *ipc_suite(void) {
   tcase_add_checked_fixture(tc, ctx_setup, ctx_teardown);
   tcase_add_test(tc, test_importer_outlives_killed_exporter);
   tcase_add_test(tc, test_import_after_exporter_killed);
+  tcase_add_test(tc, test_importer_outlives_exporter_exit);
   tcase_add_test(tc, test_exporter_sees_importers_writes);
   tcase_add_test(tc, test_importer_exits_with_buffer_alive);
   tcase_add_test(tc, test_exporter_reads_after_importer_released);
@@ -842,6 +918,9 @@ static Suite *ipc_suite(void) {
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--child") == 0)
     return child_main(argc, argv);
+  static char path[4096];
+  if (argv[0] && strchr(argv[0], '/') && realpath(argv[0], path))
+    self_path = path;
 #ifdef CUSAFE_TEST_FAKE
   return tu_run_suite(ipc_suite(), CK_FORK);
 #else

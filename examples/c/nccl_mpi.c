@@ -89,8 +89,8 @@ static size_t count_wrong(const float *host) {
  * number of hosts. */
 static void local_rank(int *local, int *nlocal, int *nhosts) {
   MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
-                      MPI_INFO_NULL, &node);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                      &node);
   MPI_Comm_rank(node, local);
   MPI_Comm_size(node, nlocal);
   MPI_Comm_free(&node);
@@ -256,8 +256,8 @@ cleanup:
              MPI_COMM_WORLD);
   int all = all_ok(ok);
   if (rank == 0 && all)
-    printf("nccl_mpi: %d ranks on %d host%s, %zu floats, %llu wrong\n",
-           nranks, nhosts, nhosts == 1 ? "" : "s", N, total);
+    printf("nccl_mpi: %d ranks on %d host%s, %zu floats, %llu wrong\n", nranks,
+           nhosts, nhosts == 1 ? "" : "s", N, total);
   MPI_Finalize();
   return all && total == 0 ? 0 : 1;
 }
