@@ -1146,6 +1146,160 @@ CUSAFE_API cusafe_status cusafe_buffer_fill(cusafe_buffer buffer, size_t offset,
                                             cusafe_stream stream);
 
 /* ------------------------------------------------------------------------ */
+/* Between processes                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Device memory that other processes can map: it lives while any process
+ * maps it.  The exporter may release its buffer, exit or be killed while an
+ * importer still reads and writes the memory, and an importer's release
+ * frees nothing of anyone else's.  The memory is CUDA's virtual memory
+ * management (cuMemCreate, shared as a POSIX file descriptor), mapped for
+ * its device only; what travels to the other process is a descriptor,
+ * cusafe_ipc_desc, and its file descriptor (over a Unix domain socket:
+ * cusafe_ipc_send(), cusafe_ipc_recv()).  What does not survive: work that
+ * a killed process had queued and not finished (its results are whatever
+ * the GPU wrote before the kill), and the memory's contents once no
+ * process maps it any more.  Being mapped for its own device only, the
+ * memory is not made accessible to other devices: a copy between it and
+ * another device's memory is CUDA's to do or to refuse (with its error). */
+
+/* The version of struct cusafe_ipc_desc this header describes. */
+#define CUSAFE_IPC_VERSION 1u
+
+/* What another process needs to map a shareable buffer (or a view of
+ * one): plain data, 80 bytes, safe to copy and send; fd is a file
+ * descriptor of the process that holds the desc. */
+typedef struct cusafe_ipc_desc {
+  uint32_t version;        /* CUSAFE_IPC_VERSION */
+  int32_t fd;              /* the memory's file descriptor */
+  uint64_t allocation;     /* bytes of the whole shareable allocation */
+  uint64_t offset;         /* where the buffer begins in it */
+  uint64_t size;           /* the buffer's bytes */
+  uint8_t device_uuid[16]; /* the device's UUID (cudaDeviceProp::uuid) */
+  uint64_t process;        /* the exporting process, as cusafe names it */
+  uint64_t reserved[3];    /* 0 */
+} cusafe_ipc_desc;
+
+/* Allocates device memory that other processes can map
+ * (cusafe_buffer_export()): a buffer like any other of ctx.  Its memory
+ * is rounded up to the device's granularity (2 MiB on current GPUs); the
+ * buffer has the size asked for.
+ * Parameters: out [out] the new buffer; ctx [in] its context; size [in]
+ *   bytes, 1 or more.
+ * Returns: CUSAFE_SUCCESS: *out is a new buffer of size bytes.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL.
+ *   CUSAFE_ERROR_INVALID_SIZE: size is 0, or too large to round up.
+ *   CUSAFE_ERROR_INVALID_HANDLE: ctx is NULL, forged, stale or not a
+ *   context.  CUSAFE_ERROR_NOT_SUPPORTED: the driver lacks virtual memory
+ *   management.
+ *   CUSAFE_ERROR_NO_DRIVER: the look-up of those calls of the driver
+ *   failed ("no CUDA driver found: ...").  CUSAFE_ERROR_OUT_OF_MEMORY: no
+ *   device or host memory.  A CUDA failure
+ *   (cuMemGetAllocationGranularity, cuMemCreate, cuMemAddressReserve,
+ *   cuMemMap, cuMemSetAccess): its mapped status; nothing is left behind.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out; the buffer holds
+ *   a reference on ctx.  The release of its last reference waits for the
+ *   work queued on it, then unmaps the memory, which lives on while other
+ *   processes map it.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_buffer_alloc_shareable(cusafe_buffer *out,
+                                                       cusafe_context ctx,
+                                                       size_t size);
+/* Describes a shareable buffer (of cusafe_buffer_alloc_shareable() or
+ * cusafe_buffer_import(), or a view of one) for another process, after
+ * waiting for the work queued on it so far on any stream: what the
+ * importer reads is what that work wrote.
+ * Parameters: out [out] the description, whose fd is a new file
+ *   descriptor of the calling process (close-on-exec), the caller's to
+ *   close once sent; buffer [in] the buffer or view.
+ * Returns: CUSAFE_SUCCESS: *out describes the buffer.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL; the buffer's memory is
+ *   not shareable ("buffer 0x... is not shareable: allocate it with
+ *   cusafe_buffer_alloc_shareable").  CUSAFE_ERROR_INVALID_HANDLE: buffer
+ *   is NULL, forged, stale or not a buffer.  A failure of the wait (a
+ *   fault of the work queued on the buffer) or of
+ *   cuMemExportToShareableHandle: its mapped status.  A buffer whose
+ *   latest work is in a capture that other code began, on a stream that
+ *   nothing may touch now: the error of cusafe_stream_use_buffers().
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  out->fd is -1 on every failure, and no descriptor is
+ *   left open.
+ * Ownership: the buffer stays the caller's; the memory lives while any
+ *   process maps it, whoever exported it.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe; work queued on the buffer by other threads during
+ *   the call may or may not be waited for. */
+CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
+                                              cusafe_buffer buffer);
+/* Maps the memory that another process described with
+ * cusafe_buffer_export() as a buffer of ctx, of desc->size bytes.
+ * Parameters: out [out] the new buffer; ctx [in] the context of the
+ *   device the memory is on; desc [in] the description, whose fd is a
+ *   descriptor of the calling process (received with cusafe_ipc_recv(),
+ *   say); it stays the caller's to close, which it may do at once.
+ * Returns: CUSAFE_SUCCESS: *out is a buffer of the shared memory.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or desc is NULL; desc->version
+ *   is not CUSAFE_IPC_VERSION; a reserved word is not 0; desc->fd is not
+ *   an open descriptor, or one of no shareable CUDA memory
+ *   ("cuMemImportFromShareableHandle failed: invalid argument (the fd of
+ *   desc is no shareable CUDA memory)"); desc was
+ *   exported by this very process ("buffer exported by this process: use
+ *   the buffer itself").  CUSAFE_ERROR_OUT_OF_RANGE: offset and size reach
+ *   beyond the allocation.  CUSAFE_ERROR_CONTEXT_MISMATCH: the memory is
+ *   on another device than ctx's (by UUID).  CUSAFE_ERROR_INVALID_HANDLE:
+ *   ctx is NULL, forged, stale or not a context.
+ *   CUSAFE_ERROR_NOT_SUPPORTED, CUSAFE_ERROR_NO_DRIVER: as
+ *   cusafe_buffer_alloc_shareable().
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure
+ *   (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
+ *   cuMemSetAccess): its mapped status; nothing is left behind.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
+ * Ownership: the caller owns the one reference of *out; the buffer holds
+ *   a reference on ctx.  Its release unmaps this process's mapping only.
+ * Handles: as every call (see the top of this file).
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
+                                              cusafe_context ctx,
+                                              const cusafe_ipc_desc *desc);
+/* Sends a description and its file descriptor over a connected Unix
+ * domain socket (SCM_RIGHTS), in one message; desc->fd stays the
+ * caller's to close.
+ * Parameters: socket [in] a connected AF_UNIX socket; desc [in] the
+ *   description.
+ * Returns: CUSAFE_SUCCESS: sent.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: desc is NULL, of another version,
+ *   or its fd is negative or not open; socket is no AF_UNIX socket, or
+ *   sending fails
+ *   ("cannot send on socket 5: Broken pipe").  CUSAFE_ERROR_SHUTDOWN /
+ *   CUSAFE_ERROR_FORKED: after shutdown / in a forked child.
+ * Ownership: nothing is kept.
+ * Handles: none.
+ * Threads: thread-safe; a socket shared between threads needs the
+ *   caller's own ordering. */
+CUSAFE_API cusafe_status cusafe_ipc_send(int socket,
+                                         const cusafe_ipc_desc *desc);
+/* Receives a description and its file descriptor sent with
+ * cusafe_ipc_send().
+ * Parameters: socket [in] a connected AF_UNIX socket; out [out] the
+ *   description, whose fd is a new descriptor of the calling process
+ *   (close-on-exec), the caller's to close.
+ * Returns: CUSAFE_SUCCESS: *out is the description.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out is NULL; receiving fails, the
+ *   peer closed the socket ("socket 5 closed by its peer"), or the message
+ *   is not one of cusafe_ipc_send() (no descriptor, or a short or foreign
+ *   message); any descriptor received with it is closed.
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  out->fd is -1 on every failure.
+ * Ownership: the caller owns out->fd.
+ * Handles: none.
+ * Threads: thread-safe, as cusafe_ipc_send(). */
+CUSAFE_API cusafe_status cusafe_ipc_recv(int socket, cusafe_ipc_desc *out);
+
+/* ------------------------------------------------------------------------ */
 /* Interop (NCCL, CUDA-aware MPI, other CUDA libraries)                       */
 /* ------------------------------------------------------------------------ */
 

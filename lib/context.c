@@ -34,6 +34,7 @@ static cusafe_status read_limits(struct cs_context *ctx) {
   if (err != cudaSuccess)
     return cs_fail_cuda(err, "cudaGetDeviceProperties");
   ctx->total_memory = prop.totalGlobalMem;
+  memcpy(ctx->uuid, prop.uuid.bytes, sizeof ctx->uuid);
   ctx->managed = prop.managedMemory;
   ctx->cc_major = prop.major;
   ctx->cc_minor = prop.minor;

@@ -24,6 +24,9 @@ struct cs_context {
    * device's support of clusters and cooperative launches, and its
    * multiprocessors. */
   int cluster_launch, cooperative_launch, sm_count;
+  /* The device's identity across processes (cudaDeviceProp::uuid), which
+   * shared memory names (ipc.c). */
+  unsigned char uuid[16];
   /* Libraries whose unload failed, retried before the primary context is
    * released (under orphan_lock). */
   pthread_mutex_t orphan_lock;

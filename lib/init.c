@@ -62,6 +62,17 @@ static cusafe_status driver_entry(const char *symbol, void **fn, bool required,
                  "no CUDA driver found: the driver lacks %s", symbol);
 }
 
+cusafe_status cs_driver_lookup(const char *symbol, void **fn) {
+  _Atomic bool failed = false;
+  *fn = NULL;
+  (void)driver_entry(symbol, fn, false, &failed);
+  if (*fn)
+    return CUSAFE_SUCCESS;
+  if (atomic_load(&failed)) /* the look-up itself failed: say why */
+    return driver_entry(symbol, fn, true, NULL);
+  return CUSAFE_ERROR_NOT_FOUND;
+}
+
 /* The first successful CUDA call was made: registers the handlers and
  * finds the driver's functions (init_lock held). */
 static cusafe_status init_driver(int n) {

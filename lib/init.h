@@ -49,6 +49,12 @@ extern _Atomic(cs_drv_launch_fn) cs_drv_launch;
 extern _Atomic(cs_drv_launch_ex_fn) cs_drv_launch_ex;
 cs_drv_launch_fn cs_drv_launch_again(void);
 cs_drv_launch_ex_fn cs_drv_launch_ex_again(void);
+/* Looks a driver function up by name (cudaGetDriverEntryPointByVersion,
+ * for CUDA 12.0), for functions looked up at their first use: success and
+ * *fn set if the driver has it; CUSAFE_ERROR_NOT_FOUND, with no message,
+ * if it lacks it; the failure of the look-up itself otherwise (the look-up
+ * is made once more for its words).  *fn is NULL on every failure. */
+cusafe_status cs_driver_lookup(const char *symbol, void **fn);
 /* Loads a library into the calling thread's current context now: CUDA
  * loads lazily, and accepts a corrupt image until its first use. */
 CUresult cs_library_load_now(cudaLibrary_t library);

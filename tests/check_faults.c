@@ -151,6 +151,10 @@ static const struct expectation injections[] = {
      FAILED_MSG, -1},
     {"cudaLaunchKernelExC", cudaErrorLaunchOutOfResources, 0, 0,
      CUSAFE_ERROR_CUDA, FAILED_MSG, -1},
+    /* A descriptor that the driver does not take as shareable memory. */
+    {"cuMemImportFromShareableHandle", cudaErrorUnknown, 1, 0,
+     CUSAFE_ERROR_INVALID_VALUE,
+     "{fn} failed: {cuda} (the fd of desc is no shareable CUDA memory)", -1},
     /* Synchronisations report a kernel fault, which breaks the device. */
     {"cudaStreamSynchronize", cudaErrorIllegalAddress, 1, 1, CUSAFE_ERROR_CUDA,
      FAILED_MSG, -1},
@@ -325,6 +329,9 @@ static const char *const cleanup_calls[] = {
     "cudaEventDestroy",
     "cuDevicePrimaryCtxRelease",
     "nvrtcDestroyProgram",
+    "cuMemUnmap",
+    "cuMemAddressFree",
+    "cuMemRelease",
     "cudaFreeAsync",
     "cudaLibraryUnload",
 };
@@ -703,6 +710,48 @@ static cusafe_status op_alloc_async(struct world *w) {
 static void su_buffer(struct world *w) {
   su_ctx(w);
   OK(cusafe_buffer_alloc(&w->a, w->ctx, CUSAFE_MEMORY_DEVICE, SIZE));
+}
+
+/* Shareable memory: a buffer of it (tmp), last used on s1, and its
+ * description as another process would receive it. */
+static cusafe_ipc_desc shared_desc;
+
+static void su_shareable(struct world *w) {
+  su_ctx_s1(w);
+  OK(cusafe_buffer_alloc_shareable(&w->tmp, w->ctx, SIZE));
+  OK(cusafe_buffer_fill(w->tmp, 0, SIZE, 2, w->s1));
+}
+
+static void su_shared_desc(struct world *w) {
+  su_shareable(w);
+  OK(cusafe_buffer_export(&shared_desc, w->tmp));
+  shared_desc.process ^= 0x5a5a5a5a5a5a5a5aull;
+}
+
+static cusafe_status op_alloc_shareable(struct world *w) {
+  w->out = SENTINEL;
+  return cusafe_buffer_alloc_shareable(&w->out, w->ctx, SIZE);
+}
+
+static cusafe_status op_export(struct world *w) {
+  cusafe_ipc_desc d;
+  cusafe_status st = cusafe_buffer_export(&d, w->tmp);
+  if (st == CUSAFE_SUCCESS)
+    close(d.fd);
+  else
+    TU_ASSERT(d.fd == -1, "a failed export left fd %d", (int)d.fd);
+  return st;
+}
+
+static cusafe_status op_import(struct world *w) {
+  w->out = SENTINEL;
+  return cusafe_buffer_import(&w->out, w->ctx, &shared_desc);
+}
+
+static cusafe_status op_release_shareable(struct world *w) {
+  w->gone = w->tmp;
+  w->tmp = CUSAFE_NULL_HANDLE;
+  return cusafe_buffer_release(w->gone);
 }
 
 /* Wrapped memory: a refused wrap leaves it to its owner (never released). */
@@ -1262,6 +1311,11 @@ static const struct op ops[] = {
     {"cusafe_buffer_wrap", su_buffer, op_wrap, OP_CREATES},
     {"cusafe_buffer_release (wrapped memory, work queued)", su_release_wrapped,
      op_release_wrapped, OP_CONSUMES},
+    {"cusafe_buffer_alloc_shareable", su_ctx, op_alloc_shareable, OP_CREATES},
+    {"cusafe_buffer_export (work queued)", su_shareable, op_export, 0},
+    {"cusafe_buffer_import", su_shared_desc, op_import, OP_CREATES},
+    {"cusafe_buffer_release (shareable memory, work queued)", su_shareable,
+     op_release_shareable, OP_CONSUMES},
 #ifdef CUSAFE_HAVE_DLPACK
     {"cusafe_buffer_from_dlpack", su_buffer, op_from_dlpack, OP_CREATES},
     {"cusafe_buffer_release (DLPack import, work queued)", su_release_import,

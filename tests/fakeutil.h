@@ -30,7 +30,8 @@ static inline void tu_nothing_live(const char *file, int line,
               {fake_live_programs(), "NVRTC programs"},
               {fake_live_graphs(-1), "graphs"},
               {fake_live_graph_execs(-1), "executable graphs"},
-              {fake_live_captures(-1), "captures"}};
+              {fake_live_captures(-1), "captures"},
+              {fake_live_vmm_handles(-1), "shareable memory handles"}};
   const char *sep = what ? ": " : "";
   if (!what)
     what = "";

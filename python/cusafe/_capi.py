@@ -209,6 +209,21 @@ class LaunchAttr(ctypes.Structure):
     ]
 
 
+class IpcDesc(ctypes.Structure):
+    """cusafe_ipc_desc: what another process needs to map a shareable
+    buffer, 80 bytes."""
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("fd", ctypes.c_int32),
+        ("allocation", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("device_uuid", ctypes.c_uint8 * 16),
+        ("process", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 3),
+    ]
+
+
 class _DLDataType(ctypes.Structure):
     """DLPack's DLDataType, passed by value to cusafe_buffer_to_dlpack."""
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
@@ -286,6 +301,12 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "cusafe_buffer_wrap": (c_status, [_P(_h), _h, c_enum, _vp, _sz,
                                       _vp, _vp]),
     "cusafe_stream_use_buffers": (c_status, [_h, _P(_h), _sz]),
+    # between processes
+    "cusafe_buffer_alloc_shareable": (c_status, [_P(_h), _h, _sz]),
+    "cusafe_buffer_export": (c_status, [_P(IpcDesc), _h]),
+    "cusafe_buffer_import": (c_status, [_P(_h), _h, _P(IpcDesc)]),
+    "cusafe_ipc_send": (c_status, [ctypes.c_int, _P(IpcDesc)]),
+    "cusafe_ipc_recv": (c_status, [ctypes.c_int, _P(IpcDesc)]),
     "cusafe_python_release": (None, [_vp]),
     # graphs
     "cusafe_stream_begin_capture": (c_status, [_h]),

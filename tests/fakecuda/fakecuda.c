@@ -23,6 +23,7 @@
  * another thread (synchronizing just runs the queues), so holding the lock
  * for the whole of a call is safe. */
 
+#define _GNU_SOURCE /* memfd_create */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -35,6 +36,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 #include "fakecuda.h"
@@ -78,7 +83,9 @@
 /* State                                                                      */
 /* ------------------------------------------------------------------------ */
 
-enum alloc_kind { KIND_DEVICE, KIND_PINNED, KIND_MANAGED };
+/* KIND_VMM: a mapping of cuMemMap, of shareable memory (a memfd), never
+ * poisoned nor given to free(): other processes may map it too. */
+enum alloc_kind { KIND_DEVICE, KIND_PINNED, KIND_MANAGED, KIND_VMM };
 enum alloc_state { ALLOC_LIVE, ALLOC_FREE_PENDING, ALLOC_FREED };
 
 struct falloc {
@@ -88,7 +95,29 @@ struct falloc {
   int device;
   enum alloc_kind kind;
   enum alloc_state state;
+  struct fvmm *vmm; /* KIND_VMM: the handle whose memory it maps */
 };
+
+/* Shareable memory (see "Driver: virtual memory management" below). */
+struct fvmm {
+  int fd;      /* the memfd, -1 once released */
+  size_t size; /* bytes */
+  int device;
+  int exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  int released;
+  size_t maps; /* mappings of it in this process */
+  struct fvmm *next;
+};
+
+struct frange {
+  uintptr_t base;
+  size_t size;
+  int freed;
+  struct frange *next;
+};
+
+static struct fvmm *g_vmms;
+static struct frange *g_ranges;
 
 enum op_kind {
   OP_COPY,
@@ -257,6 +286,7 @@ static struct {
   int ndev;
   int peer_ok;       /* devices reach each other's memory */
   int driver_launch; /* cuLaunchKernel and cuLaunchKernelEx offered */
+  int vmm;           /* the virtual memory management calls offered */
   int paused;
   int strict;
   int torn_down;
@@ -393,6 +423,7 @@ static void set_defaults(void) {
   g.ndev = DEFAULT_DEVICES;
   g.peer_ok = 1;
   g.driver_launch = 1;
+  g.vmm = 1;
   g.paused = 0;
   g.strict = 1;
   g.calls = 0;
@@ -507,7 +538,8 @@ static void free_program_parts(struct fprogram *p) {
 static void free_allocations(struct falloc *a) {
   while (a) {
     struct falloc *next = a->next;
-    free(a->base);
+    if (a->kind != KIND_VMM) /* a mapping's range stays reserved */
+      free(a->base);
     free(a);
     a = next;
   }
@@ -548,6 +580,13 @@ static void free_everything(void) {
 
   free_allocations(g.live);
   g.live = NULL;
+  while (g_vmms) {
+    struct fvmm *v = g_vmms;
+    g_vmms = v->next;
+    if (v->fd >= 0)
+      close(v->fd);
+    free(v);
+  }
   free_allocations(g.quar_head);
   g.quar_head = g.quar_tail = NULL;
   g.quar_bytes = g.quar_count = 0;
@@ -774,6 +813,7 @@ static const char *kind_name(enum alloc_kind k) {
   case KIND_DEVICE: return "device";
   case KIND_PINNED: return "pinned host";
   case KIND_MANAGED: return "managed";
+  case KIND_VMM: return "mapped shareable";
   }
   return "?";
 }
@@ -846,7 +886,8 @@ static void quarantine_evict_oldest(void) {
     g.quar_tail = NULL;
   g.quar_bytes -= a->size;
   g.quar_count--;
-  free(a->base);
+  if (a->kind != KIND_VMM) /* a mapping's range stays reserved */
+    free(a->base);
   free(a);
 }
 
@@ -860,7 +901,7 @@ static void quarantine_evict_oldest(void) {
  * oldest memory and record go together, so an old freed pointer is then
  * merely no longer recognised. */
 static void free_now(struct falloc *a) {
-  for (size_t i = 0; i < GUARD_BYTES; i++)
+  for (size_t i = 0; i < GUARD_BYTES && a->kind != KIND_VMM; i++)
     if (a->base[a->size + i] != GUARD_BYTE)
       violation("memory just past the end of %s allocation %p (%zu bytes) "
                 "was overwritten",
@@ -872,10 +913,12 @@ static void free_now(struct falloc *a) {
     g.live = a->next;
   if (a->next)
     a->next->prev = a->prev;
-  g.dev[a->device].bytes -= a->size;
+  if (a->kind != KIND_VMM) /* a mapping's memory is its handle's */
+    g.dev[a->device].bytes -= a->size;
 
   a->state = ALLOC_FREED;
-  memset(a->base, POISON_BYTE, a->size);
+  if (a->kind != KIND_VMM) /* other processes may still map it */
+    memset(a->base, POISON_BYTE, a->size);
   a->prev = g.quar_tail;
   a->next = NULL;
   if (g.quar_tail)
@@ -1791,6 +1834,369 @@ static CUresult CUDAAPI fk_primary_ctx_release(CUdevice dev) {
   return leave_driver(cudaSuccess);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Driver: virtual memory management (shareable memory)                       */
+/* ------------------------------------------------------------------------ */
+
+/* Physical memory of cuMemCreate is a memfd named "fakecuda-vmm-<device>",
+ * so that it can travel to another process (cuMemExportToShareableHandle
+ * hands out a duplicate of its descriptor) and lives, as on a GPU, while
+ * any process holds a handle to it or maps it.  A handle is a struct
+ * fvmm, kept (a tombstone once released) so that a stale one is
+ * recognised.  Address ranges are reserved PROT_NONE with a guard zone of
+ * one granule after them, and never handed back, so that a freed mapping
+ * is always recognised. */
+#define VMM_GRANULARITY ((size_t)2 << 20)
+#define VMM_NAME "fakecuda-vmm-"
+
+static struct fvmm *find_vmm(CUmemGenericAllocationHandle h) {
+  for (struct fvmm *v = g_vmms; v; v = v->next)
+    if ((uintptr_t)v == (uintptr_t)h)
+      return v;
+  return NULL;
+}
+
+/* A live handle, or a VIOLATION naming `fn`. */
+static struct fvmm *live_vmm(const char *fn, CUmemGenericAllocationHandle h) {
+  struct fvmm *v = find_vmm(h);
+  if (!v)
+    violation("%s of handle 0x%llx, which no cuMemCreate or import gave", fn,
+              (unsigned long long)h);
+  if (v->released)
+    violation("%s of handle 0x%llx, released already", fn,
+              (unsigned long long)h);
+  return v;
+}
+
+/* The physical memory goes once its handle is released and unmapped. */
+static void vmm_maybe_gone(struct fvmm *v) {
+  if (v->released && v->maps == 0 && v->fd >= 0) {
+    close(v->fd);
+    v->fd = -1;
+    g.dev[v->device].bytes -= v->size;
+  }
+}
+
+static struct fvmm *vmm_new(int fd, size_t size, int device, int exportable) {
+  struct fvmm *v = calloc(1, sizeof *v);
+  if (!v)
+    return NULL;
+  v->fd = fd;
+  v->size = size;
+  v->device = device;
+  v->exportable = exportable;
+  v->next = g_vmms;
+  g_vmms = v;
+  g.dev[device].bytes += size;
+  return v;
+}
+
+static int prop_device(const CUmemAllocationProp *prop) {
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !valid_device(prop->location.id))
+    return -1;
+  return prop->location.id;
+}
+
+static CUresult CUDAAPI fk_mem_get_allocation_granularity(
+    size_t *granularity, const CUmemAllocationProp *prop,
+    CUmemAllocationGranularity_flags option) {
+  ENTER_DRIVER_OR_RETURN("cuMemGetAllocationGranularity");
+  (void)option;
+  if (!granularity || prop_device(prop) < 0)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  *granularity = VMM_GRANULARITY;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_create(CUmemGenericAllocationHandle *handle,
+                                      size_t size,
+                                      const CUmemAllocationProp *prop,
+                                      unsigned long long flags) {
+  ENTER_DRIVER_OR_RETURN("cuMemCreate");
+  int dev = prop_device(prop);
+  if (!handle || dev < 0 || flags || size == 0 || size % VMM_GRANULARITY)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  cudaError_t e = sticky(dev);
+  if (e != cudaSuccess)
+    return leave_driver(e);
+  struct fdevice *d = &g.dev[dev];
+  if (size > d->limit || d->bytes > d->limit - size)
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  char name[32];
+  snprintf(name, sizeof name, VMM_NAME "%d", dev);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0)
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  if (ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  struct fvmm *v = vmm_new(fd, size, dev,
+                           (prop->requestedHandleTypes &
+                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0);
+  if (!v) {
+    close(fd);
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  /* As fresh device memory: not zeroed. */
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    memset(p, FILL_BYTE, size);
+    munmap(p, size);
+  }
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_release(CUmemGenericAllocationHandle handle) {
+  ENTER_DRIVER_OR_RETURN("cuMemRelease");
+  struct fvmm *v = live_vmm("cuMemRelease", handle);
+  v->released = 1;
+  vmm_maybe_gone(v);
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_address_reserve(CUdeviceptr *ptr, size_t size,
+                                               size_t alignment,
+                                               CUdeviceptr addr,
+                                               unsigned long long flags) {
+  ENTER_DRIVER_OR_RETURN("cuMemAddressReserve");
+  if (!ptr || size == 0 || size % VMM_GRANULARITY || addr || flags ||
+      (alignment && alignment % VMM_GRANULARITY))
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  struct frange *r = calloc(1, sizeof *r);
+  void *p = mmap(NULL, size + VMM_GRANULARITY, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (!r || p == MAP_FAILED) {
+    free(r);
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  r->base = (uintptr_t)p;
+  r->size = size;
+  r->next = g_ranges;
+  g_ranges = r;
+  *ptr = (CUdeviceptr)r->base;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static struct frange *find_range(uintptr_t p, size_t size) {
+  for (struct frange *r = g_ranges; r; r = r->next)
+    if (!r->freed && p >= r->base && size <= r->size &&
+        p - r->base <= r->size - size)
+      return r;
+  return NULL;
+}
+
+/* The live mapping at [p, p + size) exactly, or NULL. */
+static struct falloc *find_mapping(uintptr_t p, size_t size) {
+  for (struct falloc *a = g.live; a; a = a->next)
+    if (a->kind == KIND_VMM && (uintptr_t)a->base == p && a->size == size)
+      return a;
+  return NULL;
+}
+
+static CUresult CUDAAPI fk_mem_address_free(CUdeviceptr ptr, size_t size) {
+  ENTER_DRIVER_OR_RETURN("cuMemAddressFree");
+  struct frange *r = find_range((uintptr_t)ptr, size);
+  if (!r || r->base != (uintptr_t)ptr || r->size != size)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  for (struct falloc *a = g.live; a; a = a->next)
+    if (a->kind == KIND_VMM && (uintptr_t)a->base >= r->base &&
+        (uintptr_t)a->base < r->base + r->size)
+      violation("cuMemAddressFree of 0x%llx, where %zu bytes at %p are "
+                "still mapped",
+                (unsigned long long)ptr, a->size, (void *)a->base);
+  r->freed = 1; /* the range stays reserved: see above */
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_map(CUdeviceptr ptr, size_t size, size_t offset,
+                                   CUmemGenericAllocationHandle handle,
+                                   unsigned long long flags) {
+  ENTER_DRIVER_OR_RETURN("cuMemMap");
+  struct fvmm *v = live_vmm("cuMemMap", handle);
+  if (flags || size == 0 || size % VMM_GRANULARITY ||
+      offset % VMM_GRANULARITY || offset > v->size || size > v->size - offset)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  if (!find_range((uintptr_t)ptr, size))
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  for (struct falloc *a = g.live; a; a = a->next)
+    if (a->kind == KIND_VMM && (uintptr_t)a->base < (uintptr_t)ptr + size &&
+        (uintptr_t)ptr < (uintptr_t)a->base + a->size)
+      return leave_driver(CUDA_ERROR_INVALID_VALUE); /* mapped already */
+  struct falloc *a = calloc(1, sizeof *a);
+  if (!a)
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  /* No access until cuMemSetAccess. */
+  void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+                 MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset);
+  if (p == MAP_FAILED) {
+    free(a);
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  a->base = p;
+  a->size = size;
+  a->device = v->device;
+  a->kind = KIND_VMM;
+  a->state = ALLOC_LIVE;
+  a->next = g.live;
+  if (g.live)
+    g.live->prev = a;
+  g.live = a;
+  a->vmm = v;
+  v->maps++;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_set_access(CUdeviceptr ptr, size_t size,
+                                          const CUmemAccessDesc *desc,
+                                          size_t count) {
+  ENTER_DRIVER_OR_RETURN("cuMemSetAccess");
+  struct falloc *a = find_mapping((uintptr_t)ptr, size);
+  if (!a || !desc || count == 0)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  int prot = PROT_NONE;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_device(desc[i].location.id))
+      return leave_driver(CUDA_ERROR_INVALID_VALUE);
+    if (desc[i].location.id == a->device &&
+        desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      prot = PROT_READ | PROT_WRITE;
+    else if (desc[i].location.id == a->device &&
+             desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+      prot = PROT_READ;
+  }
+  if (mprotect(a->base, size, prot) != 0)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_unmap(CUdeviceptr ptr, size_t size) {
+  ENTER_DRIVER_OR_RETURN("cuMemUnmap");
+  struct falloc *a = find_mapping((uintptr_t)ptr, size);
+  if (!a)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  struct fvmm *v = a->vmm;
+  /* The range stays reserved, without access: a use is a VIOLATION (the
+   * quarantine's record) or a fault, never another allocation's memory. */
+  (void)mmap(a->base, size, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  free_now(a);
+  v->maps--;
+  vmm_maybe_gone(v);
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_export_to_shareable_handle(
+    void *shareable, CUmemGenericAllocationHandle handle,
+    CUmemAllocationHandleType type, unsigned long long flags) {
+  ENTER_DRIVER_OR_RETURN("cuMemExportToShareableHandle");
+  struct fvmm *v = live_vmm("cuMemExportToShareableHandle", handle);
+  if (!shareable || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      !v->exportable)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  *(int *)shareable = fd;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+/* The device of a fake shareable allocation's descriptor, from its memfd's
+ * name; -1 if fd is no such descriptor. */
+static int vmm_fd_device(int fd) {
+  char link[64], target[128];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0)
+    return -1;
+  target[n] = '\0';
+  static const char prefix[] = "/memfd:" VMM_NAME;
+  if (strncmp(target, prefix, sizeof prefix - 1) != 0)
+    return -1;
+  const char *d = target + sizeof prefix - 1;
+  if (!isdigit((unsigned char)d[0]))
+    return -1;
+  return atoi(d);
+}
+
+static CUresult CUDAAPI fk_mem_import_from_shareable_handle(
+    CUmemGenericAllocationHandle *handle, void *os_handle,
+    CUmemAllocationHandleType type) {
+  ENTER_DRIVER_OR_RETURN("cuMemImportFromShareableHandle");
+  int fd = (int)(intptr_t)os_handle;
+  if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  int dev = vmm_fd_device(fd);
+  struct stat st;
+  if (dev < 0 || fstat(fd, &st) != 0 || st.st_size <= 0)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  if (!valid_device(dev))
+    return leave_driver(CUDA_ERROR_INVALID_DEVICE);
+  cudaError_t e = sticky(dev);
+  if (e != cudaSuccess)
+    return leave_driver(e);
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0)
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  struct fvmm *v = vmm_new(own, (size_t)st.st_size, dev, 1);
+  if (!v) {
+    close(own);
+    return leave_driver(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_mem_get_allocation_properties_from_handle(
+    CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+  ENTER_DRIVER_OR_RETURN("cuMemGetAllocationPropertiesFromHandle");
+  struct fvmm *v = live_vmm("cuMemGetAllocationPropertiesFromHandle", handle);
+  if (!prop)
+    return leave_driver(CUDA_ERROR_INVALID_VALUE);
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = v->device;
+  if (v->exportable)
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return leave_driver(CUDA_SUCCESS);
+}
+
+/* The virtual memory management calls by name into *fn: 1 if found. */
+typedef void (*any_fn)(void);
+static int vmm_entry(const char *symbol, void **fn) {
+  static const struct {
+    const char *name;
+    any_fn fn;
+  } table[] = {
+      {"cuMemGetAllocationGranularity",
+       (any_fn)fk_mem_get_allocation_granularity},
+      {"cuMemCreate", (any_fn)fk_mem_create},
+      {"cuMemRelease", (any_fn)fk_mem_release},
+      {"cuMemAddressReserve", (any_fn)fk_mem_address_reserve},
+      {"cuMemAddressFree", (any_fn)fk_mem_address_free},
+      {"cuMemMap", (any_fn)fk_mem_map},
+      {"cuMemUnmap", (any_fn)fk_mem_unmap},
+      {"cuMemSetAccess", (any_fn)fk_mem_set_access},
+      {"cuMemExportToShareableHandle",
+       (any_fn)fk_mem_export_to_shareable_handle},
+      {"cuMemImportFromShareableHandle",
+       (any_fn)fk_mem_import_from_shareable_handle},
+      {"cuMemGetAllocationPropertiesFromHandle",
+       (any_fn)fk_mem_get_allocation_properties_from_handle},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(symbol, table[i].name) == 0 && g.vmm) {
+      memcpy(fn, &table[i].fn, sizeof *fn);
+      return 1;
+    }
+  return 0;
+}
+
 static cudaError_t
 fk_get_driver_entry_point(const char *symbol, void **func,
                           unsigned int cuda_version, unsigned long long flags,
@@ -1833,6 +2239,8 @@ fk_get_driver_entry_point(const char *symbol, void **func,
                           void **) = fk_drv_launch_kernel_ex;
     result = cudaDriverEntryPointSuccess;
     memcpy(&fn, &launch_ex, sizeof fn);
+  } else if (vmm_entry(symbol, &fn)) {
+    result = cudaDriverEntryPointSuccess;
   } else if (strcmp(symbol, "cuLibraryGetModule") == 0) {
     CUresult (*get_module)(CUmodule *, CUlibrary) = fk_library_get_module;
     result = cuda_version < 12000 ? cudaDriverEntryPointVersionNotSufficent
@@ -1938,7 +2346,8 @@ static cudaError_t fk_pointer_get_attributes(struct cudaPointerAttributes *attr,
   attr->device = a->device;
   attr->devicePointer = (void *)ptr;
   switch (a->kind) {
-  case KIND_DEVICE: attr->type = cudaMemoryTypeDevice; break;
+  case KIND_DEVICE:
+  case KIND_VMM: attr->type = cudaMemoryTypeDevice; break;
   case KIND_PINNED:
     attr->type = cudaMemoryTypeHost;
     attr->hostPointer = (void *)ptr;
@@ -4470,6 +4879,12 @@ FAKE_EXPORT void fake_set_driver(enum fake_driver state) {
   unlock();
 }
 
+FAKE_EXPORT void fake_set_vmm(int offered) {
+  lock();
+  g.vmm = offered != 0;
+  unlock();
+}
+
 FAKE_EXPORT void fake_set_driver_launch(int offered) {
   lock();
   g.driver_launch = offered != 0;
@@ -4706,6 +5121,16 @@ FAKE_EXPORT void fake_log_clear(void) {
   lock();
   log_free();
   unlock();
+}
+
+FAKE_EXPORT size_t fake_live_vmm_handles(int device) {
+  lock();
+  size_t n = 0;
+  for (struct fvmm *v = g_vmms; v; v = v->next)
+    if (!v->released && (device < 0 || v->device == device))
+      n++;
+  unlock();
+  return n;
 }
 
 FAKE_EXPORT size_t fake_live_allocations(int device) {

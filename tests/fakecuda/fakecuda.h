@@ -72,6 +72,21 @@ void fake_set_device_count(int n); /* 0..8; default 2 */
  * and leave cudaGetLastError's error as it was.  Must be set before the
  * library's first call (or after fake_reset). */
 void fake_set_driver_launch(int offered);
+/* Whether the virtual memory management calls (cuMemCreate,
+ * cuMemAddressReserve, cuMemMap, cuMemSetAccess, cuMemUnmap,
+ * cuMemAddressFree, cuMemRelease, cuMemGetAllocationGranularity,
+ * cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
+ * cuMemGetAllocationPropertiesFromHandle) are offered through
+ * cudaGetDriverEntryPointByVersion (default 1).  Their memory is a memfd
+ * named "fakecuda-vmm-<device>", of a granularity of 2 MiB: it travels to
+ * other processes as a file descriptor (POSIX handles only) and lives,
+ * as on a GPU, while any process holds a handle to it or maps it; a
+ * process's mappings are allocations of this fake (checked as cudaMalloc's
+ * are: a queued use after cuMemUnmap is a VIOLATION), without guard bytes,
+ * never poisoned.  Importing a descriptor that is no such memfd:
+ * CUDA_ERROR_INVALID_VALUE.  Must be set before the library's first call
+ * (or after fake_reset). */
+void fake_set_vmm(int offered);
 /* Whether devices can reach each other's memory (cudaDeviceCanAccessPeer;
  * default 1, for every pair).  With 0, cudaDeviceEnablePeerAccess answers
  * cudaErrorPeerAccessUnsupported and cudaMemPoolSetAccess for another
@@ -419,6 +434,9 @@ void fake_log_clear(void);
  * leaves them counted), streams not destroyed or not yet drained, events
  * not destroyed.  All 0 after the teardown. */
 size_t fake_live_allocations(int device); /* device, pinned and managed */
+/* Handles of cuMemCreate and cuMemImportFromShareableHandle not released
+ * yet (device -1: of every device). */
+size_t fake_live_vmm_handles(int device);
 size_t fake_live_bytes(int device);
 size_t fake_live_streams(int device);
 /* A stream of `device` made by another library in the process, made and

@@ -2004,6 +2004,58 @@ static void op_tensor(struct th *t) { (void)t; }
 static void helper_join(struct th *t) { (void)t; }
 #endif
 
+/* Memory shared between processes: a new shareable buffer joins the pool,
+ * and is exported at once, or a buffer of the pool is (refused unless it
+ * is shareable); the description is imported as another process would
+ * (its process renamed), and the imported buffer joins the pool too. */
+static void op_shareable(struct th *t) {
+  struct ent ce, be;
+  int held, bheld;
+  int how = u8(&t->r) % 3;
+  cusafe_buffer b = 42;
+  if (how < 2) {
+    cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+    size_t size = alloc_size(t);
+    cusafe_status st = check_out(cusafe_buffer_alloc_shareable(&b, c, size), b,
+                                 T_BUF, "cusafe_buffer_alloc_shareable");
+    if (st != CUSAFE_SUCCESS) {
+      if (size == 0 && st != CUSAFE_ERROR_INVALID_SIZE && held)
+        die("a shareable buffer of 0 bytes: %s", cusafe_status_string(st));
+      return;
+    }
+    if (size == 0 || size > MAX_ALLOC)
+      die("cusafe_buffer_alloc_shareable accepted size %zu", size);
+    check_buffer(b, size, ce.dev);
+    be = (struct ent){.dev = ce.dev, .size = size};
+    bheld = held;
+    keep(b, T_BUF, &be);
+    if (how == 0)
+      return;
+  } else {
+    b = choose(t, T_BUF, -1, &be, &bheld);
+  }
+  cusafe_ipc_desc d;
+  cusafe_status st = cusafe_buffer_export(&d, b);
+  if (st != CUSAFE_SUCCESS) {
+    if (d.fd != -1)
+      die("a failed cusafe_buffer_export left fd %d", (int)d.fd);
+    return;
+  }
+  d.process ^= 0x5a5a5a5a5a5a5a5aull;
+  cusafe_context c = choose(t, T_CTX, -1, &ce, &held);
+  cusafe_buffer in = 42;
+  st = check_out(cusafe_buffer_import(&in, c, &d), in, T_BUF,
+                 "cusafe_buffer_import");
+  close(d.fd);
+  if (st == CUSAFE_SUCCESS) {
+    if (held && bheld && t->strict && ce.dev != be.dev)
+      die("memory of device %d imported on device %d", be.dev, ce.dev);
+    check_buffer(in, (size_t)d.size, ce.dev);
+    struct ent e = {.dev = ce.dev, .size = (size_t)d.size};
+    keep(in, T_BUF, &e);
+  }
+}
+
 static int is_default_stream(const void *raw) {
   return !raw || raw == cudaStreamLegacy || raw == cudaStreamPerThread;
 }
@@ -2015,7 +2067,8 @@ static int is_default_stream(const void *raw) {
 static void op_foreign(struct th *t) {
   struct ent ce, se;
   int held, sheld;
-  switch (u8(&t->r) % 5) {
+  switch (u8(&t->r) % 6) {
+  case 5: op_shareable(t); break;
   case 3: op_wrap(t); break;
   case 4:
 #ifdef CUSAFE_HAVE_DLPACK

@@ -74,6 +74,7 @@ def test_constants_mirror_the_header():
 def test_structs_have_the_c_sizes():
     assert ctypes.sizeof(cusafe.Arg) == 16
     assert ctypes.sizeof(cusafe.LaunchConfig) == 40
+    assert ctypes.sizeof(cusafe._capi.IpcDesc) == 80
     config = cusafe.LaunchConfig((1, 2, 3), (4, 5, 6), 7, 8)
     assert list(config.grid) == [1, 2, 3] and list(config.block) == [4, 5, 6]
     assert (config.shared_memory, config.stream) == (7, 8)

@@ -24,6 +24,7 @@ STRUCTS = {"cusafe_device_properties": cusafe.DeviceProperties,
            "cusafe_arg": cusafe.Arg,
            "cusafe_launch_config": cusafe.LaunchConfig,
            "cusafe_launch_attr": _capi.LaunchAttr,
+           "cusafe_ipc_desc": _capi.IpcDesc,
            "DLDataType": _capi._DLDataType}
 # Types passed as opaque addresses (void *) by the binding.
 OPAQUE = {"void", "cusafe_release_fn", "DLManagedTensorVersioned",
