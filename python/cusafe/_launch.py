@@ -396,7 +396,9 @@ class _PyPrepared:
                           ctypes.c_size_t(len(attrs)), cargs,
                           ctypes.c_size_t(nargs))
 
-    def __call__(self) -> None:
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        if args or kwargs:  # as the C twin says it
+            raise TypeError("%s() takes no arguments" % type(self).__name__)
         st = self._fn(*self._argv)
         if st:
             library().check(st)

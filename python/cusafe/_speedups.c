@@ -720,8 +720,8 @@ context_alloc(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
 	if (nargs > 2) {
 		PyErr_Format(PyExc_TypeError,
-		             "alloc() takes from 1 to 2 positional arguments but "
-		             "%zd were given", nargs);
+		             "Context.alloc() takes from 2 to 3 positional "
+		             "arguments but %zd were given", nargs + 1);
 		return NULL;
 	}
 	if (nargs > 0)
@@ -737,22 +737,22 @@ context_alloc(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 			slot = &memory;
 		if (slot == NULL) {
 			PyErr_Format(PyExc_TypeError,
-			             "alloc() got an unexpected keyword argument "
-			             "'%U'", key);
+			             "Context.alloc() got an unexpected keyword "
+			             "argument '%U'", key);
 			return NULL;
 		}
 		if (*slot != NULL) {
 			PyErr_Format(PyExc_TypeError,
-			             "alloc() got multiple values for argument '%U'",
-			             key);
+			             "Context.alloc() got multiple values for "
+			             "argument '%U'", key);
 			return NULL;
 		}
 		*slot = args[nargs + i];
 	}
 	if (size == NULL) {
 		PyErr_SetString(PyExc_TypeError,
-		                "alloc() missing 1 required positional argument: "
-		                "'size'");
+		                "Context.alloc() missing 1 required positional "
+		                "argument: 'size'");
 		return NULL;
 	}
 	/* The checks of the ctypes path, in its order: kind, size, then the
@@ -947,9 +947,12 @@ scalar_of(PyObject *a, int kind, speedups_arg *arg)
 /* The cusafe_arg of one argument; FALLBACK where the ctypes path must
  * convert it, FOREIGN for an object of another type (perhaps another
  * library's array: see wrap_foreign); -1 with ValueError for a closed
- * Buffer (as the ctypes path: its handle is read first). */
+ * Buffer (as the ctypes path: its handle is read first).  The bytes of a
+ * Bytes argument are held in the list *keep (made on first use), which
+ * the caller drops after the launch: Python code that runs before it
+ * (another array's wrap) may replace the Bytes object's data. */
 static int
-arg_of(PyObject *a, speedups_arg *arg)
+arg_of(PyObject *a, speedups_arg *arg, PyObject **keep)
 {
 	PyTypeObject *t = Py_TYPE(a);
 	arg->size = 0;
@@ -987,9 +990,16 @@ arg_of(PyObject *a, speedups_arg *arg)
 			return FALLBACK;
 		}
 		int r = FALLBACK;
-		/* The Bytes object holds data for the call (args holds it). */
 		if (PyBytes_CheckExact(data) &&
 		    PyBytes_GET_SIZE(data) <= (Py_ssize_t)UINT32_MAX) {
+			if (*keep == NULL && (*keep = PyList_New(0)) == NULL) {
+				Py_DECREF(data);
+				return -1;
+			}
+			if (PyList_Append(*keep, data) < 0) {
+				Py_DECREF(data);
+				return -1;
+			}
 			arg->kind = ARG_BYTES;
 			arg->size = (uint32_t)PyBytes_GET_SIZE(data);
 			arg->value.bytes = PyBytes_AS_STRING(data);
@@ -1255,8 +1265,9 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 		}
 	}
 	size_t foreign = 0;
+	PyObject *keep = NULL; /* the bytes of Bytes arguments */
 	for (size_t i = 0; r == 0 && i < n; i++) {
-		r = arg_of(args[2 + i], &cargs[i]);
+		r = arg_of(args[2 + i], &cargs[i], &keep);
 		if (r == FOREIGN) {
 			cargs[i].kind = 0;
 			foreign++;
@@ -1279,8 +1290,10 @@ kernel_launch(PyObject *op, PyObject *const *args, size_t nargsf,
 		                  n ? cargs : NULL, n);
 	if (cargs != stack)
 		PyMem_Free(cargs);
-	/* The launch's queued work holds the wrapped memory now. */
+	/* The launch's queued work holds the wrapped memory now, and the
+	 * launch copied the bytes. */
 	Py_XDECREF(wrapped);
+	Py_XDECREF(keep);
 	if (r < 0)
 		return NULL;
 	if (r == FALLBACK)

@@ -49,12 +49,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(pure):
+def run(pure, script=SCRIPT):
     env = dict(os.environ)
     env.pop("CUSAFE_PURE_PYTHON", None)
     if pure:
         env["CUSAFE_PURE_PYTHON"] = "1"
-    p = subprocess.run([sys.executable, "-c", SCRIPT], env=env,
+    p = subprocess.run([sys.executable, "-c", script], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        universal_newlines=True)
     assert p.returncode == 0, p.stderr
@@ -457,3 +457,67 @@ def test_launches_of_the_common_cases_stay_in_c(ctx, monkeypatch):
         register(_launch._launch_py)
     b.close()
     s.close()
+
+
+@needs_fake
+def test_bytes_kept_while_arrays_are_wrapped(ctx):
+    """Python code that runs while a later argument, another library's
+    array, is wrapped may replace a Bytes argument's data: the launch still
+    passes the bytes it was given."""
+    import array
+    import struct
+    from conftest import last_launch_args
+
+    class Swapper:
+        def __init__(self, buf, victim):
+            self.buf, self.victim = buf, victim
+            self.junk = []
+
+        @property
+        def __cuda_array_interface__(self):
+            self.victim.data = b"\0" * 8  # frees the bytes given
+            self.junk = [bytes([0x41]) * 8 for _ in range(1000)]
+            return {"shape": (8,), "typestr": "<f4",
+                    "data": (self.buf.interop_pointer(), False),
+                    "version": 3, "strides": None, "stream": None}
+
+    m = ctx.compile('extern "C" __global__ void k(long long a, float *p) {}',
+                    "k.cu")
+    k = m.kernel("k")
+    buf = cusafe.Buffer.from_host(ctx, array.array("f", [0.0] * 8))
+    b = cusafe.Bytes(struct.pack("<q", 0x1122334455667788))
+    k.launch(1, 1, b, Swapper(buf, b))
+    assert last_launch_args()[:8] == struct.pack("<q", 0x1122334455667788)
+    ctx.synchronize()
+
+
+CALLS = textwrap.dedent("""
+    import cusafe
+    ctx = cusafe.Context(0)
+    k = ctx.compile('extern "C" __global__ void k(int a) {}', "k.cu").kernel("k")
+    p = k.prepare(1, 1, cusafe.I32(1))
+    calls = [lambda: ctx.alloc(), lambda: ctx.alloc(1, 0, 3),
+             lambda: ctx.alloc(1, foo=2), lambda: ctx.alloc(1, size=2),
+             lambda: ctx.alloc(memory=0), lambda: p(1), lambda: p(x=1)]
+    for call in calls:
+        try:
+            call()
+            print("no error")
+        except TypeError as e:
+            print(e)
+    print(cusafe.implementation())
+""")
+
+
+def test_call_shape_errors_alike():
+    """Calls of the wrong shape say the same both ways."""
+    try:
+        import cusafe._speedups  # noqa: F401
+    except ImportError:
+        pytest.skip("cusafe._speedups not built: only the ctypes path ran")
+    pure, c = run(True, CALLS), run(False, CALLS)
+    assert pure[-1] == "python" and c[-1] == "c"
+    assert pure[:-1] == c[:-1]
+    assert pure[1] == ("Context.alloc() takes from 2 to 3 positional "
+                       "arguments but 4 were given")
+    assert pure[5] == "PreparedLaunch() takes no arguments"
