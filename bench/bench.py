@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """bench.py -- kernel launches and small allocations from Python: cusafe's
-ctypes binding next to CuPy and cuda.core.
+package, with its C accelerator (cusafe._speedups) and on ctypes alone,
+next to CuPy and cuda.core.
 
     PYTHONPATH=python CUSAFE_LIBRARY=.libs/libcusafe.so \\
         python3 bench/bench.py [--quick] [--only=launch,alloc,extra] [--samples=N]
-                               [--csv[=FILE]] [--device=N]
+                               [--csv[=FILE]] [--device=N] [--one]
+
+Both implementations: the package as imported (with the accelerator where
+it is built, unless CUSAFE_PURE_PYTHON=1) is timed interleaved with the
+peers; the other one (CUSAFE_PURE_PYTHON=1, or without it) runs the same
+rows first, in a child process, and its rows are printed beside them,
+labelled "cusafe (C)" and "cusafe (ctypes)".  --one times the imported one
+alone.  The targets belong to the accelerator's rows.
 
 launch: c = a + b on 1024 floats (so small that the launch cost is all
 there is), as cusafe's built-in cusafe_vecadd_f32 through the binding, and
@@ -28,11 +36,14 @@ import argparse
 import array
 import ctypes
 import gc
+import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 N = 1024                 # floats per vector
@@ -88,8 +99,13 @@ def fmt(x):
     return "%.3f" % x
 
 
-ROW = "  %-56s %-26s %12s"
+ROW = "  %-60s %-26s %12s"
 ROWS = []
+VALUES = []  # (group, name, the samples) of each row: a child's output
+# The rows of the other implementation, measured by a child process
+# (other_implementation): {group: [(name, values)]}, and why there are
+# none, if so.
+OTHER = {"rows": {}, "skip": None, "label": None}
 
 
 def group_header(group, what):
@@ -106,6 +122,7 @@ def report(group, name, values, reference=None):
     if reference is not None:
         ratio = stats(reference)["median"] / s["median"]
     ROWS.append((group, name, s, ratio))
+    VALUES.append((group, name, list(values)))
     print(ROW % (name, "%s (%s-%s)" % (fmt(s["median"]), fmt(s["min"]),
                                        fmt(s["max"])),
                  "-" if ratio is None else "%.3f" % ratio))
@@ -113,7 +130,7 @@ def report(group, name, values, reference=None):
 
 
 def skipped(name, why):
-    print("  %-56s skipped: %s" % (name, why))
+    print("  %-60s skipped: %s" % (name, why))
     sys.stdout.flush()
 
 
@@ -179,9 +196,15 @@ def check_result(name, got, want):
 # cusafe
 # --------------------------------------------------------------------------
 
+def label_of(impl):
+    """How the rows name an implementation of the package."""
+    return "cusafe (C)" if impl == "c" else "cusafe (ctypes)"
+
+
 class CusafePeer:
     def __init__(self, cusafe, device, inputs):
         self.cs = cusafe
+        self.label = label_of(cusafe.implementation())
         self.lib = cusafe.library()
         self.ctx = cusafe.Context(device)
         a, b, want = inputs
@@ -221,7 +244,7 @@ class CusafePeer:
         prepare = getattr(self.kernel, "prepare", None)
         if prepare is not None:
             launch = prepare(GRID, BLOCK, self.dc, self.da, self.db, N)
-            name = "cusafe Kernel.prepare(...)() (the binding's fast path)"
+            name = self.label + " Kernel.prepare(...)()"
         else:
             config = cs.LaunchConfig()
             config.grid[:] = (GRID, 1, 1)
@@ -655,11 +678,21 @@ class CudaCorePeer:
 # Groups
 # --------------------------------------------------------------------------
 
+def report_group(group, names, results, own, reference):
+    """Reports the first `own` rows (the package as imported), then the
+    other implementation's rows of `group` (OTHER), then the rest; each
+    ratio against the values `reference`."""
+    rows = list(zip(names, results))
+    rows[own:own] = OTHER["rows"].get(group, [])
+    for name, values in rows:
+        report(group, name, values, reference)
+
+
 def group_launch(cs, cupy_peer, core_peer, samples, batches):
     group_header("launch", "vecadd of %d floats (grid %d x block %d), us "
                  "per launch, host side (%d launches per sample, drained "
                  "every %d)" % (N, GRID, BLOCK, batches * BATCH, BATCH))
-    names, fns = ["cusafe Kernel.launch(grid, block, c, a, b, n)"], \
+    names, fns = [cs.label + " Kernel.launch(grid, block, c, a, b, n)"], \
         [cs.launch_sample(batches)]
     skips = []
     name, fn = cs.prepared_sample(batches)
@@ -667,19 +700,18 @@ def group_launch(cs, cupy_peer, core_peer, samples, batches):
     fns.append(fn)
     if isinstance(cupy_peer, Skip):
         skips.append(("CuPy RawKernel", str(cupy_peer)))
-    else:
+    elif cupy_peer is not None:
         names.append("CuPy %s RawKernel(grid, block, args)"
                      % cupy_peer.version)
         fns.append(cupy_peer.launch_sample(batches))
     if isinstance(core_peer, Skip):
         skips.append(("cuda.core launch", str(core_peer)))
-    else:
+    elif core_peer is not None:
         names.append("cuda.core %s launch(stream, config, kernel, ...)"
                      % core_peer.version)
         fns.append(core_peer.launch_sample(batches))
     results = measure(fns, samples, 2)
-    for name, values in zip(names, results):
-        report("launch", name, values, results[0])
+    report_group("launch", names, results, 2, results[0])
     floor = measure([cs.ctypes_floor_sample(batches)], samples, 1)[0]
     report("launch", "(reference) an empty ctypes call into libcusafe",
            floor)
@@ -691,7 +723,7 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
     for size, label in ((256, "256 B"), (64 * 1024, "64 KiB")):
         group_header("alloc", "one device allocation of %s and its release, "
                      "us, host side (%d per sample)" % (label, count))
-        names = ["cusafe ctx.alloc(size).close()",
+        names = [cs.label + " ctx.alloc(size).close()",
                  "cusafe, ctypes calls of buffer_alloc + buffer_release",
                  "  the same, a new c_uint64 and byref() per allocation"]
         fns = [cs.alloc_sample(size, count), cs.alloc_raw_sample(size, count),
@@ -699,7 +731,7 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
         skips = []
         if isinstance(cupy_peer, Skip):
             skips.append(("CuPy cupy.empty", str(cupy_peer)))
-        else:
+        elif cupy_peer is not None:
             for name, allocator in cupy_peer.allocators(skips):
                 try:
                     cupy_peer.check_allocator(allocator)
@@ -713,7 +745,7 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
                     allocator))
         if isinstance(core_peer, Skip):
             skips.append(("cuda.core Device.allocate", str(core_peer)))
-        else:
+        elif core_peer is not None:
             fn = core_peer.alloc_sample(size, count)
             try:
                 fn()
@@ -723,8 +755,7 @@ def group_alloc(cs, cupy_peer, core_peer, samples, count):
                 skips.append(("cuda.core dev.allocate(size).close()",
                               "%s: %s" % (type(e).__name__, e)))
         results = measure(fns, samples, 2)
-        for name, values in zip(names, results):
-            report("alloc " + label, name, values, results[0])
+        report_group("alloc " + label, names, results, 1, results[0])
         for name, why in skips:
             skipped(name, why)
 
@@ -734,44 +765,61 @@ def group_extra(cs, samples, batches, count):
                  "(%d per sample); an empty kernel of 16 parameters (4 "
                  "buffers, 12 ints; %d launches per sample)"
                  % (count, batches * BATCH))
+    other = OTHER["rows"].get("extra", [])
     results = measure([cs.refcount_sample(count)], samples, 1)
-    report("extra", "cusafe retain_handle + release_handle", results[0])
+    report("extra", cs.label + " retain_handle + release_handle", results[0])
+    for name, values in other:
+        if "retain_handle" in name:
+            report("extra", name, values)
     try:
         launched, prepared = cs.empty16_samples(batches)
     except cs.cs.CusafeError as e:
         skipped("empty kernel, 16 parameters", str(e))
         return
     results = measure([launched, prepared], samples, 2)
-    report("extra", "cusafe Kernel.launch, empty kernel, 16 args",
+    report("extra", cs.label + " Kernel.launch, empty kernel, 16 args",
            results[0], results[0])
-    report("extra", "cusafe Kernel.prepare(...)(), empty kernel, 16 args",
-           results[1], results[0])
+    report("extra", cs.label + " Kernel.prepare(...)(), empty kernel, 16 "
+           "args", results[1], results[0])
+    for name, values in other:
+        if "retain_handle" not in name:
+            report("extra", name, values, results[0])
 
 
-# The targets: (the row measured, the row it is compared with, the most
-# the ratio of their medians may be), matched by the rows' names.
+# The targets, the accelerator's: (the group, the row measured, the row it
+# is compared with, the most the ratio of their medians may be), matched by
+# the start of the rows' names; with None for the row compared with, the
+# most its median may be, in us.
 TARGETS = [
-    ("launch", "cusafe Kernel.prepare", "cuda.core", 0.85),
-    ("launch", "cusafe Kernel.launch", "cuda.core", 1.00),
+    ("launch", "cusafe (C) Kernel.launch", "cuda.core", 0.90),
+    ("launch", "cusafe (C) Kernel.launch", "CuPy", 0.85),
+    ("launch", "cusafe (C) Kernel.prepare", "cuda.core", 0.80),
 ]
 for _size in ("256 B", "64 KiB"):
-    TARGETS += [("alloc " + _size, "cusafe ctx.alloc", "cuda.core", 1.00),
-                ("alloc " + _size, "cusafe ctx.alloc",
-                 "CuPy cupy.empty + del, caching pool", 1.00)]
+    TARGETS += [("alloc " + _size, "cusafe (C) ctx.alloc", "cuda.core", 0.80),
+                ("alloc " + _size, "cusafe (C) ctx.alloc",
+                 "CuPy cupy.empty + del, caching pool", 0.80)]
+TARGETS += [("extra", "cusafe (C) retain_handle + release_handle", None,
+             0.25)]
 
 
 def report_targets():
     """Prints each target's ratio with "met" or "NOT met", as bench/bench
     does; a target whose rows were not measured is listed as skipped."""
     met, missed = 0, []
-    print("\ntargets (ratio of medians, cusafe / peer):")
+    print("\ntargets (ratio of medians, cusafe / peer; or us):")
     for group, mine, peer, limit in TARGETS:
         rows = [r for r in ROWS if r[0] == group]
         a = next((r[2]["median"] for r in rows if r[1].startswith(mine)),
                  None)
-        b = next((r[2]["median"] for r in rows if r[1].startswith(peer)),
-                 None)
-        what = "[%s] %s / %s" % (group, mine, peer)
+        if peer is None:
+            what = "[%s] %s" % (group, mine)
+            b, unit = 1.0, " us"
+        else:
+            what = "[%s] %s / %s" % (group, mine, peer)
+            b = next((r[2]["median"] for r in rows
+                      if r[1].startswith(peer)), None)
+            unit = "x"
         if a is None or b is None:
             print("  %-70s skipped (not measured)" % what)
             continue
@@ -780,16 +828,52 @@ def report_targets():
         met += ok
         if not ok:
             missed.append(what)
-        print("  %-70s %.3f  <=%.2fx %s" % (what, ratio, limit,
-                                          "met" if ok else "NOT met"))
+        print("  %-70s %.3f  <=%.2f%s %s" % (what, ratio, limit, unit,
+                                           "met" if ok else "NOT met"))
     print("targets: %d met, %d NOT met" % (met, len(missed)))
     for what in missed:
         print("  NOT met: " + what)
 
 
+def run_other(impl, groups, opt, samples):
+    """Times the other implementation than `impl` (the one imported) in a
+    child process, first, into OTHER: the package cannot switch within a
+    process, since its classes are built on the one chosen at import.
+    Fails (exit 2) where the child fails; OTHER["skip"] says why there are
+    no rows where the other implementation cannot run here."""
+    other = "python" if impl == "c" else "c"
+    OTHER["label"] = label_of(other)
+    env = dict(os.environ)
+    if other == "python":
+        env["CUSAFE_PURE_PYTHON"] = "1"
+    else:
+        env.pop("CUSAFE_PURE_PYTHON", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, os.path.abspath(__file__),
+               "--rows-to=" + out, "--implementation=" + other,
+               "--only=" + ",".join(groups), "--samples=%d" % samples,
+               "--device=%d" % opt.device] + (["--quick"] if opt.quick
+                                              else [])
+        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, universal_newlines=True)
+        why = r.stderr.strip().replace("bench.py: ", "")
+        if r.returncode == 77:
+            OTHER["skip"] = why
+            return
+        if r.returncode != 0:
+            fail("%s, in a child process (exit %d): %s"
+                 % (OTHER["label"], r.returncode, why))
+        with open(out) as f:
+            data = json.load(f)
+    for group, name, values in data["rows"]:
+        OTHER["rows"].setdefault(group, []).append((name, values))
+
+
 def main():
     parser = argparse.ArgumentParser(
-        description="cusafe's Python binding next to CuPy and cuda.core")
+        description="cusafe's Python package, with its C accelerator and on "
+        "ctypes alone, next to CuPy and cuda.core")
     parser.add_argument("--quick", action="store_true",
                         help="fewer samples and launches")
     parser.add_argument("--only", default=None,
@@ -801,6 +885,14 @@ def main():
                         help="also write the rows as CSV (to FILE, or to "
                         "stdout after the table)")
     parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--one", action="store_true",
+                        help="time the implementation imported only, not "
+                        "the other one too")
+    # The child process of run_other: the implementation it must run, and
+    # the file that takes its rows.
+    parser.add_argument("--implementation", choices=("c", "python"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--rows-to", default=None, help=argparse.SUPPRESS)
     opt = parser.parse_args()
 
     groups = ["launch", "alloc", "extra"]
@@ -827,6 +919,17 @@ def main():
     except ImportError as e:
         fail("cannot import the binding (%s); install it (make install, pip "
              "install ./python) or set PYTHONPATH to python/" % e)
+    impl = cusafe.implementation()
+    child = opt.rows_to is not None
+    if child and impl != opt.implementation:
+        try:
+            import cusafe._speedups  # noqa: F401
+            why = "CUSAFE_PURE_PYTHON=1"
+        except ImportError as e:
+            why = "not built for %s (%s)" % (sys.executable, e)
+        print("bench.py: the C accelerator does not run here: %s" % why,
+              file=sys.stderr)
+        return 77
     try:
         ndev = cusafe.device_count()
     except cusafe.NoDeviceError as e:
@@ -838,21 +941,26 @@ def main():
         fail("device %d does not exist (%d found)" % (opt.device, ndev))
 
     start = time.monotonic()
+    if not (child or opt.one):
+        run_other(impl, groups, opt, samples)
     inputs = make_inputs()
     try:
         cs = CusafePeer(cusafe, opt.device, inputs)
     except (cusafe.CusafeError, RuntimeError) as e:
-        fail("cusafe: %s" % e)
-    peers = []
-    for cls in (CupyPeer, CudaCorePeer):
-        try:
-            peers.append(cls(opt.device, inputs))
-        except Skip as e:
-            peers.append(e)
-        except Exception as e:
-            # A peer that runs but computes a wrong sum, or fails in a way
-            # this script does not expect, is reported and left out.
-            peers.append(Skip("%s: %s" % (type(e).__name__, e)))
+        fail("%s: %s" % (label_of(impl), e))
+    peers = [None, None]  # none in a child process
+    if not child:
+        peers = []
+        for cls in (CupyPeer, CudaCorePeer):
+            try:
+                peers.append(cls(opt.device, inputs))
+            except Skip as e:
+                peers.append(e)
+            except Exception as e:
+                # A peer that runs but computes a wrong sum, or fails in a
+                # way this script does not expect, is reported and left
+                # out.
+                peers.append(Skip("%s: %s" % (type(e).__name__, e)))
 
     props = cusafe.device_properties(opt.device)
     print("cusafe Python benchmark: cusafe %s" % cusafe.version())
@@ -864,11 +972,19 @@ def main():
     print("  Python:    %s %s, numpy %s" % (
         platform.python_implementation(), platform.python_version(),
         np.__version__ if np is not None else "not installed"))
+    print("  package:   %s, timed with the peers" % cs.label)
+    if OTHER["label"] is not None:
+        print("  %-11s%s" % ("other:", "%s, timed first in a child "
+                             "process" % OTHER["label"] if not OTHER["skip"]
+                             else "%s skipped: %s" % (OTHER["label"],
+                                                      OTHER["skip"])))
     for name, peer in (("CuPy", peers[0]), ("cuda.core", peers[1])):
-        print("  %-11s%s" % (name + ":", "skipped: %s" % peer
-                            if isinstance(peer, Skip) else peer.version))
+        if peer is not None:
+            print("  %-11s%s" % (name + ":", "skipped: %s" % peer
+                                if isinstance(peer, Skip) else peer.version))
     print("  method:    medians of interleaved samples (%d) with min-max; "
-          "cusafe/this = cusafe's median / this row's" % samples)
+          "cusafe/this = the median of the group's first row / this row's"
+          % samples)
 
     try:
         if "launch" in groups:
@@ -878,9 +994,16 @@ def main():
         if "extra" in groups:
             group_extra(cs, samples, batches, count)
     except cusafe.CusafeError as e:
-        fail("cusafe: %s" % e)
-    report_targets()
+        fail("%s: %s" % (cs.label, e))
     cs.close()
+    if child:
+        with open(opt.rows_to, "w") as f:
+            json.dump({"implementation": impl,
+                       "rows": [[group, name, values]
+                                for group, name, values in VALUES
+                                if name.startswith(cs.label)]}, f)
+        return 0
+    report_targets()
     print("total: %.1f s" % (time.monotonic() - start))
     if opt.csv == "-":
         print()

@@ -4,7 +4,10 @@
 # in examples/python, run in a fresh interpreter against the library built
 # with the fake CUDA and against the real one (skipped without a GPU), and
 # must end with the expected status and nothing on stderr -- no CUDA error,
-# no "fakecuda: VIOLATION", no signal.
+# no "fakecuda: VIOLATION", no signal.  All of it runs against both
+# implementations of the package: "python" (ctypes alone,
+# CUSAFE_PURE_PYTHON=1; labels "name (fake)") and "c" (with the extension
+# cusafe._speedups; labels "name (fake, c)").
 #
 # Environment (set by `make check`):
 #   top_srcdir, top_builddir  the source and build trees
@@ -17,6 +20,11 @@
 #   cusafe_package            the directory holding the package to test
 #                             (default: $top_srcdir/python; make
 #                             installcheck gives the installed one)
+#   cusafe_package_c          the directory of the package with the
+#                             extension (make check: the build tree's
+#                             stage; make installcheck: the installed
+#                             one); unset or empty where it was not built:
+#                             the "c" runs are skipped
 # and those of tests/exit/common.sh.  Each run gets the library to test in
 # CUSAFE_LIBRARY, and the package's directory in PYTHONPATH.
 set -u
@@ -34,12 +42,32 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 	exit 77
 fi
 
-package_dir=${cusafe_package:-$top_srcdir/python}
-PYTHONPATH=$package_dir${PYTHONPATH:+:$PYTHONPATH}
+python_package=${cusafe_package:-$top_srcdir/python}
+c_package=${cusafe_package_c:-}
+outer_path=${PYTHONPATH:-}
 # No __pycache__ in the source tree (read-only under make distcheck).
 PYTHONDONTWRITEBYTECODE=1
-export PYTHONPATH PYTHONDONTWRITEBYTECODE
+export PYTHONDONTWRITEBYTECODE
 unset PYTHONWARNINGS
+
+# use_implementation IMPL: the package and environment of "python" or "c".
+use_implementation() {
+	case $1 in
+	python)
+		package_dir=$python_package
+		CUSAFE_PURE_PYTHON=1
+		label_extra=
+		;;
+	c)
+		package_dir=$c_package
+		CUSAFE_PURE_PYTHON=
+		label_extra=c
+		;;
+	esac
+	PYTHONPATH=$package_dir${outer_path:+:$outer_path}
+	export PYTHONPATH CUSAFE_PURE_PYTHON
+}
+use_implementation python
 
 scen=$top_srcdir/tests/exit/scenario.py
 examples=$top_srcdir/examples/python
@@ -59,17 +87,23 @@ for f in "$fake_library" "$real_library"; do
 	fi
 done
 
-# The package imported is the one under test.
-run "CUSAFE_LIBRARY=$fake_library" "$PYTHON" -c \
-	'import cusafe, os; print(os.path.dirname(os.path.dirname(os.path.realpath(cusafe.__file__))))'
-if test "$status" = 0 &&
-	test "$(cat "$out")" = "$(cd "$package_dir" && pwd -P)"; then
-	report PASS "package ($package_dir)"
-else
-	report FAIL "package" "cusafe was not imported from $package_dir"
+# The package imported is the one under test, and runs on the
+# implementation under test.
+check_package() {
+	impl=$1
+	run "CUSAFE_LIBRARY=$fake_library" "$PYTHON" -c \
+		'import cusafe, os; print(os.path.dirname(os.path.dirname(os.path.realpath(cusafe.__file__)))); print(cusafe.implementation())'
+	if test "$status" = 0 &&
+		test "$(sed -n 1p "$out")" = "$(cd "$package_dir" && pwd -P)" &&
+		test "$(sed -n 2p "$out")" = "$impl"; then
+		report PASS "package ($package_dir, $impl)"
+		return 0
+	fi
+	report FAIL "package ($impl)" "cusafe was not imported from $package_dir, or does not run on $impl"
 	show_output
-	finish
-fi
+	return 1
+}
+check_package python || finish
 
 # Is there a GPU?  Ask the real library once.
 run "CUSAFE_LIBRARY=$real_library" "$PYTHON" "$scen" probe
@@ -83,6 +117,8 @@ case $status in
 	;;
 esac
 
+# Every scenario, against the implementation in use (use_implementation).
+scenarios() {
 # The binding's structs have the C compiler's layout.
 layout_c=$top_builddir/tests/exit_c_fake
 if test -x "$layout_c"; then
@@ -206,5 +242,14 @@ for example in vecadd leaky_exit; do
 		"exact:cusafe: no CUDA device found" "" 1 -- \
 		-c "$nodriver" 2 "$examples/$example.py"
 done
+}
+
+scenarios
+if test -z "$c_package"; then
+	report SKIP "all (c)" "cusafe._speedups was not built"
+else
+	use_implementation c
+	check_package c && scenarios
+fi
 
 finish

@@ -4,6 +4,8 @@
 library's path in it); `pip install ./python` installs the same package
 against an installed libcusafe.  It needs nothing but the standard
 library; numpy arrays work wherever bytes do, through the buffer protocol.
+Its C accelerator, cusafe._speedups, runs the hot paths where it was built
+(implementation() says whether; CUSAFE_PURE_PYTHON=1 turns it off).
 
     import cusafe
 
@@ -60,8 +62,8 @@ from ._capi import (  # noqa: F401
     LibraryNotFoundError, MEMORY_DEVICE, MEMORY_HOST_PINNED, MEMORY_MANAGED,
     Memory, NULL_HANDLE, NoDeviceError, STREAM_NON_BLOCKING, Status,
     _PROTOTYPES, c_enum, c_handle, c_status, device_count, device_properties,
-    handle_type, library, load, release_handle, retain_handle, shutdown,
-    status_string, version)
+    handle_type, implementation, library, load, release_handle,
+    retain_handle, shutdown, status_string, version)
 from ._objects import (  # noqa: F401
     Buffer, Context, Event, Graph, Module, Stream)
 from ._interop import Array, from_dlpack  # noqa: F401
@@ -78,7 +80,7 @@ __all__ = [
     "DeviceProperties", "Arg", "LaunchConfig",
     "load", "library", "status_string", "version", "device_count",
     "device_properties", "shutdown", "release_handle", "retain_handle",
-    "handle_type",
+    "handle_type", "implementation",
     "Context", "Stream", "Event", "Buffer", "Module", "Kernel", "Graph",
     "Array",
     "from_dlpack",

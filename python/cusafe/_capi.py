@@ -10,8 +10,9 @@ import importlib
 import operator
 import os
 import threading
-from typing import (TYPE_CHECKING, Any, Dict, List, NoReturn, Optional,
-                    Tuple, Type, Union, cast)
+from types import ModuleType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
+                    Optional, Tuple, Type, Union, cast)
 
 # --------------------------------------------------------------------------
 # The C interface, mirrored from include/cusafe.h
@@ -438,6 +439,73 @@ def status_string(status: int) -> str:
 
 
 # --------------------------------------------------------------------------
+# The C extension (cusafe._speedups), where it was built
+# --------------------------------------------------------------------------
+
+# The package runs on ctypes alone; the extension, where it imports and
+# CUSAFE_PURE_PYTHON is not "1", takes over the hot paths: the owning
+# objects' handle and release (the C base of Context, Buffer, ...),
+# Context.alloc, retain_handle and release_handle.  It links no libcusafe:
+# load() gives it the addresses of the loaded library's functions, so it
+# calls the same library as ctypes does.  Both ways keep one behaviour: the
+# pure one is the reference.  The choice is made once, at import: the
+# classes are built on it.
+_speedups: Optional[ModuleType] = None
+if os.environ.get("CUSAFE_PURE_PYTHON") != "1":
+    try:
+        _speedups = importlib.import_module("._speedups", __package__)
+    except ImportError:
+        _speedups = None
+
+# The extension's functions for the loaded library; None where the package
+# takes the ctypes path.
+_c_retain: Optional[Callable[[int], int]] = None
+_c_release: Optional[Callable[[int], int]] = None
+
+# The functions whose addresses the extension needs, and those it takes
+# where the library has them (else: a type's release is cusafe_release;
+# the C allocation raises the error of a missing function).
+_SPEEDUPS_FUNCTIONS = ("cusafe_retain", "cusafe_release")
+_SPEEDUPS_OPTIONAL = (
+    "cusafe_context_release", "cusafe_stream_release",
+    "cusafe_event_release", "cusafe_buffer_release",
+    "cusafe_module_release", "cusafe_kernel_release",
+    "cusafe_graph_release", "cusafe_buffer_alloc", "cusafe_kernel_launch",
+    "cusafe_kernel_launch_ex")
+
+
+def _init_speedups(cdll: ctypes.CDLL, path: str) -> None:
+    """Gives the extension the functions of `cdll`, the library just
+    loaded from `path`.  Raises LibraryNotFoundError for a library without
+    cusafe_retain or cusafe_release, which no object could release
+    through."""
+    global _c_retain, _c_release
+    if _speedups is None:
+        return
+    addresses: Dict[str, int] = {}
+    for name in _SPEEDUPS_FUNCTIONS + _SPEEDUPS_OPTIONAL:
+        try:
+            address = ctypes.cast(cdll[name], ctypes.c_void_p).value
+        except AttributeError:
+            address = None
+        if address:
+            addresses[name] = address
+        elif name in _SPEEDUPS_FUNCTIONS:
+            raise LibraryNotFoundError(
+                "%s is no libcusafe: it does not export %s" % (path, name))
+    _speedups.init(addresses)
+    _c_retain = _speedups.retain
+    _c_release = _speedups.release
+
+
+def implementation() -> str:
+    """Which code runs the hot paths: "c" (the extension cusafe._speedups)
+    or "python" (ctypes: no extension built, or CUSAFE_PURE_PYTHON=1 in
+    the environment at import).  Loads nothing."""
+    return "python" if _speedups is None else "c"
+
+
+# --------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------
 
@@ -575,7 +643,9 @@ def load(path: Optional[str] = None) -> Library:
             except OSError as e:
                 tried.append("%s (%s): %s" % (name, origin, e))
                 continue
-            _library = Library(cdll, name)
+            loaded = Library(cdll, name)
+            _init_speedups(cdll, name)
+            _library = loaded
             return _library
         raise LibraryNotFoundError(
             "cannot load libcusafe; tried " + "; ".join(tried) +
@@ -701,6 +771,17 @@ def retain_handle(handle: int) -> None:
     (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
     null handle, SHUTDOWN after shutdown(); TypeError, ValueError or
     OverflowError for a value that is not a 64-bit unsigned int."""
+    fast = _c_retain
+    if fast is not None:
+        try:  # the extension takes ints of 64 bits ...
+            st = fast(handle)
+        except (TypeError, OverflowError):
+            # ... and _unsigned explains the rest as the ctypes path does,
+            # or converts what it takes (numpy.int64: __index__).
+            st = fast(_unsigned(handle, "handle"))
+        if st:
+            library().check(st)
+        return
     try:  # ctypes converts (the common case costs one comparison) ...
         c = c_handle(handle)
     except TypeError:
@@ -721,6 +802,17 @@ def release_handle(handle: int) -> None:
     (0), and any release after shutdown(), is a no-op.  A value that is
     not a 64-bit unsigned int raises TypeError, ValueError or
     OverflowError, and releases nothing."""
+    fast = _c_release
+    if fast is not None:
+        try:  # the extension takes ints of 64 bits ...
+            st = fast(handle)
+        except (TypeError, OverflowError):
+            # ... and _unsigned explains the rest as the ctypes path does,
+            # or converts what it takes (numpy.int64: __index__).
+            st = fast(_unsigned(handle, "handle"))
+        if st:
+            library().check(st)
+        return
     try:  # ctypes converts (the common case costs one comparison) ...
         c = c_handle(handle)
     except TypeError:

@@ -9,15 +9,13 @@ import struct
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional,
                     Sequence, Tuple, Type, Union, cast)
 
-from ._capi import (ArgKind, LaunchAttr, LaunchAttrId, LaunchConfig, _call,
-                    _unsigned, library)
-from ._objects import (Buffer, _encode, _Object, _Owner, _provides,
-                       _stream_handle)
+from ._capi import (Arg, ArgKind, LaunchAttr, LaunchAttrId, LaunchConfig, _call,
+                    _speedups, _unsigned, library)
+from ._objects import (_MEMORY_KINDS, Buffer, Stream, _check_status, _count,
+                       _encode, _Object, _Owner, _provides, _stream_handle)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer as _BufferLike
-
-    from ._objects import Stream
 
     # A grid or block: an int or 1 to 3 ints.
     _Dim = Union[int, Sequence[int]]
@@ -207,13 +205,12 @@ def _pack_args(args: Sequence[Any], stream: Optional[Stream] = None
             keep = (keep or []) + [a.data]
         elif t is bool:
             raise TypeError("argument %d: pass a bool as I32() or U8()" % i)
-        elif _provides(a, "__cuda_array_interface__") or \
-                _provides(a, "__dlpack__"):
+        elif _foreign(a):
             # Another library's array (or a cusafe Array): wrapped for this
             # launch, whose queued work then keeps it alive.  The probe
             # looks at the class: reading a cusafe Array's interface would
             # mark it lent, and its close() would then release nothing.
-            buf = Buffer.wrap(a, stream=stream)
+            buf = _wrap_arg(a, stream)
             fmt += "IIQ"
             values += (_K_BUFFER, 0, buf.handle)
             keep = (keep or []) + [buf]
@@ -370,17 +367,57 @@ def _no_fast(k: Kernel, grid: _Dim, block: _Dim, shared: int,
     return None
 
 
-class PreparedLaunch(_Owner):
+class _PyPrepared:
+    """The ctypes implementation of a PreparedLaunch's call: one ctypes
+    call; _speedups.PreparedObject is its twin in C."""
+
+    __slots__ = ("_fn", "_argv")
+    _fn: Any  # a ctypes function
+    # cusafe_kernel_launch's arguments, or cusafe_kernel_launch_ex's
+    _argv: Tuple[Any, ...]
+
+    def _prepare(self, kernel: int, config: LaunchConfig,
+                 cargs: Optional[bytes], attrs: Optional[Any]) -> None:
+        # A function object of its own with no argtypes, called with ctypes
+        # values made once: ctypes then converts nothing per call.  The
+        # values have the exact C types of cusafe_kernel_launch (or, with
+        # attributes, of cusafe_kernel_launch_ex).
+        nargs = len(cargs) // ctypes.sizeof(Arg) if cargs else 0
+        if attrs is None:
+            self._fn = _raw_launch()
+            self._argv = (ctypes.c_uint64(kernel),
+                          ctypes.c_void_p(ctypes.addressof(config)), cargs,
+                          ctypes.c_size_t(nargs))
+        else:
+            self._fn = _raw_launch_ex()
+            self._argv = (ctypes.c_uint64(kernel),
+                          ctypes.c_void_p(ctypes.addressof(config)),
+                          ctypes.c_void_p(ctypes.addressof(attrs)),
+                          ctypes.c_size_t(len(attrs)), cargs,
+                          ctypes.c_size_t(nargs))
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        if args or kwargs:  # as the C twin says it
+            raise TypeError("%s() takes no arguments" % type(self).__name__)
+        st = self._fn(*self._argv)
+        if st:
+            library().check(st)
+
+
+if TYPE_CHECKING or _speedups is None:
+    _PreparedBase = _PyPrepared
+else:
+    _PreparedBase = _speedups.PreparedObject
+
+
+class PreparedLaunch(_Owner, _PreparedBase):
     """A kernel launch with its configuration and arguments converted once
     (Kernel.prepare); calling it launches again, raising CusafeError on a
     failure.  It keeps the kernel and the argument objects alive.  It
     cannot be copied or pickled (TypeError)."""
 
-    __slots__ = ("_fn", "_argv", "_keep")
+    __slots__ = ("_keep",)
     _holds = "it holds the GPU handles of its kernel and arguments"
-    _fn: Any  # a ctypes function
-    # cusafe_kernel_launch's arguments, or cusafe_kernel_launch_ex's
-    _argv: Tuple[Any, ...]
     _keep: Tuple[Kernel, LaunchConfig, Tuple[Any, ...], Optional[List[Any]],
                  Optional[Any]]
 
@@ -388,32 +425,19 @@ class PreparedLaunch(_Owner):
                  args: Tuple[Any, ...],
                  stream: Optional[Stream] = None,
                  attrs: Optional[Any] = None) -> None:
-        # A function object of its own with no argtypes, called with ctypes
-        # values made once: ctypes then converts nothing per call.  The
-        # values have the exact C types of cusafe_kernel_launch (or, with
-        # attributes, of cusafe_kernel_launch_ex).
         cargs, keep = _pack_args(args, stream)
-        if attrs is None:
-            self._fn = _raw_launch()
-            self._argv = (ctypes.c_uint64(kernel.handle),
-                          ctypes.c_void_p(ctypes.addressof(config)), cargs,
-                          ctypes.c_size_t(len(args)))
-        else:
-            self._fn = _raw_launch_ex()
-            self._argv = (ctypes.c_uint64(kernel.handle),
-                          ctypes.c_void_p(ctypes.addressof(config)),
-                          ctypes.c_void_p(ctypes.addressof(attrs)),
-                          ctypes.c_size_t(len(attrs)), cargs,
-                          ctypes.c_size_t(len(args)))
+        self._prepare(kernel.handle, config, cargs, attrs)
         self._keep = (kernel, config, args, keep, attrs)
 
-    def __call__(self) -> None:
-        st = self._fn(*self._argv)
-        if st:
-            library().check(st)
+
+if TYPE_CHECKING or _speedups is None:
+    _KernelBase = _Object
+else:
+    class _KernelBase(_Object, _speedups.KernelObject):
+        __slots__ = ()
 
 
-class Kernel(_Object):
+class Kernel(_KernelBase):
     """A kernel of a module (Module.kernel), which it keeps alive; queued
     launches keep the kernel and their buffers alive until done.  Every
     launch is checked against the kernel's real parameters (count and
@@ -532,7 +556,9 @@ class Kernel(_Object):
         raises CusafeError (INVALID_CONFIGURATION, INVALID_VALUE or
         NOT_SUPPORTED) with the library's sentence; a flag that is not a
         bool or a priority that is not an int raises TypeError.  These
-        launches take the general path."""
+        launches take the general path of the ctypes implementation; with
+        the C accelerator (implementation() == "c") they are one C call,
+        as the common launches are."""
         if cluster is not None or cooperative is not False or \
                 programmatic_serialization is not False or \
                 priority is not None:
@@ -615,3 +641,29 @@ class Kernel(_Object):
 
     def _describe(self) -> str:
         return self._name
+
+
+def _foreign(a: Any) -> bool:
+    """Whether a launch argument is another library's array (or a cusafe
+    Array), as _pack_args tells them: found on the class, never read."""
+    return _provides(a, "__cuda_array_interface__") or \
+        _provides(a, "__dlpack__")
+
+
+def _wrap_arg(a: Any, stream: Optional[Stream]) -> Buffer:
+    """The Buffer of another library's array for a launch on `stream`, as
+    _pack_args makes it."""
+    return Buffer.wrap(a, stream=stream)
+
+
+if _speedups is not None:
+    # Kernel.launch is _speedups.KernelObject's, in C; the ctypes one above
+    # runs the launches it does not convert itself.
+    _launch_py = Kernel.__dict__["launch"]
+    delattr(Kernel, "launch")
+    setattr(Kernel, "__call__", _speedups.KernelObject.__dict__["launch"])
+    _speedups.setup(check=_check_status, count=_count, kinds=_MEMORY_KINDS,
+                    buffer=Buffer, stream=Stream,
+                    scalars=(I8, U8, I16, U16, I32, U32, I64, U64, F32, F64),
+                    bytes=Bytes, launch=_launch_py, foreign=_foreign,
+                    wrap=_wrap_arg)

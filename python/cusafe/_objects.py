@@ -12,7 +12,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NoReturn,
 
 from ._capi import (EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING,
                     STREAM_NON_BLOCKING, CusafeError, Memory, Status, _c_int,
-                    _call, _index, _unsigned, c_enum, c_handle,
+                    _call, _index, _speedups, _unsigned, c_enum, c_handle,
                     device_properties, library)
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._launch import Kernel
 
 _T = TypeVar("_T", bound="_Object")
+_H = TypeVar("_H", bound="_PyHandle")
 _CtxT = TypeVar("_CtxT", bound="Context")
 _StreamT = TypeVar("_StreamT", bound="Stream")
 _BufT = TypeVar("_BufT", bound="Buffer")
@@ -44,6 +45,8 @@ _exiting: List[bool] = [False]
 
 def _at_exit() -> None:
     _exiting[0] = True
+    if _speedups is not None:
+        _speedups.at_exit()
 
 
 atexit.register(_at_exit)
@@ -105,8 +108,10 @@ def _provides(obj: Any, name: str) -> bool:
     return isinstance(own, dict) and name in own
 
 
-class _Object(_Owner):
-    """An owned reference on one library handle."""
+class _PyHandle(_Owner):
+    """The ctypes implementation of an owned reference on one library
+    handle: the base of _Object where cusafe._speedups is absent (or
+    CUSAFE_PURE_PYTHON=1); _speedups.Object is its twin in C."""
 
     # _cell holds the handle, as a ctypes value, while the object owns its
     # reference: taking it out (list.pop, one step under the GIL) is what
@@ -126,10 +131,6 @@ class _Object(_Owner):
     # ctypes value, so that the collector runs no conversion or module
     # code.
     _release: Any = None
-
-    def __init__(self) -> None:
-        raise TypeError("cusafe.%s objects are made by their own "
-                        "constructors or methods" % type(self).__name__)
 
     def _own(self, handle: Union[int, ctypes.c_uint64]) -> None:
         """Takes over one reference on `handle` (an int, or a c_uint64 that
@@ -155,13 +156,6 @@ class _Object(_Owner):
             # A failure is ignored: after shutdown, or in a forked child,
             # a release is a no-op anyway.
             type(self)._release(c)
-
-    @classmethod
-    def _adopt(cls: Type[_T], handle: int) -> _T:
-        """An object owning `handle`, a reference the caller hands over."""
-        obj = object.__new__(cls)
-        obj._own(handle)
-        return obj
 
     @property
     def handle(self) -> int:
@@ -192,14 +186,6 @@ class _Object(_Owner):
         if status:
             library().check(status)
 
-    def set_label(self: _T, label: Optional[Union[str, bytes]]) -> _T:
-        """Attaches a label (where or why the object was made) that the
-        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it.
-        Raises ValueError for a label with a NUL character."""
-        _call("cusafe_handle_set_label", self.handle,
-              None if label is None else _encode(label, "label"))
-        return self
-
     def detach(self) -> int:
         """Gives up ownership: returns the handle, which the caller must
         release (release_handle()); the object is closed.  Raises
@@ -214,13 +200,57 @@ class _Object(_Owner):
         c.value = 0
         return handle
 
-    def __enter__(self: _T) -> _T:
+    def __enter__(self: _H) -> _H:
         """The object itself: `with` closes it at the end of the block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
         """close(); exceptions of the block propagate."""
         self.close()
+
+
+if TYPE_CHECKING or _speedups is None:
+    _HandleBase = _PyHandle
+else:
+    class _CHandle(_Owner, _speedups.Object):
+        """The C implementation of an owned reference (_speedups.Object:
+        its deallocation releases, so the class has no finalizer)."""
+
+        __slots__ = ()
+        _release_name = "cusafe_release"
+
+        @property
+        def _c(self) -> ctypes.c_uint64:
+            """The handle as a ctypes value (0 once closed), for ctypes
+            calls without argument conversion."""
+            return c_handle(self._live)
+
+    _HandleBase = _CHandle
+
+
+class _Object(_HandleBase):
+    """An owned reference on one library handle."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        raise TypeError("cusafe.%s objects are made by their own "
+                        "constructors or methods" % type(self).__name__)
+
+    @classmethod
+    def _adopt(cls: Type[_T], handle: int) -> _T:
+        """An object owning `handle`, a reference the caller hands over."""
+        obj = object.__new__(cls)
+        obj._own(handle)
+        return obj
+
+    def set_label(self: _T, label: Optional[Union[str, bytes]]) -> _T:
+        """Attaches a label (where or why the object was made) that the
+        leak report (CUSAFE_LEAK_REPORT=1) prints; None removes it.
+        Raises ValueError for a label with a NUL character."""
+        _call("cusafe_handle_set_label", self.handle,
+              None if label is None else _encode(label, "label"))
+        return self
 
     def _describe(self) -> str:
         return ""
@@ -240,6 +270,35 @@ class _Object(_Owner):
 
     def __hash__(self) -> int:
         return hash((type(self), self._handle))
+
+
+def _new_closed(cls: Type[_T]) -> _T:
+    """An object of cls that owns nothing (closed), made without
+    __init__."""
+    obj = object.__new__(cls)
+    if isinstance(obj, _PyHandle):  # the C Object is born closed
+        obj._handle = obj._live = 0
+        obj._c = c_handle(0)
+        obj._cell = []
+    return obj
+
+
+# The bases of Context and Buffer: _Object itself for ctypes; with the C
+# types that hold Context.alloc and a Buffer's size and memory kind
+# otherwise.
+if TYPE_CHECKING or _speedups is None:
+    _ContextBase = _Object
+    _BufferBase = _Object
+    # A Buffer's size and memory kind: slots of the class.
+    _BUFFER_SLOTS: Tuple[str, ...] = ("_size", "_memory")
+else:
+    class _ContextBase(_Object, _speedups.ContextObject):
+        __slots__ = ()
+
+    class _BufferBase(_Object, _speedups.BufferObject):
+        __slots__ = ()
+
+    _BUFFER_SLOTS = ()
 
 
 def _raw_stream(stream: Any) -> int:
@@ -337,7 +396,7 @@ def _check_stream_context(stream: Stream, ctx: Context, what: str) -> None:
                 "context of device %d" % (owner.device, what, ctx.device))
 
 
-class Context(_Object):
+class Context(_ContextBase):
     """A device's context (cusafe_context_create): one per device, shared
     with the CUDA runtime and other libraries (it is the device's primary
     context).  Each Context object holds one reference; the context lives
@@ -405,35 +464,37 @@ class Context(_Object):
         (Event(ctx, timing, blocking_sync))."""
         return Event(self, timing=timing, blocking_sync=blocking_sync)
 
-    def alloc(self, size: int, memory: int = Memory.DEVICE) -> Buffer:
-        """A new Buffer of `size` bytes of `memory` in this context, which
-        the caller owns (Buffer(ctx, size, memory), by the shortest path).
-        Device memory is ordered on the context's default stream.  Raises
-        ValueError for a closed Context, a negative size or an unknown
-        memory kind, TypeError for a size that is not an int,
-        OverflowError for one beyond 64 bits, CusafeError OUT_OF_MEMORY
-        when the device (or host) has no room, NOT_SUPPORTED for managed
-        memory on a device without it."""
-        kind = _MEMORY_KINDS.get(memory)
-        if kind is None:
-            raise ValueError("unknown memory kind %r" % (memory,))
-        fn = _alloc_fn or _bind_alloc()
-        nbytes = _sizes.get(size) if type(size) is int else None
-        if nbytes is None:
-            size = _count(size, "size")
-            nbytes = _size_value(size)
-        out = c_handle()
-        # Ready ctypes values (and the small int kind): nothing to convert.
-        st = fn(_byref(out), self._c, kind, nbytes)
-        if st:
-            _alloc_failed(self, size, st)
-        b = _new_buffer(Buffer)
-        b._handle = b._live = out.value
-        b._c = out
-        b._cell = [out]
-        b._size = size
-        b._memory = kind
-        return b
+    # With cusafe._speedups, alloc is _speedups.ContextObject's, in C.
+    if TYPE_CHECKING or _speedups is None:
+        def alloc(self, size: int, memory: int = Memory.DEVICE) -> Buffer:
+            """A new Buffer of `size` bytes of `memory` in this context, which
+            the caller owns (Buffer(ctx, size, memory), by the shortest path).
+            Device memory is ordered on the context's default stream.  Raises
+            ValueError for a closed Context, a negative size or an unknown
+            memory kind, TypeError for a size that is not an int,
+            OverflowError for one beyond 64 bits, CusafeError OUT_OF_MEMORY
+            when the device (or host) has no room, NOT_SUPPORTED for managed
+            memory on a device without it."""
+            kind = _MEMORY_KINDS.get(memory)
+            if kind is None:
+                raise ValueError("unknown memory kind %r" % (memory,))
+            fn = _alloc_fn or _bind_alloc()
+            nbytes = _sizes.get(size) if type(size) is int else None
+            if nbytes is None:
+                size = _count(size, "size")
+                nbytes = _size_value(size)
+            out = c_handle()
+            # Ready ctypes values (and the small int kind): nothing to convert.
+            st = fn(_byref(out), self._c, kind, nbytes)
+            if st:
+                _alloc_failed(self, size, st)
+            b = _new_buffer(Buffer)
+            b._handle = b._live = out.value
+            b._c = out
+            b._cell = [out]
+            b._size = size
+            b._memory = kind
+            return b
 
     def load_builtin(self) -> Module:
         """The Module of cusafe's built-in kernels (Module.builtin)."""
@@ -712,11 +773,8 @@ class _Capture(_Owner):
         # A closed Graph with an empty cell, until the capture ends well:
         # one whose capture fails stays so (close() finds nothing to
         # release).
-        g = self._graph = object.__new__(Graph)
+        g = self._graph = _new_closed(Graph)
         g._capturing = True
-        g._handle = g._live = 0
-        g._c = c_handle(0)
-        g._cell = []
         return g
 
     def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
@@ -837,7 +895,7 @@ class _HostMemory:
         self.view.release()
 
 
-class Buffer(_Object):
+class Buffer(_BufferBase):
     """Device, pinned host or managed memory (cusafe_buffer_alloc), a view
     of a byte range of another buffer (Buffer.view), or another library's
     memory (Buffer.wrap, from_dlpack).  A buffer keeps its context alive,
@@ -849,7 +907,7 @@ class Buffer(_Object):
 
     # _cai: the Array behind __cuda_array_interface__, kept with the Buffer
     # object, which is what a consumer of the interface holds.
-    __slots__ = ("_size", "_memory", "_cai")
+    __slots__ = ("_cai",) + _BUFFER_SLOTS
     _size: int
     _memory: int
     _cai: Array
@@ -1248,3 +1306,8 @@ class Module(_Object):
 
     def _describe(self) -> str:
         return self._origin
+
+
+def _check_status(status: int) -> None:
+    """Raises the library's error for a failed call (for _speedups)."""
+    library().check(status)

@@ -39,6 +39,9 @@ nskip=0
 gpu_missing=
 # One more NAME=VALUE for the environment of the scenarios run next.
 extra_env=
+# Words added to the labels of the scenarios run next ("c": "name (fake,
+# c)"), where the caller runs them several ways.
+label_extra=
 
 report() { # RESULT LABEL [WHY]
 	if test -n "${3:-}"; then
@@ -189,7 +192,7 @@ scenario() {
 	times=$6
 	shift 7 # the "--" too
 	for variant in $variants; do
-		label="$name ($variant)"
+		label="$name ($variant${label_extra:+, $label_extra})"
 		if test "$variant" = gpu && test -n "$gpu_missing"; then
 			report SKIP "$label" "$gpu_missing"
 			continue
