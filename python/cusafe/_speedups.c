@@ -411,6 +411,86 @@ speedups_release(PyObject *module, PyObject *arg)
 	return st < 0 ? no_init() : PyLong_FromLong(st);
 }
 
+/* The package's retain_handle and release_handle, whose ctypes twins
+ * (set by handle_functions()) run every call this one does not make
+ * itself: a handle that is not an exact int of 64 bits (they convert or
+ * explain it), and any call before init().  A failed status raises the
+ * library's error (py_check), as the twins do. */
+static PyObject *py_retain_handle, *py_release_handle;
+
+static PyObject *
+handle_by_python(PyObject *fn, PyObject *arg)
+{
+	if (fn == NULL) {
+		PyErr_SetString(PyExc_RuntimeError,
+		                "cusafe._speedups.handle_functions() has not "
+		                "been called");
+		return NULL;
+	}
+	return PyObject_CallFunctionObjArgs(fn, arg, NULL);
+}
+
+/* The value of an exact int in 0..2**64-1; 0 (no error set) where the
+ * ctypes twin must take the call. */
+static int
+exact_handle(PyObject *arg, speedups_handle *out)
+{
+	if (!PyLong_CheckExact(arg))
+		return 0;
+	unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+		PyErr_Clear(); /* negative or too big: the twin explains */
+		return 0;
+	}
+	*out = (speedups_handle)v;
+	return 1;
+}
+
+static PyObject *
+speedups_retain_handle(PyObject *module, PyObject *arg)
+{
+	(void)module;
+	speedups_handle h;
+	if (fn_retain == NULL || !exact_handle(arg, &h))
+		return handle_by_python(py_retain_handle, arg);
+	int st = fn_retain(h);
+	if (st != 0)
+		return raise_status(st);
+	Py_RETURN_NONE;
+}
+
+static PyObject *
+speedups_release_handle(PyObject *module, PyObject *arg)
+{
+	(void)module;
+	speedups_handle h;
+	if (fn_releases[KIND_ANY] == NULL || !exact_handle(arg, &h))
+		return handle_by_python(py_release_handle, arg);
+	int st = release_now(KIND_ANY, h);
+	if (st != 0)
+		return raise_status(st);
+	Py_RETURN_NONE;
+}
+
+static PyObject *
+speedups_handle_functions(PyObject *module, PyObject *const *args,
+                          Py_ssize_t nargs)
+{
+	(void)module;
+	if (nargs != 2 || !PyCallable_Check(args[0]) ||
+	    !PyCallable_Check(args[1])) {
+		PyErr_SetString(PyExc_TypeError,
+		                "handle_functions() takes two callables: "
+		                "retain_handle and release_handle");
+		return NULL;
+	}
+	Py_INCREF(args[0]);
+	Py_XSETREF(py_retain_handle, args[0]);
+	Py_INCREF(args[1]);
+	Py_XSETREF(py_release_handle, args[1]);
+	Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------
  * Object: one owned reference on a handle
  * ------------------------------------------------------------------------
@@ -1520,6 +1600,30 @@ static PyMethodDef speedups_methods[] = {
 	 "cusafe_release(handle); returns its status (0: success).  TypeError\n"
 	 "for a handle that is not an int, OverflowError for one outside\n"
 	 "0..2**64-1, RuntimeError before init()."},
+	{"retain_handle", speedups_retain_handle, METH_O,
+	 "retain_handle(handle, /)\n--\n\n"
+	 "Adds a reference to a live handle (an int) of any type\n"
+	 "(cusafe_retain): the caller owns it and must release it\n"
+	 "(release_handle).  Raises CusafeError INVALID_HANDLE for a stale or\n"
+	 "null handle, SHUTDOWN after shutdown(); TypeError, ValueError or\n"
+	 "OverflowError for a value that is not a 64-bit unsigned int."},
+	{"release_handle", speedups_release_handle, METH_O,
+	 "release_handle(handle, /)\n--\n\n"
+	 "Drops one reference of a handle of any type (cusafe_release); the\n"
+	 "last one destroys the object once its children and queued work are\n"
+	 "gone.  Raises CusafeError INVALID_HANDLE for a stale or forged handle\n"
+	 "(a double release is caught, never undefined).  Releasing\n"
+	 "NULL_HANDLE (0), and any release after shutdown(), is a no-op.  A\n"
+	 "value that is not a 64-bit unsigned int raises TypeError, ValueError\n"
+	 "or OverflowError, and releases nothing.  The GIL is released during\n"
+	 "the call."},
+	{"handle_functions",
+	 (PyCFunction)(void (*)(void))speedups_handle_functions, METH_FASTCALL,
+	 "handle_functions(retain_handle, release_handle, /)\n--\n\n"
+	 "The ctypes retain_handle and release_handle, which run the calls\n"
+	 "that retain_handle() and release_handle() here do not make\n"
+	 "themselves (a handle that is not an exact int of 64 bits, a call\n"
+	 "before init())."},
 	{"setup", (PyCFunction)(void (*)(void))speedups_setup,
 	 METH_VARARGS | METH_KEYWORDS,
 	 "setup(*, check, count, kinds, buffer, stream, scalars, bytes, "

@@ -26,6 +26,19 @@ def setup(*, check: Callable[[int], None],
     of other arguments, the function that tells another library's array,
     and the one that wraps it for a launch on a stream."""
 
+def retain_handle(handle: int, /) -> None:
+    """cusafe.retain_handle: one C call for an exact int of 64 bits; the
+    ctypes twin (handle_functions()) takes every other call."""
+
+def release_handle(handle: int, /) -> None:
+    """cusafe.release_handle, without the GIL: one C call for an exact int
+    of 64 bits; the ctypes twin takes every other call."""
+
+def handle_functions(retain_handle: Callable[[int], None],
+                     release_handle: Callable[[int], None], /) -> None:
+    """The ctypes retain_handle and release_handle, which take the calls
+    that this module's do not make themselves."""
+
 def at_exit() -> None:
     """From now on a collected Object releases nothing."""
 

@@ -95,6 +95,62 @@ def test_speedups_arguments():
     assert cusafe.implementation() in ("c", "python")
 
 
+def test_handle_functions_take_exact_ints_themselves(ctx):
+    """cusafe.retain_handle and release_handle are the extension's: an
+    exact int of 64 bits is one C call; every other value goes to the
+    ctypes twins, which convert or explain it."""
+    if cusafe.implementation() != "c":
+        pytest.skip("the package runs on ctypes")
+    from cusafe import _capi, _speedups
+    assert cusafe.retain_handle is _speedups.retain_handle
+    assert cusafe.release_handle is _speedups.release_handle
+    reached = []
+
+    def spy(name, fn):
+        def twin(handle):
+            reached.append((name, handle))
+            return fn(handle)
+        return twin
+
+    class IndexLike:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    h = ctx.alloc(16).detach()
+    _speedups.handle_functions(spy("retain", _capi._retain_handle_py),
+                               spy("release", _capi._release_handle_py))
+    try:
+        cusafe.retain_handle(h)
+        cusafe.release_handle(h)
+        assert reached == []
+        like = IndexLike(h)
+        cusafe.retain_handle(like)
+        cusafe.release_handle(like)
+        assert reached == [("retain", like), ("release", like)]
+        del reached[:]
+        for call, value, error in (
+                (cusafe.retain_handle, -1, ValueError),
+                (cusafe.release_handle, 2**64 + h, OverflowError),
+                (cusafe.release_handle, True, cusafe.CusafeError),
+                (cusafe.retain_handle, "x", TypeError)):
+            with pytest.raises(error):
+                call(value)
+        assert [v for _, v in reached] == [-1, 2**64 + h, True, "x"]
+    finally:
+        _speedups.handle_functions(_capi._retain_handle_py,
+                                   _capi._release_handle_py)
+    cusafe.release_handle(h)
+    with pytest.raises(cusafe.CusafeError) as e:  # stale: the C call's
+        cusafe.release_handle(h)
+    assert e.value.status == cusafe.Status.INVALID_HANDLE
+    for bad in ((), (len,), (len, 1), (len, len, len)):
+        with pytest.raises(TypeError, match="takes two callables"):
+            _speedups.handle_functions(*bad)
+
+
 # --------------------------------------------------------------------------
 # What both implementations promise, tested in the run of each
 # (tests/pytest.sh runs this suite with CUSAFE_PURE_PYTHON=1 and without).
@@ -269,6 +325,16 @@ def test_no_reference_leaks(ctx):
             cusafe.retain_handle(raw)
             cusafe.release_handle(raw)
             cusafe.release_handle(raw)
+            for call, value in ((cusafe.retain_handle, raw),
+                                (cusafe.release_handle, raw),
+                                (cusafe.release_handle, -1),
+                                (cusafe.retain_handle, 2**64),
+                                (cusafe.retain_handle, 1.0)):
+                try:  # a stale handle; values refused by the ctypes twin
+                    call(value)
+                except (cusafe.CusafeError, ValueError, OverflowError,
+                        TypeError):
+                    pass
             for what, value in bad:
                 try:
                     if what == "size":
