@@ -1265,6 +1265,26 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
 CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
                                               cusafe_context ctx,
                                               const cusafe_ipc_desc *desc);
+/* Finds the device, among those this process sees, that holds the memory
+ * a description names (by UUID): the device whose context
+ * cusafe_buffer_import() takes.  Ordinals differ between processes (
+ * CUDA_VISIBLE_DEVICES); UUIDs do not.
+ * Parameters: out [out] the device's ordinal; desc [in] the description
+ *   (its fd is not read).
+ * Returns: CUSAFE_SUCCESS: *out is the device.
+ * Errors: CUSAFE_ERROR_INVALID_VALUE: out or desc is NULL; desc->version
+ *   is not CUSAFE_IPC_VERSION.  CUSAFE_ERROR_INVALID_DEVICE: no device of
+ *   this process has the UUID ("the memory is on device GPU-..., which
+ *   this process does not see").  CUSAFE_ERROR_NO_DRIVER,
+ *   CUSAFE_ERROR_NO_DEVICE, a CUDA failure (cudaGetDeviceCount,
+ *   cudaGetDeviceProperties): as cusafe_device_get_properties().
+ *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
+ *   forked child.  *out is -1 on every failure.
+ * Ownership: nothing is kept.
+ * Handles: none.
+ * Threads: thread-safe. */
+CUSAFE_API cusafe_status cusafe_ipc_device(int *out,
+                                           const cusafe_ipc_desc *desc);
 /* Sends a description and its file descriptor over a connected Unix
  * domain socket (SCM_RIGHTS), in one message; desc->fd stays the
  * caller's to close.

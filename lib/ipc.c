@@ -428,6 +428,38 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   return CUSAFE_SUCCESS;
 }
 
+CUSAFE_API cusafe_status cusafe_ipc_device(int *out,
+                                           const cusafe_ipc_desc *desc) {
+  CS_ENTER_OUT(out, -1);
+  if (!desc)
+    return cs_null("desc");
+  if (desc->version != CUSAFE_IPC_VERSION)
+    return cs_fail(CUSAFE_ERROR_INVALID_VALUE,
+                   "desc has version %u; this cusafe reads version %u",
+                   desc->version, CUSAFE_IPC_VERSION);
+  int count;
+  cusafe_status st = cs_init(&count);
+  if (st != CUSAFE_SUCCESS)
+    return st;
+  for (int d = 0; d < count; d++) {
+    struct cudaDeviceProp prop;
+    cudaError_t err = cs_cu->get_device_properties(&prop, d);
+    if (err != cudaSuccess)
+      return cs_fail_cuda(err, "cudaGetDeviceProperties");
+    if (memcmp(prop.uuid.bytes, desc->device_uuid, sizeof desc->device_uuid) ==
+        0) {
+      *out = d;
+      return CUSAFE_SUCCESS;
+    }
+  }
+  char words[48];
+  uuid_words(desc->device_uuid, words, sizeof words);
+  return cs_fail(CUSAFE_ERROR_INVALID_DEVICE,
+                 "the memory is on device %s, which this process does not "
+                 "see",
+                 words);
+}
+
 /* ---- descriptors over Unix domain sockets -------------------------------- */
 
 /* What travels: a tag, then the description (its fd field as sent). */

@@ -748,6 +748,15 @@ static cusafe_status op_import(struct world *w) {
   return cusafe_buffer_import(&w->out, w->ctx, &shared_desc);
 }
 
+static cusafe_status op_ipc_device(struct world *w) {
+  (void)w;
+  int dev = 7;
+  cusafe_status st = cusafe_ipc_device(&dev, &shared_desc);
+  TU_ASSERT(st == CUSAFE_SUCCESS ? dev == 0 : dev == -1,
+            "status %d left device %d", (int)st, dev);
+  return st;
+}
+
 static cusafe_status op_release_shareable(struct world *w) {
   w->gone = w->tmp;
   w->tmp = CUSAFE_NULL_HANDLE;
@@ -1314,6 +1323,7 @@ static const struct op ops[] = {
     {"cusafe_buffer_alloc_shareable", su_ctx, op_alloc_shareable, OP_CREATES},
     {"cusafe_buffer_export (work queued)", su_shareable, op_export, 0},
     {"cusafe_buffer_import", su_shared_desc, op_import, OP_CREATES},
+    {"cusafe_ipc_device", su_shared_desc, op_ipc_device, 0},
     {"cusafe_buffer_release (shareable memory, work queued)", su_shareable,
      op_release_shareable, OP_CONSUMES},
 #ifdef CUSAFE_HAVE_DLPACK

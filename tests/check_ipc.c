@@ -437,6 +437,48 @@ START_TEST(test_import_refusals) {
 }
 END_TEST
 
+/* The device of a description, found by UUID among the devices this
+ * process sees: that of every device's export; none for a UUID of no
+ * device. */
+START_TEST(test_ipc_device) {
+  int count = 0;
+  TU_OK(cusafe_device_count(&count));
+  for (int dev = 0; dev < count; dev++) {
+    cusafe_context c = CUSAFE_NULL_HANDLE;
+    cusafe_buffer b = CUSAFE_NULL_HANDLE;
+    TU_OK(cusafe_context_create(&c, dev));
+    TU_OK(cusafe_buffer_alloc_shareable(&b, c, 64));
+    cusafe_ipc_desc d;
+    TU_OK(cusafe_buffer_export(&d, b));
+    close(d.fd);
+    d.fd = -1; /* not read */
+    int got = -7;
+    TU_OK(cusafe_ipc_device(&got, &d));
+    ck_assert_int_eq(got, dev);
+    TU_OK(cusafe_buffer_release(b));
+    TU_OK(cusafe_context_release(c));
+    if (dev > 0)
+      continue;
+    cusafe_ipc_desc f = d;
+    f.version = 3;
+    TU_ERR(cusafe_ipc_device(&got, &f), CUSAFE_ERROR_INVALID_VALUE,
+           "desc has version 3; this cusafe reads version 1");
+    ck_assert_int_eq(got, -1);
+    f = d;
+    memset(f.device_uuid, 0xab, sizeof f.device_uuid);
+    got = 5;
+    TU_ERR(cusafe_ipc_device(&got, &f), CUSAFE_ERROR_INVALID_DEVICE,
+           "the memory is on device GPU-abababab-abab-abab-abab-abababababab, "
+           "which this process does not see");
+    ck_assert_int_eq(got, -1);
+    TU_ERR(cusafe_ipc_device(&got, NULL), CUSAFE_ERROR_INVALID_VALUE,
+           "desc is NULL");
+    TU_ERR(cusafe_ipc_device(NULL, &d), CUSAFE_ERROR_INVALID_VALUE,
+           "out is NULL");
+  }
+}
+END_TEST
+
 /* A description travels with its descriptor; what is not one is refused
  * with the socket's story. */
 START_TEST(test_send_recv) {
@@ -882,6 +924,7 @@ static Suite *ipc_suite(void) {
   tcase_add_test(tc, test_alloc_refusals);
   tcase_add_test(tc, test_export_refusals);
   tcase_add_test(tc, test_import_refusals);
+  tcase_add_test(tc, test_ipc_device);
   tcase_add_test(tc, test_send_recv);
   suite_add_tcase(s, tc);
   tc = tcase_create("two");

@@ -307,6 +307,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "cusafe_buffer_import": (c_status, [_P(_h), _h, _P(IpcDesc)]),
     "cusafe_ipc_send": (c_status, [ctypes.c_int, _P(IpcDesc)]),
     "cusafe_ipc_recv": (c_status, [ctypes.c_int, _P(IpcDesc)]),
+    "cusafe_ipc_device": (c_status, [_P(ctypes.c_int), _P(IpcDesc)]),
     "cusafe_python_release": (None, [_vp]),
     # graphs
     "cusafe_stream_begin_capture": (c_status, [_h]),
