@@ -766,7 +766,7 @@ def handle_type(handle: int) -> HandleType:
     return HandleType(t.value)
 
 
-def _retain_handle_py(handle: int) -> None:
+def retain_handle(handle: int) -> None:
     """Adds a reference to a live handle (an int) of any type
     (cusafe_retain): the caller owns it and must release it
     (release_handle).  Raises CusafeError INVALID_HANDLE for a stale or
@@ -795,7 +795,7 @@ def _retain_handle_py(handle: int) -> None:
         library().check(st)
 
 
-def _release_handle_py(handle: int) -> None:
+def release_handle(handle: int) -> None:
     """Drops one reference of a handle of any type (cusafe_release); the
     last one destroys the object once its children and queued work are
     gone.  Raises CusafeError INVALID_HANDLE for a stale or forged handle
@@ -826,12 +826,12 @@ def _release_handle_py(handle: int) -> None:
         library().check(st)
 
 
-# The public names: the extension's functions where it was built (one C
-# call each, for a handle that is an exact int), else the ctypes ones
-# above, which the extension's call for whatever it does not take itself.
-retain_handle: Callable[[int], None] = _retain_handle_py
-release_handle: Callable[[int], None] = _release_handle_py
-if _speedups is not None:
+# The extension's functions, where it was built, take the public names (one
+# C call each for a handle that is an exact int); the ctypes ones above
+# take every other call from them.
+_retain_handle_py = retain_handle
+_release_handle_py = release_handle
+if not TYPE_CHECKING and _speedups is not None:
     _speedups.handle_functions(_retain_handle_py, _release_handle_py)
     retain_handle = _speedups.retain_handle
     release_handle = _speedups.release_handle

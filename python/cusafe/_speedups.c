@@ -307,7 +307,10 @@ raise_status(int status)
 		             "(status %d)", status);
 		return NULL;
 	}
-	PyObject *r = PyObject_CallFunction(py_check, "i", status);
+	PyObject *fn = py_check; /* held: the call may run setup() */
+	Py_INCREF(fn);
+	PyObject *r = PyObject_CallFunction(fn, "i", status);
+	Py_DECREF(fn);
 	if (r == NULL)
 		return NULL;
 	Py_DECREF(r);
@@ -419,7 +422,8 @@ speedups_release(PyObject *module, PyObject *arg)
 static PyObject *py_retain_handle, *py_release_handle;
 
 static PyObject *
-handle_by_python(PyObject *fn, PyObject *arg)
+handle_by_python(PyObject *fn, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
 {
 	if (fn == NULL) {
 		PyErr_SetString(PyExc_RuntimeError,
@@ -427,17 +431,23 @@ handle_by_python(PyObject *fn, PyObject *arg)
 		                "been called");
 		return NULL;
 	}
-	return PyObject_CallFunctionObjArgs(fn, arg, NULL);
+	/* Held through the call, which may run handle_functions(). */
+	Py_INCREF(fn);
+	PyObject *r = PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
+	Py_DECREF(fn);
+	return r;
 }
 
-/* The value of an exact int in 0..2**64-1; 0 (no error set) where the
- * ctypes twin must take the call. */
+/* The value of an exact int in 0..2**64-1, the one positional argument
+ * of a call; 0 (no error set) where the ctypes twin must take the call. */
 static int
-exact_handle(PyObject *arg, speedups_handle *out)
+exact_handle(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+             speedups_handle *out)
 {
-	if (!PyLong_CheckExact(arg))
+	if (nargs != 1 || kwnames != NULL ||
+	    !PyLong_CheckExact(args[0]))
 		return 0;
-	unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+	unsigned long long v = PyLong_AsUnsignedLongLong(args[0]);
 	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
 		PyErr_Clear(); /* negative or too big: the twin explains */
 		return 0;
@@ -447,12 +457,14 @@ exact_handle(PyObject *arg, speedups_handle *out)
 }
 
 static PyObject *
-speedups_retain_handle(PyObject *module, PyObject *arg)
+speedups_retain_handle(PyObject *module, PyObject *const *args,
+                       Py_ssize_t nargs, PyObject *kwnames)
 {
 	(void)module;
 	speedups_handle h;
-	if (fn_retain == NULL || !exact_handle(arg, &h))
-		return handle_by_python(py_retain_handle, arg);
+	if (fn_retain == NULL || !exact_handle(args, nargs, kwnames, &h))
+		return handle_by_python(py_retain_handle, args, nargs,
+		                        kwnames);
 	int st = fn_retain(h);
 	if (st != 0)
 		return raise_status(st);
@@ -460,12 +472,15 @@ speedups_retain_handle(PyObject *module, PyObject *arg)
 }
 
 static PyObject *
-speedups_release_handle(PyObject *module, PyObject *arg)
+speedups_release_handle(PyObject *module, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames)
 {
 	(void)module;
 	speedups_handle h;
-	if (fn_releases[KIND_ANY] == NULL || !exact_handle(arg, &h))
-		return handle_by_python(py_release_handle, arg);
+	if (fn_releases[KIND_ANY] == NULL ||
+	    !exact_handle(args, nargs, kwnames, &h))
+		return handle_by_python(py_release_handle, args, nargs,
+		                        kwnames);
 	int st = release_now(KIND_ANY, h);
 	if (st != 0)
 		return raise_status(st);
@@ -783,7 +798,10 @@ size_of(PyObject *size, unsigned long long *out)
 		                "cusafe._speedups.setup() has not been called");
 		return -1;
 	}
-	PyObject *n = PyObject_CallFunction(py_count, "Os", size, "size");
+	PyObject *fn = py_count; /* held: the call may run setup() */
+	Py_INCREF(fn);
+	PyObject *n = PyObject_CallFunction(fn, "Os", size, "size");
+	Py_DECREF(fn);
 	if (n == NULL)
 		return -1;
 	*out = PyLong_AsUnsignedLongLong(n);
@@ -1109,8 +1127,10 @@ wrap_foreign(PyObject *const *args, speedups_arg *cargs, size_t n,
 	for (size_t i = 0; i < n; i++) {
 		if (cargs[i].kind != 0)
 			continue;
-		PyObject *yes = PyObject_CallFunctionObjArgs(py_foreign, args[i],
-		                                             NULL);
+		PyObject *fn = py_foreign; /* held: it may run setup() */
+		Py_INCREF(fn);
+		PyObject *yes = PyObject_CallFunctionObjArgs(fn, args[i], NULL);
+		Py_DECREF(fn);
 		if (yes == NULL)
 			return -1;
 		int is = PyObject_IsTrue(yes);
@@ -1124,8 +1144,11 @@ wrap_foreign(PyObject *const *args, speedups_arg *cargs, size_t n,
 	for (size_t i = 0; i < n; i++) {
 		if (cargs[i].kind != 0)
 			continue;
+		PyObject *fn = py_wrap; /* held: it may run setup() */
+		Py_INCREF(fn);
 		PyObject *buf = PyObject_CallFunctionObjArgs(
-			py_wrap, args[i], stream ? stream : Py_None, NULL);
+			fn, args[i], stream ? stream : Py_None, NULL);
+		Py_DECREF(fn);
 		if (buf == NULL || PyList_Append(list, buf) < 0) {
 			Py_XDECREF(buf);
 			Py_DECREF(list);
@@ -1289,8 +1312,11 @@ launch_by_ctypes(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	call[0] = op;
 	for (size_t i = 0; i < total; i++)
 		call[i + 1] = args[i];
-	PyObject *res = PyObject_Vectorcall(py_launch, call,
-	                                    (size_t)nargs + 1, kwnames);
+	PyObject *fn = py_launch; /* held: the call may run setup() */
+	Py_INCREF(fn);
+	PyObject *res = PyObject_Vectorcall(fn, call, (size_t)nargs + 1,
+	                                    kwnames);
+	Py_DECREF(fn);
 	if (call != stack_call)
 		PyMem_Free(call);
 	return res;
@@ -1600,15 +1626,19 @@ static PyMethodDef speedups_methods[] = {
 	 "cusafe_release(handle); returns its status (0: success).  TypeError\n"
 	 "for a handle that is not an int, OverflowError for one outside\n"
 	 "0..2**64-1, RuntimeError before init()."},
-	{"retain_handle", speedups_retain_handle, METH_O,
-	 "retain_handle(handle, /)\n--\n\n"
+	{"retain_handle",
+	 (PyCFunction)(void (*)(void))speedups_retain_handle,
+	 METH_FASTCALL | METH_KEYWORDS,
+	 "retain_handle(handle)\n--\n\n"
 	 "Adds a reference to a live handle (an int) of any type\n"
 	 "(cusafe_retain): the caller owns it and must release it\n"
 	 "(release_handle).  Raises CusafeError INVALID_HANDLE for a stale or\n"
 	 "null handle, SHUTDOWN after shutdown(); TypeError, ValueError or\n"
 	 "OverflowError for a value that is not a 64-bit unsigned int."},
-	{"release_handle", speedups_release_handle, METH_O,
-	 "release_handle(handle, /)\n--\n\n"
+	{"release_handle",
+	 (PyCFunction)(void (*)(void))speedups_release_handle,
+	 METH_FASTCALL | METH_KEYWORDS,
+	 "release_handle(handle)\n--\n\n"
 	 "Drops one reference of a handle of any type (cusafe_release); the\n"
 	 "last one destroys the object once its children and queued work are\n"
 	 "gone.  Raises CusafeError INVALID_HANDLE for a stale or forged handle\n"

@@ -26,11 +26,11 @@ def setup(*, check: Callable[[int], None],
     of other arguments, the function that tells another library's array,
     and the one that wraps it for a launch on a stream."""
 
-def retain_handle(handle: int, /) -> None:
+def retain_handle(handle: int) -> None:
     """cusafe.retain_handle: one C call for an exact int of 64 bits; the
     ctypes twin (handle_functions()) takes every other call."""
 
-def release_handle(handle: int, /) -> None:
+def release_handle(handle: int) -> None:
     """cusafe.release_handle, without the GIL: one C call for an exact int
     of 64 bits; the ctypes twin takes every other call."""
 

@@ -18,7 +18,7 @@ import tracemalloc
 import pytest
 
 import cusafe
-from conftest import fake, needs_fake
+from conftest import fake, needs_fake, stale
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -139,6 +139,10 @@ def test_handle_functions_take_exact_ints_themselves(ctx):
             with pytest.raises(error):
                 call(value)
         assert [v for _, v in reached] == [-1, 2**64 + h, True, "x"]
+        del reached[:]
+        cusafe.retain_handle(handle=h)  # keywords: the twin's to take
+        cusafe.release_handle(handle=h)
+        assert reached == [("retain", h), ("release", h)]
     finally:
         _speedups.handle_functions(_capi._retain_handle_py,
                                    _capi._release_handle_py)
@@ -149,6 +153,55 @@ def test_handle_functions_take_exact_ints_themselves(ctx):
     for bad in ((), (len,), (len, 1), (len, len, len)):
         with pytest.raises(TypeError, match="takes two callables"):
             _speedups.handle_functions(*bad)
+
+
+def test_handle_functions_replaced_during_their_call(ctx):
+    """A twin that replaces the twins while it runs (its caller's last
+    reference gone) is held through its call: no use after free."""
+    if cusafe.implementation() != "c":
+        pytest.skip("the package runs on ctypes")
+    import functools
+    from cusafe import _capi, _speedups
+
+    def twin(handle):
+        _speedups.handle_functions(_capi._retain_handle_py,
+                                   _capi._release_handle_py)
+        junk = [bytearray(200) for _ in range(2000)]  # reuses freed memory
+        del junk
+        return "twin's"
+
+    try:
+        for which in (0, 1):
+            cached = functools.lru_cache(maxsize=128)(twin)
+            twins = [_capi._retain_handle_py, _capi._release_handle_py]
+            twins[which] = cached
+            _speedups.handle_functions(*twins)
+            del cached, twins
+            call = (cusafe.retain_handle, cusafe.release_handle)[which]
+            assert call(1.5) == "twin's"
+            with pytest.raises(TypeError):  # the restored twin's answer
+                call(1.5)
+    finally:
+        _speedups.handle_functions(_capi._retain_handle_py,
+                                   _capi._release_handle_py)
+
+
+def test_handle_functions_take_keywords_both_ways(ctx):
+    """handle= is taken as the ctypes functions take it."""
+    import inspect
+    h = ctx.alloc(16).detach()
+    cusafe.retain_handle(handle=h)
+    cusafe.release_handle(handle=h)
+    assert list(inspect.signature(cusafe.retain_handle).parameters) == \
+        ["handle"]
+    assert cusafe.retain_handle.__name__ == "retain_handle"
+    assert cusafe.release_handle.__name__ == "release_handle"
+    with pytest.raises(TypeError):
+        cusafe.retain_handle(h, handle=h)
+    with pytest.raises(TypeError):
+        cusafe.release_handle()
+    cusafe.release_handle(h)
+    assert stale(h)
 
 
 # --------------------------------------------------------------------------
