@@ -166,6 +166,9 @@ scenario thread-shutdown    "$both" 0 empty "" "$repeat" -- "$scen" thread-shutd
 scenario fork               "$both" 0 empty "" 1 -- "$scen" fork
 scenario mp-fork            "$both" 0 empty "" 1 -- "$scen" mp-fork
 scenario mp-spawn           "$both" 0 empty "" 1 -- "$scen" mp-spawn
+scenario "mp-shared, spawn" "$both" 0 empty "" 1 -- "$scen" mp-shared spawn
+scenario "mp-shared, forkserver" "$both" 0 empty "" 1 -- "$scen" mp-shared \
+	forkserver
 scenario fault              "$both" 0 empty "^fault reported: " 1 -- "$scen" fault
 scenario graph-replays      "$both" 0 empty "" 1 -- "$scen" graph-replays
 scenario "graph-replays, sys.exit" "$both" 3 empty "" 1 -- \

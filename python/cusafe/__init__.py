@@ -67,6 +67,7 @@ from ._capi import (  # noqa: F401
 from ._objects import (  # noqa: F401
     Buffer, Context, Event, Graph, Module, Stream)
 from ._interop import Array, from_dlpack  # noqa: F401
+from ._ipc import BufferExport, recv_buffer, send_buffer  # noqa: F401
 from ._launch import (  # noqa: F401
     Bytes, F32, F64, I8, I16, I32, I64, Kernel, PreparedLaunch, U8, U16, U32,
     U64)
@@ -84,6 +85,7 @@ __all__ = [
     "Context", "Stream", "Event", "Buffer", "Module", "Kernel", "Graph",
     "Array",
     "from_dlpack",
+    "BufferExport", "send_buffer", "recv_buffer",
     "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "F32", "F64",
     "Bytes",
     "MEMORY_DEVICE", "MEMORY_HOST_PINNED", "MEMORY_MANAGED",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from ._capi import DeviceProperties
     from ._interop import Array
+    from ._ipc import BufferExport
     from ._launch import Kernel
 
 _T = TypeVar("_T", bound="_Object")
@@ -495,6 +496,20 @@ class Context(_ContextBase):
             b._size = size
             b._memory = kind
             return b
+
+    def alloc_shareable(self, size: int) -> Buffer:
+        """A new Buffer of `size` bytes of device memory that other
+        processes can map, which the caller owns
+        (cusafe_buffer_alloc_shareable): it travels with send_buffer(),
+        multiprocessing, or Buffer.export(); its memory lives while any
+        process maps it.  The allocation is rounded up to the device's
+        granularity (2 MiB on current GPUs); the Buffer has `size` bytes.
+        Raises ValueError for a closed Context or a negative size, TypeError
+        for a size that is not an int, OverflowError for one beyond 64
+        bits; CusafeError INVALID_SIZE for 0 bytes, OUT_OF_MEMORY,
+        NOT_SUPPORTED where the driver lacks virtual memory management."""
+        from ._ipc import alloc_shareable
+        return alloc_shareable(self, size)
 
     def load_builtin(self) -> Module:
         """The Module of cusafe's built-in kernels (Module.builtin)."""
@@ -1186,6 +1201,38 @@ class Buffer(_BufferBase):
             return _from_cai(obj, ctx, stream)
         raise TypeError("%s has neither __dlpack__ nor "
                         "__cuda_array_interface__" % type(obj).__name__)
+
+    def export(self) -> BufferExport:
+        """The description of this shareable buffer (or view of one) for
+        another process, with a new file descriptor of its memory, which
+        the BufferExport owns (cusafe_buffer_export).  Waits for the work
+        queued on the buffer so far, on any stream: what the importer reads
+        is what that work wrote.  Raises ValueError for a closed Buffer;
+        CusafeError INVALID_VALUE for memory that is not shareable
+        ("buffer 0x... is not shareable: ..."; allocate it with
+        Context.alloc_shareable), the error of a fault of the work waited
+        for."""
+        from ._ipc import export
+        return export(self)
+
+    @classmethod
+    def from_export(cls: Type[_BufT], export: BufferExport,
+                    ctx: Optional[Context] = None) -> _BufT:
+        """A new Buffer, which the caller owns, of the memory that another
+        process exported (a BufferExport whose descriptor has reached this
+        process); in ctx, or by default in the context of the device that
+        holds the memory (found by UUID).  The export stays the caller's
+        to close, which it may do at once: the Buffer keeps the memory
+        mapped, whatever the exporter does, until it is released; its
+        release unmaps this process's mapping only.  Raises TypeError for
+        an export that is not a BufferExport, ValueError for a closed one
+        or a closed ctx; CusafeError INVALID_VALUE for an export made in
+        this very process ("buffer exported by this process: use the
+        buffer itself") or a descriptor of no shareable memory,
+        CONTEXT_MISMATCH for a ctx of another device, INVALID_DEVICE when
+        this process does not see the device (CUDA_VISIBLE_DEVICES)."""
+        from ._ipc import from_export
+        return from_export(cls, export, ctx)
 
     def _describe(self) -> str:
         return "%d bytes %s" % (self._size,

@@ -531,6 +531,49 @@ def mp_spawn():
     assert ok is True, "the spawned child's copy failed"
 
 
+def _mp_child_shared(buffers, queue, got):
+    """Reads the Buffers it was given, writes the first, sends one of its
+    own back, and exits with all of them alive."""
+    assert [bytes(b.read(size=4)) for b in buffers] == \
+        [bytes([i]) * 4 for i in range(len(buffers))]
+    buffers[0].fill(0x77)
+    with cusafe.Context(0) as ctx:
+        mine = ctx.alloc_shareable(4096)
+        mine.fill(0x55)
+        queue.put(mine)
+    got.wait(120)  # the parent has it: fetched from this process
+    LEFT.extend(buffers)
+    LEFT.append(mine)  # left alive for the child's exit
+
+
+def mp_shared(method):
+    """Shareable Buffers to a child (its arguments) and back (a Queue),
+    each side exiting with imported and exported Buffers alive."""
+    import multiprocessing
+    global LIVE
+    try:
+        ctx = cusafe.Context(0)
+    except cusafe.NoDeviceError as e:
+        skip(str(e))
+    mine = []
+    for i in range(8):
+        b = ctx.alloc_shareable(4096)
+        b.fill(i)
+        mine.append(b)
+    mp = multiprocessing.get_context(method)
+    queue, got = mp.Queue(), mp.Event()
+    p = mp.Process(target=_mp_child_shared, args=(mine, queue, got))
+    p.start()
+    theirs = queue.get(timeout=120)
+    got.set()
+    p.join(120)
+    assert p.exitcode == 0, "the child's exit code is %r" % p.exitcode
+    assert bytes(theirs.read(size=4)) == b"\x55" * 4
+    assert bytes(mine[0].read(size=4)) == b"\x77" * 4
+    theirs.fill(0x66)
+    LIVE = [ctx, mine, theirs, mine[1].view(0, 16)]
+
+
 FAULT_SOURCE = r'''
 extern "C" __global__ void cusafe_test_fault(void)
 {
@@ -683,6 +726,7 @@ SCENARIOS = {
     "fork": fork,
     "mp-fork": mp_fork,
     "mp-spawn": mp_spawn,
+    "mp-shared": mp_shared,
     "fault": fault,
     "cupy-first": cupy_first,
     "cusafe-first": cusafe_first,

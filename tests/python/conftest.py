@@ -62,7 +62,7 @@ def fake():
         size_t, c_int, c_ulong = ctypes.c_size_t, ctypes.c_int, ctypes.c_ulong
         for name in ("fake_live_allocations", "fake_live_bytes",
                      "fake_live_streams", "fake_live_events",
-                     "fake_live_libraries"):
+                     "fake_live_libraries", "fake_live_vmm_handles"):
             getattr(cdll, name).restype = size_t
             getattr(cdll, name).argtypes = [c_int]
         cdll.fake_primary_ctx_refcount.restype = c_int

@@ -1,0 +1,407 @@
+"""Buffers shared between processes: Context.alloc_shareable,
+Buffer.export / from_export, send_buffer / recv_buffer over Unix sockets,
+and Buffers through multiprocessing (spawn and forkserver), with the
+sender gone before the receiver uses what it got.  On the fake CUDA the
+memory is a memfd, so it really crosses processes, as on a GPU."""
+
+import copy
+import fcntl
+import gc
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import time
+
+import pytest
+
+import cusafe
+from conftest import fake, is_fake
+
+COUNT = 100  # buffers each way
+SIZE = 4096
+
+
+def pattern(i, salt=0):
+    """The bytes buffer i holds: different for every buffer and salt."""
+    return bytes((i * 7 + j + salt) & 0xff for j in range(256)) * (SIZE // 256)
+
+
+def wait_for_parent_exit(parent, timeout=60):
+    """Waits until the process `parent` (this one's parent) is gone: this
+    process is reparented when it exits."""
+    end = time.monotonic() + timeout
+    while os.getppid() == parent:
+        if time.monotonic() > end:
+            raise AssertionError("parent %d still alive" % parent)
+        time.sleep(0.01)
+
+
+# ---- the processes' code (module level: spawn imports it) -----------------
+
+
+def receive_args(buffers, results, sender):
+    """Gets COUNT Buffers among its arguments, waits for their sender to be
+    gone, then reads, checks and rewrites each."""
+    wait_for_parent_exit(sender)
+    wrong = []
+    for i, b in enumerate(buffers):
+        if b.read() != pattern(i):
+            wrong.append(i)
+        b.write(pattern(i, 1))
+        if b.read() != pattern(i, 1):
+            wrong.append(-i)
+    results.put((os.getpid(), len(buffers), wrong))
+
+
+def send_as_args(method, results):
+    """Allocates COUNT shareable Buffers, starts a receiver with them among
+    its arguments, releases its own and exits without waiting for it."""
+    mp = multiprocessing.get_context(method)
+    with cusafe.Context(0) as ctx:
+        buffers = []
+        for i in range(COUNT):
+            b = ctx.alloc_shareable(SIZE)
+            b.write(pattern(i))
+            buffers.append(b)
+        p = mp.Process(target=receive_args,
+                       args=(buffers, results, os.getpid()))
+        p.start()
+        for b in buffers:
+            b.close()
+    results.put(("started", p.pid))
+    results.close()
+    results.join_thread()
+    cusafe.shutdown()
+    os._exit(0)  # no join of the receiver: it outlives this process
+
+
+def send_on_queue(queue, received, end):
+    """Puts COUNT shareable Buffers on a queue; once the receiver has them
+    all, releases its own and ends as `end` says."""
+    with cusafe.Context(0) as ctx:
+        buffers = []
+        for i in range(COUNT):
+            b = ctx.alloc_shareable(SIZE)
+            b.write(pattern(i))
+            buffers.append(b)
+            queue.put(b)
+        if not received.wait(120):
+            raise SystemExit(3)
+        for b in buffers:
+            b.close()
+    if end == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def send_and_exit(queue):
+    """Puts one shareable Buffer on a queue and exits at once."""
+    with cusafe.Context(0) as ctx:
+        queue.put(ctx.alloc_shareable(SIZE))
+    queue.close()
+    queue.join_thread()
+
+
+def send_on_socket(sock, ready):
+    """Sends COUNT shareable Buffers (the odd ones as views) on a socket,
+    releases them and exits before the receiver reads any."""
+    with cusafe.Context(0) as ctx:
+        for i in range(COUNT):
+            if i % 2:
+                with ctx.alloc_shareable(SIZE + 512) as b:
+                    b.write(pattern(i), offset=512)
+                    with b.view(512, SIZE) as v:
+                        cusafe.send_buffer(sock, v)
+            else:
+                with ctx.alloc_shareable(SIZE) as b:
+                    b.write(pattern(i))
+                    cusafe.send_buffer(sock.fileno(), b)
+    sock.close()
+    ready.set()
+
+
+def read_first_bytes(buffers, results):
+    """The first byte of each Buffer it was given."""
+    results.put([b.read(size=1) for b in buffers])
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def receive_in_other_context(sock, results):
+    """recv_buffer in the context of another device than the memory's."""
+    try:
+        with cusafe.Context(1) as other:
+            cusafe.recv_buffer(sock, other)
+    except cusafe.CusafeError as e:
+        results.put((e.status, str(e)))
+    else:
+        results.put(None)
+
+
+# ---- one process ----------------------------------------------------------
+
+
+def test_export_describes(ctx):
+    b = ctx.alloc_shareable(1000)
+    assert (b.size, b.memory) == (1000, cusafe.Memory.DEVICE)
+    b.write(b"\x5a" * 1000)
+    v = b.view(100, 50)
+    with b.export() as e, v.export() as ev:
+        assert (e.size, e.offset) == (1000, 0)
+        assert (ev.size, ev.offset) == (50, 100)
+        assert e.allocation % (2 << 20) == 0 and e.allocation >= 1000
+        assert ev.allocation == e.allocation
+        assert e.process_id == ev.process_id == os.getpid()
+        assert e.device_uuid == ev.device_uuid
+        assert e.device_uuid.startswith("GPU-") and len(e.device_uuid) == 40
+        assert e.fd >= 0 and e.fd != ev.fd
+        assert fcntl.fcntl(e.fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        assert not e.closed
+        assert repr(e) == (
+            "<cusafe.BufferExport 1000 bytes at offset 0 of %d on %s, fd %d>"
+            % (e.allocation, e.device_uuid, e.fd))
+        fd = e.detach()
+        assert e.closed
+        with pytest.raises(ValueError, match="BufferExport is closed"):
+            e.fd
+        with pytest.raises(ValueError, match="BufferExport is closed"):
+            e.detach()
+        os.close(fd)
+        e.close()  # closed already: nothing
+        assert repr(e).endswith(", closed>")
+    assert ev.closed
+    v.close()
+    b.close()
+
+
+def test_refusals(ctx):
+    with pytest.raises(cusafe.CusafeError) as err:
+        ctx.alloc_shareable(0)
+    assert err.value.status == cusafe.Status.INVALID_SIZE
+    with pytest.raises(ValueError):
+        ctx.alloc_shareable(-1)
+    with pytest.raises(TypeError):
+        ctx.alloc_shareable(2.5)
+    plain = ctx.alloc(64)
+    with pytest.raises(cusafe.CusafeError) as err:
+        plain.export()
+    assert err.value.status == cusafe.Status.INVALID_VALUE
+    assert err.value.message == (
+        "buffer 0x%x is not shareable: allocate it with "
+        "cusafe_buffer_alloc_shareable" % plain.handle)
+    b = ctx.alloc_shareable(64)
+    with b.export() as e:
+        with pytest.raises(cusafe.CusafeError) as err:
+            cusafe.Buffer.from_export(e)
+        assert err.value.status == cusafe.Status.INVALID_VALUE
+        assert err.value.message == (
+            "buffer exported by this process: use the buffer itself")
+        for bad in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="it owns a file descriptor"):
+                bad(e)
+    with pytest.raises(ValueError, match="BufferExport is closed"):
+        cusafe.Buffer.from_export(e)
+    with pytest.raises(TypeError, match="export must be a "
+                       "cusafe.BufferExport, not int"):
+        cusafe.Buffer.from_export(3)
+    with pytest.raises(TypeError, match="made by Buffer.export"):
+        cusafe.BufferExport()
+    # Plain pickle still refuses every Buffer; multiprocessing's pickler
+    # refuses memory that is not shareable, with the way out.
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        pickle.dumps(b)
+    from multiprocessing.reduction import ForkingPickler
+    with pytest.raises(TypeError) as err:
+        ForkingPickler.dumps(plain)
+    assert str(err.value) == (
+        "cusafe.Buffer cannot be pickled or copied: its memory (64 bytes "
+        "device) is not shareable, and its handle means nothing in another "
+        "process; allocate it with Context.alloc_shareable(size) to send it")
+    b.close()
+    with pytest.raises(ValueError):
+        b.export()
+    with pytest.raises(ValueError):
+        ForkingPickler.dumps(b)
+    ctx2 = cusafe.Context(0)
+    ctx2.close()
+    with pytest.raises(ValueError):
+        ctx2.alloc_shareable(64)
+    plain.close()
+
+
+def test_socket_refusals(ctx):
+    b = ctx.alloc_shareable(64)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(cusafe.CusafeError) as err:
+            cusafe.send_buffer(w, b)
+        assert err.value.status == cusafe.Status.INVALID_VALUE
+        with pytest.raises(TypeError):
+            cusafe.send_buffer(object(), b)
+        with pytest.raises(TypeError):
+            cusafe.recv_buffer("x")
+    finally:
+        os.close(r)
+        os.close(w)
+    a, c = socket.socketpair()
+    cusafe.send_buffer(a, b)  # to this very process: refused at import
+    with pytest.raises(cusafe.CusafeError) as err:
+        cusafe.recv_buffer(c)
+    assert err.value.message == (
+        "buffer exported by this process: use the buffer itself")
+    a.close()
+    with pytest.raises(cusafe.CusafeError) as err:
+        cusafe.recv_buffer(c)
+    assert err.value.status == cusafe.Status.INVALID_VALUE
+    assert err.value.message == "socket %d closed by its peer" % c.fileno()
+    c.close()
+    with pytest.raises(cusafe.CusafeError) as err:
+        cusafe.send_buffer(a.fileno() if a.fileno() >= 0 else 10**6, b)
+    assert err.value.status == cusafe.Status.INVALID_VALUE
+    b.close()
+
+
+# ---- between processes ----------------------------------------------------
+
+METHODS = [m for m in ("spawn", "forkserver")
+           if m in multiprocessing.get_all_start_methods()]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_args_to_child_sender_gone(method):
+    """COUNT Buffers among a Process's arguments: the sender exits right
+    after start(); the receiver then reads and writes every one."""
+    mp = multiprocessing.get_context(method)
+    results = mp.Queue()
+    s = mp.Process(target=send_as_args, args=(method, results))
+    s.start()
+    started, pid = results.get(timeout=120)
+    s.join(60)
+    assert s.exitcode == 0 and started == "started"
+    got = results.get(timeout=120)
+    assert got == (pid, COUNT, [])
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_queue_from_child_sender_gone(method, end):
+    """COUNT Buffers through a Queue from a child, which then releases its
+    own and exits (or is killed); this process reads and writes them all
+    afterwards, and its releases free nothing of anyone else's."""
+    mp = multiprocessing.get_context(method)
+    queue, received = mp.Queue(), mp.Event()
+    s = mp.Process(target=send_on_queue, args=(queue, received, end))
+    s.start()
+    buffers = [queue.get(timeout=120) for _ in range(COUNT)]
+    received.set()
+    s.join(60)
+    assert s.exitcode == (-signal.SIGKILL if end == "kill" else 0)
+    for i, b in enumerate(buffers):
+        assert isinstance(b, cusafe.Buffer) and b.size == SIZE
+        assert b.read() == pattern(i), i
+        b.write(pattern(i, 2))
+    for i, b in enumerate(buffers):
+        assert b.read() == pattern(i, 2), i
+        b.close()
+
+
+def test_queue_sender_gone_before_receipt():
+    """A Buffer on a Queue is fetched from its sender when received: a
+    sender gone by then is a clear ConnectionError, not a hang."""
+    mp = multiprocessing.get_context(METHODS[0])
+    queue = mp.Queue()
+    s = mp.Process(target=send_and_exit, args=(queue,))
+    s.start()
+    s.join(60)
+    assert s.exitcode == 0
+    with pytest.raises(ConnectionError) as err:
+        queue.get(timeout=60)
+    assert str(err.value).startswith(
+        "a cusafe.Buffer sent by process %d could not be received: its "
+        "sender is gone (" % s.pid)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_socket_sender_gone_before_receipt(method):
+    """send_buffer puts the descriptor in the socket: the sender may exit
+    before the receiver calls recv_buffer."""
+    mp = multiprocessing.get_context(method)
+    a, c = socket.socketpair()
+    ready = mp.Event()
+    s = mp.Process(target=send_on_socket, args=(a, ready))
+    s.start()
+    a.close()
+    assert ready.wait(120)
+    s.join(60)
+    assert s.exitcode == 0
+    with cusafe.Context(0) as ctx:
+        for i in range(COUNT):
+            with cusafe.recv_buffer(c, ctx if i % 3 else None) as b:
+                assert b.size == SIZE
+                assert b.read() == pattern(i), i
+    c.close()
+
+
+def test_recv_in_other_device_context():
+    if cusafe.device_count() < 2:
+        pytest.skip("needs 2 devices")
+    mp = multiprocessing.get_context(METHODS[0])
+    a, c = socket.socketpair()
+    results = mp.Queue()
+    r = mp.Process(target=receive_in_other_context, args=(c, results))
+    r.start()
+    c.close()
+    with cusafe.Context(0) as ctx, ctx.alloc_shareable(64) as b:
+        cusafe.send_buffer(a, b)
+        status, message = results.get(timeout=120)
+    r.join(60)
+    assert status == cusafe.Status.CONTEXT_MISMATCH
+    assert "the memory is on device GPU-" in message
+    a.close()
+
+
+def share_rounds(ctx, mp):
+    """Buffers to a child among its arguments, and from another over a
+    socket: every Python object of the round is gone when it returns."""
+    results, sent = mp.Queue(), mp.Event()
+    buffers = [ctx.alloc_shareable(64) for _ in range(10)]
+    for i, b in enumerate(buffers):
+        b.fill(i)
+    p = mp.Process(target=read_first_bytes, args=(buffers, results))
+    p.start()
+    assert results.get(timeout=120) == [bytes([i]) for i in range(10)]
+    p.join(60)
+    assert p.exitcode == 0
+    for b in buffers:
+        b.close()
+    a, c = socket.socketpair()
+    s = mp.Process(target=send_on_socket, args=(a, sent))
+    s.start()
+    a.close()
+    for i in range(COUNT):
+        cusafe.recv_buffer(c).close()
+    s.join(60)
+    assert s.exitcode == 0
+    c.close()
+    results.close()
+    results.join_thread()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nothing_left_behind(ctx, method):
+    """Every descriptor an export opened is closed once the child has
+    started and its Process object is gone, or once a Buffer is received;
+    the fake's memory handles are all given back."""
+    mp = multiprocessing.get_context(method)
+    share_rounds(ctx, mp)  # multiprocessing's own descriptors opened
+    gc.collect()
+    before = open_fds()
+    for _ in range(3):
+        share_rounds(ctx, mp)
+    gc.collect()
+    assert open_fds() == before
+    if is_fake():
+        assert fake().fake_live_vmm_handles(-1) == 0
