@@ -436,6 +436,51 @@ START_TEST(test_exec_destroyed_in_flight) {
 }
 END_TEST
 
+/* An event wait node waits for the record its event had when the graph was
+ * launched, as cudaStreamWaitEvent waits for the one it had at its call: a
+ * record made after the launch is not the launch's (measured on an H200,
+ * CUDA 13.0: a node behind 0.3 s of work ran at 0.3 s, though the event
+ * was recorded again at once behind 1.5 s of work).  Here that record
+ * follows work that waits for the launch, which a wait for it would turn
+ * into a cycle. */
+START_TEST(test_wait_node_takes_record_at_launch) {
+  float got[N];
+#ifdef CAPTURE_FAKE
+  fake_set_paused(1);
+#endif
+  CU(cs_cu->event_record(w.ev, w.t));
+  CU(cs_cu->stream_begin_capture(w.s, cudaStreamCaptureModeRelaxed));
+  CU(cs_cu->stream_wait_event(w.s, w.ev, cudaEventWaitExternal));
+  fill_on(w.s, 1.0f, N);
+  cudaGraph_t g = NULL;
+  CU(cs_cu->stream_end_capture(w.s, &g));
+  cudaGraphExec_t x = NULL;
+  CU(cs_cu->graph_instantiate(&x, g, 0));
+  CU(cs_cu->graph_launch(x, w.s));
+  /* t: after the launch, then 2.0, then ev again */
+  cudaEvent_t launched = NULL;
+  CU(cs_cu->event_create(&launched, cudaEventDisableTiming));
+  CU(cs_cu->event_record(launched, w.s));
+  CU(cs_cu->stream_wait_event(w.t, launched, 0));
+  fill_on(w.t, 2.0f, N);
+  CU(cs_cu->event_record(w.ev, w.t));
+  CU(cs_cu->stream_synchronize(w.s));
+  CU(cs_cu->stream_synchronize(w.t));
+#ifdef CAPTURE_FAKE
+  fake_set_paused(0);
+#endif
+  read_buf(got);
+  for (int i = 0; i < N; i++)
+    ck_assert_msg(got[i] == 2.0f,
+                  "element %d is %g, expected 2: the launch's node waited "
+                  "for a record made after the launch",
+                  i, (double)got[i]);
+  CU(cs_cu->event_destroy(launched));
+  CU(cs_cu->graph_exec_destroy(x));
+  CU(cs_cu->graph_destroy(g));
+}
+END_TEST
+
 /* Other threads. */
 struct other {
   int what;
@@ -552,6 +597,7 @@ static Suite *capture_suite(void) {
   tcase_add_test(tc, test_free_of_outside_memory);
   tcase_add_test(tc, test_pageable_copy_reads_at_replay);
   tcase_add_test(tc, test_exec_destroyed_in_flight);
+  tcase_add_test(tc, test_wait_node_takes_record_at_launch);
   tcase_add_test(tc, test_other_threads);
   suite_add_tcase(s, tc);
 #ifdef CAPTURE_FAKE

@@ -380,6 +380,53 @@ START_TEST(test_wait_for_outside_event) {
 }
 END_TEST
 
+/* A replay's wait for an outside event waits for the event's record before
+ * the replay: one made later, after work that follows the replay, is not
+ * the replay's.  Neither is the free of memory that this work used last,
+ * queued before that record: the replay's work, and what follows it on
+ * its stream, run before it, also where the graph's release waits for
+ * the replay. */
+START_TEST(test_outside_event_recorded_again_after_replay) {
+  struct world w;
+  world_make(&w);
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_record(ev, w.t));
+  TU_OK(cusafe_stream_begin_capture(w.s));
+  TU_OK(cusafe_stream_wait_event(w.s, ev));
+  cusafe_graph g;
+  TU_OK(cusafe_stream_end_capture(&g, w.s));
+#ifdef CUSAFE_TEST_FAKE
+  fake_set_paused(1);
+#endif
+  TU_OK(cusafe_graph_launch(g, w.s));
+  TU_OK(cusafe_buffer_fill(w.x, 0, N * sizeof(float), 1, w.s));
+  TU_OK(cusafe_buffer_fill(w.x, 0, N * sizeof(float), 2, w.t));
+  TU_OK(cusafe_event_record(ev, w.t));
+  TU_OK(cusafe_stream_synchronize(w.s));
+  unsigned char *got = tu_xmalloc(N * sizeof(float));
+  TU_OK(cusafe_buffer_read(w.x, 0, got, N * sizeof(float)));
+  for (size_t i = 0; i < N * sizeof(float); i++)
+    TU_ASSERT(got[i] == 2, "byte %zu is %u, expected 2", i, got[i]);
+  free(got);
+  /* The same with x's memory freed after its last work, on t. */
+  cusafe_buffer x = w.x;
+  w.x = CUSAFE_NULL_HANDLE;
+  TU_OK(cusafe_graph_launch(g, w.s));
+  TU_OK(cusafe_buffer_fill(x, 0, N * sizeof(float), 3, w.s));
+  TU_OK(cusafe_buffer_fill(x, 0, N * sizeof(float), 4, w.t));
+  TU_OK(cusafe_release(x));
+  TU_OK(cusafe_event_record(ev, w.t));
+  TU_OK(cusafe_graph_release(g));
+  TU_OK(cusafe_release(ev));
+#ifdef CUSAFE_TEST_FAKE
+  fake_set_paused(0);
+#endif
+  TU_OK(cusafe_context_synchronize(w.ctx));
+  world_release(&w);
+}
+END_TEST
+
 /* A graph replays on any stream of its context -- its own stream, one
  * that wraps another's CUDA stream -- and on none of another context: the
  * error names both devices, before the executable graph is made and
@@ -1230,6 +1277,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_refused_during_capture);
   tcase_add_test(tc, test_fork_and_join);
   tcase_add_test(tc, test_wait_for_outside_event);
+  tcase_add_test(tc, test_outside_event_recorded_again_after_replay);
   tcase_add_test(tc, test_graph_handles);
 #ifdef CUSAFE_TEST_FAKE
   tcase_add_test(tc, test_release_with_replays_queued);
@@ -1268,6 +1316,7 @@ static Suite *graph_suite(void) {
   tcase_add_test(tc, test_replays_of_few_and_many_buffers);
   tcase_add_test(tc, test_replay_streams);
   tcase_add_test(tc, test_copies_fills_events);
+  tcase_add_test(tc, test_outside_event_recorded_again_after_replay);
   tcase_add_test(tc, test_release_with_replays_queued);
   tcase_add_test(tc, test_shutdown_with_capture_and_replays);
   tcase_add_test(tc, test_release_graph_and_event_with_replays_queued);

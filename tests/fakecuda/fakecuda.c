@@ -137,6 +137,12 @@ struct fexec;
 struct fevent;
 struct fcapture;
 
+/* A record of an event: where, and at which position. */
+struct frecord {
+  struct fstream *stream; /* NULL: nothing to wait for */
+  uint64_t pos;
+};
+
 struct fop {
   struct fop *next;
   enum op_kind kind;
@@ -152,6 +158,9 @@ struct fop {
   struct fkernel *kernel; /* OP_LAUNCH */
   struct fexec *exec;     /* OP_GRAPH */
   struct fevent *event;   /* OP_WAIT_EXTERNAL */
+  /* OP_GRAPH: for each event wait node of the graph, in order, the record
+   * its event had at cudaGraphLaunch, which the node waits for. */
+  struct frecord *records;
 };
 
 struct fstream {
@@ -487,6 +496,7 @@ static void log_free(void) {
 
 static void free_op(struct fop *o) {
   free(o->staging);
+  free(o->records);
   free(o);
 }
 
@@ -1026,17 +1036,9 @@ static void exec_op(struct fop *o) {
     exec_launch(o);
     break;
   case OP_GRAPH: exec_graph(o, 0); break;
-  case OP_WAIT_EXTERNAL: {
-    struct fevent *ev = o->event;
-    if (ev->destroyed)
-      violation("a graph's event wait node waits for event %p, which was "
-                "destroyed",
-                (void *)ev);
-    if (ev->recorded && !ev->capture)
-      run_stream_to(ev->stream, ev->pos);
-    log_add("exec:cudaStreamWaitEvent");
-    break;
-  }
+  case OP_WAIT_EXTERNAL:
+    /* Only in a graph, whose launch runs it (exec_graph). */
+    violation("an event wait node outside a graph");
   }
 }
 
@@ -4662,11 +4664,22 @@ static void exec_graph(struct fop *o, int discard) {
   struct fexec *x = o->exec;
   if (!discard) {
     log_add("exec:cudaGraphLaunch");
+    const struct frecord *r = o->records;
     for (struct fop *n = x->head; n; n = n->next) {
-      if (n->kind == OP_LAUNCH)
+      if (n->kind == OP_LAUNCH) {
         exec_launch(n);
-      else
+      } else if (n->kind == OP_WAIT_EXTERNAL) {
+        if (n->event->destroyed)
+          violation("a graph's event wait node waits for event %p, which "
+                    "was destroyed",
+                    (void *)n->event);
+        if (r->stream)
+          run_stream_to(r->stream, r->pos);
+        r++;
+        log_add("exec:cudaStreamWaitEvent");
+      } else {
         exec_op(n);
+      }
     }
   }
   if (--x->pending == 0 && x->destroyed) {
@@ -4690,6 +4703,26 @@ static cudaError_t fk_graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
   cudaError_t e = sticky(s->device);
   if (e != cudaSuccess)
     return leave(e);
+  /* Each event wait node waits for its event's record as it is now, as
+   * cudaStreamWaitEvent does, not for a later one (measured): so no wait
+   * is for a position to come, and no cycle can arise. */
+  struct fop *o = new_op(OP_GRAPH);
+  o->exec = x;
+  size_t nwaits = 0;
+  for (const struct fop *n = x->head; n; n = n->next)
+    nwaits += n->kind == OP_WAIT_EXTERNAL;
+  if (nwaits && !(o->records = calloc(nwaits, sizeof *o->records))) {
+    free_op(o);
+    return leave(cudaErrorMemoryAllocation);
+  }
+  struct frecord *r = o->records;
+  for (const struct fop *n = x->head; n; n = n->next)
+    if (n->kind == OP_WAIT_EXTERNAL) {
+      const struct fevent *ev = n->event;
+      if (ev->recorded && !ev->capture)
+        *r = (struct frecord){ev->stream, ev->pos};
+      r++;
+    }
   for (size_t i = 0; i < g.nstreams; i++) /* after its earlier launches */
     for (struct fop *p = g.streams[i]->head; p; p = p->next)
       if (p->kind == OP_GRAPH && p->exec == x && g.streams[i] != s)
@@ -4698,8 +4731,6 @@ static cudaError_t fk_graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
   for (struct fop *p = legacy->head; p; p = p->next)
     if (p->kind == OP_GRAPH && p->exec == x && legacy != s)
       push_wait(s, OP_IMPLICIT_WAIT, legacy, legacy->enqueued);
-  struct fop *o = new_op(OP_GRAPH);
-  o->exec = x;
   x->pending++;
   return leave(enqueue(s, o));
 }

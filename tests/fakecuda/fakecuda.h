@@ -398,7 +398,10 @@ void fake_set_sticky_error(int device, cudaError_t err);
  * all the nodes, in capture order, after the executable graph's earlier
  * launches on any stream; they are checked when they run, as the same
  * work queued on a stream would be (freed memory is a VIOLATION, so is an
- * event wait node whose event was destroyed).  cudaGraphExecDestroy with
+ * event wait node whose event was destroyed).  An event wait node waits
+ * for the record its event had at cudaGraphLaunch, as cudaStreamWaitEvent
+ * waits for the one at its call; a later record is not the launch's
+ * (measured on an H200).  cudaGraphExecDestroy with
  * launches queued is legal: it is freed after the last.  A library cannot
  * be unloaded while a capture, graph or executable graph has a launch of
  * one of its kernels (a VIOLATION), and a primary context cannot be
