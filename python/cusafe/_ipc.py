@@ -117,6 +117,38 @@ class BufferExport(_Owner):
         """The pid of the process that exported the buffer."""
         return int(self._desc.process) >> 32
 
+    def to_bytes(self) -> bytes:
+        """The description without its descriptor: 80 bytes (struct
+        cusafe_ipc_desc, fd -1) to send by a transport of your own, with
+        the descriptor beside it (socket.send_fds, SCM_RIGHTS); the other
+        process rebuilds the export with from_bytes().  Works after
+        close()."""
+        d = IpcDesc.from_buffer_copy(self._desc)
+        d.fd = -1
+        return bytes(d)
+
+    @classmethod
+    def from_bytes(cls: Type[_E], data: bytes, fd: int) -> _E:
+        """The export that to_bytes() described in another process, with
+        `fd`, the memory's descriptor as received in this one, which the
+        new object owns (and closes) from now on, also when this raises;
+        import it with Buffer.from_export().  Raises ValueError for data
+        that is not 80 bytes, TypeError for data without the buffer
+        protocol or an fd that is not an int."""
+        fd = _c_int(fd, "fd")
+        try:
+            raw = memoryview(data).cast("B")
+            if raw.nbytes != ctypes.sizeof(IpcDesc):
+                raise ValueError(
+                    "a BufferExport is %d bytes (to_bytes()), not %d"
+                    % (ctypes.sizeof(IpcDesc), raw.nbytes))
+            desc = IpcDesc.from_buffer_copy(raw)
+        except BaseException:
+            os.close(fd)
+            raise
+        desc.fd = fd
+        return cls._take(desc)
+
     def close(self) -> None:
         """Closes the descriptor (idempotent)."""
         fd, self._fd = self._fd, -1
@@ -160,8 +192,17 @@ def alloc_shareable(ctx: Context, size: int) -> Buffer:
 def export(buffer: Buffer) -> BufferExport:
     """Buffer.export (see there)."""
     desc = IpcDesc()
-    _call("cusafe_buffer_export", ctypes.byref(desc),
-          _handle_of(buffer, Buffer, "buffer"))
+    try:
+        _call("cusafe_buffer_export", ctypes.byref(desc),
+              _handle_of(buffer, Buffer, "buffer"))
+    except CusafeError as e:
+        if e.status != Status.INVALID_VALUE or \
+                "cusafe_buffer_alloc_shareable" not in e.message:
+            raise
+        # The library's words name its C call: these, the package's.
+        raise CusafeError(e.status, e.message.replace(
+            "cusafe_buffer_alloc_shareable", "Context.alloc_shareable"),
+            e.cuda_error) from None
     return BufferExport._take(desc)
 
 
@@ -222,6 +263,8 @@ def recv_buffer(sock: Any, ctx: Optional[Context] = None) -> Buffer:
     a socket closed by its peer or a message that is not send_buffer()'s,
     what Buffer.from_export raises, and TypeError as send_buffer."""
     fd = _socket_fd(sock)
+    if ctx is not None:  # refused before a message is taken, not after
+        _handle_of(ctx, Context, "ctx")
     desc = IpcDesc()
     _call("cusafe_ipc_recv", fd, ctypes.byref(desc))
     try:
@@ -236,11 +279,18 @@ def recv_buffer(sock: Any, ctx: Optional[Context] = None) -> Buffer:
 
 
 def _rebuild(fields: Tuple[int, int, int, int, bytes, int], dup: Any,
-             sender: int) -> Buffer:
+             sender: int, cls: Type[Buffer] = Buffer) -> Buffer:
     """The receiver's half of _reduce: the Buffer of the memory, in the
     context of the device that holds it."""
     try:
         fd = dup.detach()
+    except _mp_context.AuthenticationError as e:
+        raise ConnectionError(
+            "a cusafe.Buffer sent by process %d could not be received: its "
+            "sender's multiprocessing refused this process (%s); a Buffer "
+            "on a Queue or Connection travels only between processes of one "
+            "multiprocessing family; use send_buffer() between others"
+            % (sender, e)) from e
     except OSError as e:
         raise ConnectionError(
             "a cusafe.Buffer sent by process %d could not be received: its "
@@ -252,7 +302,7 @@ def _rebuild(fields: Tuple[int, int, int, int, bytes, int], dup: Any,
                    offset=offset, size=size, process=process)
     ctypes.memmove(desc.device_uuid, uuid, len(desc.device_uuid))
     try:
-        return _import(Buffer, desc, None)
+        return _import(cls, desc, None)
     finally:
         os.close(fd)
 
@@ -287,7 +337,7 @@ def _reduce(buffer: Buffer) -> Tuple[Callable[..., Buffer], Tuple[Any, ...]]:
         weakref.finalize(popen, os.close, fd)
     else:
         os.close(fd)  # the resource sharer holds its own copy
-    return _rebuild, (fields, dup, os.getpid())
+    return _rebuild, (fields, dup, os.getpid(), type(buffer))
 
 
 def _register(cls: Type[Buffer]) -> None:

@@ -960,6 +960,13 @@ class Buffer(_BufferBase):
         self._memory = kind
         self._own(h)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass travels through multiprocessing as Buffer does
+        (its pickler matches exact types)."""
+        super().__init_subclass__(**kwargs)
+        from ._ipc import _register
+        _register(cls)
+
     @classmethod
     def _adopt(cls: Type[_BufT], handle: int) -> _BufT:
         obj = super()._adopt(handle)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import cusafe
-from conftest import fake, is_fake
+from conftest import fake, is_fake, run_python
 
 COUNT = 100  # buffers each way
 SIZE = 4096
@@ -121,6 +121,27 @@ def send_on_socket(sock, ready):
     ready.set()
 
 
+class MyBuffer(cusafe.Buffer):
+    """A subclass: it travels as Buffer does."""
+
+
+def import_from_bytes(sock, results):
+    """Rebuilds an export from its bytes and descriptor (socket.recv_fds),
+    imports it as a MyBuffer, and tries multiprocessing's pickler on it."""
+    from multiprocessing.reduction import ForkingPickler
+    msg, fds, _, _ = socket.recv_fds(sock, 1024, 4)
+    e = cusafe.BufferExport.from_bytes(msg, fds[0])
+    b = MyBuffer.from_export(e)
+    e.close()
+    out = [type(b).__name__, b.size, bytes(b.read(size=4))]
+    b.fill(0x44)
+    try:  # exported here: a copy in this very process is refused
+        ForkingPickler.loads(ForkingPickler.dumps(b))
+    except cusafe.CusafeError as err:
+        out.append(err.message)
+    results.put(out)
+
+
 def read_first_bytes(buffers, results):
     """The first byte of each Buffer it was given."""
     results.put([b.read(size=1) for b in buffers])
@@ -191,7 +212,7 @@ def test_refusals(ctx):
     assert err.value.status == cusafe.Status.INVALID_VALUE
     assert err.value.message == (
         "buffer 0x%x is not shareable: allocate it with "
-        "cusafe_buffer_alloc_shareable" % plain.handle)
+        "Context.alloc_shareable" % plain.handle)
     b = ctx.alloc_shareable(64)
     with b.export() as e:
         with pytest.raises(cusafe.CusafeError) as err:
@@ -405,3 +426,110 @@ def test_nothing_left_behind(ctx, method):
     assert open_fds() == before
     if is_fake():
         assert fake().fake_live_vmm_handles(-1) == 0
+
+
+@pytest.mark.skipif(not hasattr(socket, "send_fds"), reason="Python 3.9+")
+def test_export_bytes_by_a_transport_of_ones_own(ctx):
+    """to_bytes() and the descriptor, sent by the program's own means;
+    from_bytes() and Buffer.from_export() in the other process, as a
+    subclass; which multiprocessing's pickler takes as it takes Buffer."""
+    mp = multiprocessing.get_context(METHODS[0])
+    a, c = socket.socketpair()
+    results = mp.Queue()
+    p = mp.Process(target=import_from_bytes, args=(c, results))
+    p.start()
+    c.close()
+    b = ctx.alloc_shareable(1000)
+    b.fill(9)
+    v = b.view(100, 200)
+    with v.export() as e:
+        data = e.to_bytes()
+        assert len(data) == 80
+        socket.send_fds(a, [data], [e.fd])
+    assert results.get(timeout=120) == [
+        "MyBuffer", 200, b"\x09" * 4,
+        "buffer exported by this process: use the buffer itself"]
+    p.join(60)
+    assert p.exitcode == 0
+    assert bytes(b.read(size=4, offset=96)) == b"\x09\x09\x09\x09"
+    assert bytes(b.read(size=4, offset=100)) == b"\x44" * 4
+    e2 = b.export()
+    assert e2.to_bytes() != data  # another view
+    e2.close()
+    assert len(e2.to_bytes()) == 80  # closed: still described
+    fd = os.dup(0)
+    with pytest.raises(ValueError, match="a BufferExport is 80 bytes "
+                       "\\(to_bytes\\(\\)\\), not 79"):
+        cusafe.BufferExport.from_bytes(data[:79], fd)
+    with pytest.raises(OSError):  # closed by from_bytes
+        os.fstat(fd)
+    fd = os.dup(0)
+    with pytest.raises(TypeError):
+        cusafe.BufferExport.from_bytes(3, fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    # A subclass that is not shareable: the refusal names the way out.
+    from multiprocessing.reduction import ForkingPickler
+    mine = MyBuffer(ctx, 64)
+    with pytest.raises(TypeError, match="cusafe.MyBuffer cannot be pickled "
+                       "or copied: its memory \\(64 bytes device\\) is "
+                       "not shareable"):
+        ForkingPickler.dumps(mine)
+    mine.close()
+    v.close()
+    b.close()
+    a.close()
+
+
+def test_recv_checks_ctx_before_taking_a_message(ctx):
+    mp = multiprocessing.get_context(METHODS[0])
+    a, c = socket.socketpair()
+    sent = mp.Event()
+    s = mp.Process(target=send_on_socket, args=(a, sent))
+    s.start()
+    a.close()
+    closed = cusafe.Context(0)
+    closed.close()
+    with pytest.raises(ValueError):
+        cusafe.recv_buffer(c, closed)
+    with pytest.raises(TypeError):
+        cusafe.recv_buffer(c, "ctx")
+    for i in range(COUNT):  # none was lost
+        with cusafe.recv_buffer(c, ctx) as b:
+            assert b.read() == pattern(i), i
+    s.join(60)
+    assert s.exitcode == 0
+    c.close()
+
+
+def test_connection_between_unrelated_programs(ctx, tmp_path):
+    """A Connection of Listener and Client between programs that are not
+    one multiprocessing family: the receiver is told why and what to use."""
+    from multiprocessing.connection import Listener
+    address = str(tmp_path / "listener")
+    b = ctx.alloc_shareable(64)
+    with Listener(address, authkey=b"key") as listener:
+        import threading
+        result = []
+        t = threading.Thread(target=lambda: result.append(run_python("""
+            from multiprocessing.connection import Client
+            import cusafe
+            with Client(%r, authkey=b"key") as conn:
+                try:
+                    conn.recv()
+                except ConnectionError as e:
+                    print(e)
+            """ % address)))
+        t.start()
+        with listener.accept() as conn:
+            conn.send(b)
+            t.join(120)
+    r = result[0]
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(
+        "a cusafe.Buffer sent by process %d could not be received: its "
+        "sender's multiprocessing refused this process (" % os.getpid())
+    assert r.stdout.rstrip().endswith(
+        "a Buffer on a Queue or Connection travels only between processes "
+        "of one multiprocessing family; use send_buffer() between others")
+    b.close()
