@@ -1211,7 +1211,9 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_shareable(cusafe_buffer *out,
 /* Describes a shareable buffer (of cusafe_buffer_alloc_shareable() or
  * cusafe_buffer_import(), or a view of one) for another process, after
  * waiting for the work queued on it so far on any stream: what the
- * importer reads is what that work wrote.
+ * importer reads is what that work wrote.  An imported buffer is exported
+ * again with a copy of the descriptor it came by (CUDA does not export
+ * imported memory), so memory can be passed on from process to process.
  * Parameters: out [out] the description, whose fd is a new file
  *   descriptor of the calling process (close-on-exec), the caller's to
  *   close once sent; buffer [in] the buffer or view.
@@ -1221,7 +1223,10 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_shareable(cusafe_buffer *out,
  *   cusafe_buffer_alloc_shareable").  CUSAFE_ERROR_INVALID_HANDLE: buffer
  *   is NULL, forged, stale or not a buffer.  A failure of the wait (a
  *   fault of the work queued on the buffer) or of
- *   cuMemExportToShareableHandle: its mapped status.  A buffer whose
+ *   cuMemExportToShareableHandle: its mapped status.
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no descriptor left for the copy of an
+ *   imported buffer's ("cannot copy the descriptor of imported memory:
+ *   Too many open files").  A buffer whose
  *   latest work is in a capture that other code began, on a stream that
  *   nothing may touch now: the error of cusafe_stream_use_buffers().
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
@@ -1253,13 +1258,16 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
  *   ctx is NULL, forged, stale or not a context.
  *   CUSAFE_ERROR_NOT_SUPPORTED, CUSAFE_ERROR_NO_DRIVER: as
  *   cusafe_buffer_alloc_shareable().
- *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory.  A CUDA failure
+ *   CUSAFE_ERROR_OUT_OF_MEMORY: no host memory, or no descriptor left for
+ *   the copy of desc->fd that the buffer keeps for its exports ("cannot
+ *   keep a copy of desc's fd 5: Too many open files").  A CUDA failure
  *   (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
  *   cuMemSetAccess): its mapped status; nothing is left behind.
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
  * Ownership: the caller owns the one reference of *out; the buffer holds
- *   a reference on ctx.  Its release unmaps this process's mapping only.
+ *   a reference on ctx, and a copy of desc->fd (close-on-exec) until its
+ *   release, which unmaps this process's mapping only.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,

@@ -103,6 +103,9 @@ struct shared_mem {
   CUdeviceptr base; /* the mapping of the whole allocation */
   size_t size;      /* the allocation's bytes */
   int device;
+  /* Of imported memory, which CUDA does not export again: a copy of the
+   * descriptor it came by, which its exports copy; else -1. */
+  int fd;
 };
 
 static void allocation_prop(CUmemAllocationProp *prop, int device) {
@@ -176,6 +179,8 @@ static void shared_end(void *user) {
   (void)unmap_steps(m, 3);
   if (entered)
     cs_device_leave(saved);
+  if (m->fd >= 0)
+    close(m->fd);
   free(m);
 }
 
@@ -257,6 +262,7 @@ CUSAFE_API cusafe_status cusafe_buffer_alloc_shareable(cusafe_buffer *out,
   } else {
     m->size = (size + granule - 1) / granule * granule;
     m->device = ctx->device;
+    m->fd = -1;
     if (m->size > ctx->total_memory)
       st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
                    "allocation of %zu bytes exceeds the %zu bytes of device "
@@ -314,11 +320,19 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
   if (st != CUSAFE_SUCCESS)
     return st;
   int fd = -1;
-  CUresult res = vmm.export_fd(&fd, m->handle,
-                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  CUresult res = CUDA_SUCCESS;
+  if (m->fd >= 0) /* imported: a copy of the descriptor it came by */
+    fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 0);
+  else
+    res = vmm.export_fd(&fd, m->handle,
+                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   cs_device_leave(saved);
   if (res != CUDA_SUCCESS)
     return drv_failed(res, "cuMemExportToShareableHandle");
+  if (fd < 0)
+    return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                   "cannot copy the descriptor of imported memory: %s",
+                   strerror(errno));
   /* The driver's descriptor, close-on-exec as every one cusafe hands out. */
   (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
   out->version = CUSAFE_IPC_VERSION;
@@ -393,9 +407,18 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   m->size = (size_t)desc->allocation;
   m->device = ctx->device;
+  m->fd = fcntl(desc->fd, F_DUPFD_CLOEXEC, 0);
+  if (m->fd < 0) {
+    st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
+                 "cannot keep a copy of desc's fd %d: %s", (int)desc->fd,
+                 strerror(errno));
+    free(m);
+    return st;
+  }
   int saved;
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS) {
+    close(m->fd);
     free(m);
     return st;
   }
@@ -421,6 +444,7 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   }
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
+    close(m->fd);
     free(m);
     return st;
   }

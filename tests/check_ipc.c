@@ -437,6 +437,54 @@ START_TEST(test_import_refusals) {
 }
 END_TEST
 
+static int open_fds(void) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; fd++)
+    n += fcntl(fd, F_GETFD) >= 0;
+  return n;
+}
+
+/* Imported memory is exported again (CUDA exports no imported memory:
+ * the buffer keeps a copy of the descriptor it came by), views too; no
+ * descriptor is left once every buffer is released. */
+START_TEST(test_import_exported_again) {
+  int before = open_fds();
+  cusafe_buffer b = shareable(8192), in = CUSAFE_NULL_HANDLE,
+                in2 = CUSAFE_NULL_HANDLE, v = CUSAFE_NULL_HANDLE;
+  write_pattern(b, 8192, 21);
+  cusafe_ipc_desc d;
+  TU_OK(cusafe_buffer_export(&d, b));
+  cusafe_ipc_desc f = as_if_foreign(d);
+  TU_OK(cusafe_buffer_import(&in, ctx, &f));
+  close(d.fd); /* the buffer keeps its own copy */
+  TU_OK(cusafe_buffer_view(&v, in, 4096, 4096));
+  cusafe_ipc_desc d2;
+  TU_OK(cusafe_buffer_export(&d2, v));
+  ck_assert_int_ge(d2.fd, 0);
+  ck_assert_int_eq(fcntl(d2.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  ck_assert_uint_eq(d2.offset, 4096);
+  ck_assert_uint_eq(d2.size, 4096);
+  ck_assert_uint_eq(d2.allocation, d.allocation);
+  ck_assert_int_eq(memcmp(d2.device_uuid, d.device_uuid, 16), 0);
+  cusafe_ipc_desc f2 = as_if_foreign(d2);
+  TU_OK(cusafe_buffer_import(&in2, ctx, &f2));
+  close(d2.fd);
+  TU_OK(cusafe_buffer_release(v));
+  TU_OK(cusafe_buffer_release(in));
+  TU_OK(cusafe_buffer_release(b));
+  /* The memory lives on in the last import's mapping. */
+  unsigned char want[8192], got[4096];
+  tu_pattern(want, sizeof want, 21);
+  TU_OK(cusafe_buffer_read(in2, 0, got, sizeof got));
+  TU_BYTES_EQ(got, want + 4096, sizeof got);
+  TU_OK(cusafe_buffer_release(in2));
+  ck_assert_int_eq(open_fds(), before);
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_live_vmm_handles(-1), 0);
+#endif
+}
+END_TEST
+
 /* The device of a description, found by UUID among the devices this
  * process sees: that of every device's export; none for a UUID of no
  * device. */
@@ -925,6 +973,7 @@ static Suite *ipc_suite(void) {
   tcase_add_test(tc, test_export_refusals);
   tcase_add_test(tc, test_import_refusals);
   tcase_add_test(tc, test_ipc_device);
+  tcase_add_test(tc, test_import_exported_again);
   tcase_add_test(tc, test_send_recv);
   suite_add_tcase(s, tc);
   tc = tcase_create("two");
