@@ -162,6 +162,17 @@ def receive_in_other_context(sock, results):
         results.put(None)
 
 
+def start_peer(mp, target, *args):
+    """Starts target(sock, *args) in a child of the multiprocessing
+    context mp, sock being one end of a Unix socket pair; returns the
+    child and the other end."""
+    mine, theirs = socket.socketpair()
+    p = mp.Process(target=target, args=(theirs,) + args)
+    p.start()
+    theirs.close()
+    return p, mine
+
+
 # ---- one process ----------------------------------------------------------
 
 
@@ -350,11 +361,8 @@ def test_socket_sender_gone_before_receipt(method):
     """send_buffer puts the descriptor in the socket: the sender may exit
     before the receiver calls recv_buffer."""
     mp = multiprocessing.get_context(method)
-    a, c = socket.socketpair()
     ready = mp.Event()
-    s = mp.Process(target=send_on_socket, args=(a, ready))
-    s.start()
-    a.close()
+    s, c = start_peer(mp, send_on_socket, ready)
     assert ready.wait(120)
     s.join(60)
     assert s.exitcode == 0
@@ -370,11 +378,8 @@ def test_recv_in_other_device_context():
     if cusafe.device_count() < 2:
         pytest.skip("needs 2 devices")
     mp = multiprocessing.get_context(METHODS[0])
-    a, c = socket.socketpair()
     results = mp.Queue()
-    r = mp.Process(target=receive_in_other_context, args=(c, results))
-    r.start()
-    c.close()
+    r, a = start_peer(mp, receive_in_other_context, results)
     with cusafe.Context(0) as ctx, ctx.alloc_shareable(64) as b:
         cusafe.send_buffer(a, b)
         status, message = results.get(timeout=120)
@@ -398,10 +403,7 @@ def share_rounds(ctx, mp):
     assert p.exitcode == 0
     for b in buffers:
         b.close()
-    a, c = socket.socketpair()
-    s = mp.Process(target=send_on_socket, args=(a, sent))
-    s.start()
-    a.close()
+    s, c = start_peer(mp, send_on_socket, sent)
     for i in range(COUNT):
         cusafe.recv_buffer(c).close()
     s.join(60)
@@ -434,11 +436,8 @@ def test_export_bytes_by_a_transport_of_ones_own(ctx):
     from_bytes() and Buffer.from_export() in the other process, as a
     subclass; which multiprocessing's pickler takes as it takes Buffer."""
     mp = multiprocessing.get_context(METHODS[0])
-    a, c = socket.socketpair()
     results = mp.Queue()
-    p = mp.Process(target=import_from_bytes, args=(c, results))
-    p.start()
-    c.close()
+    p, a = start_peer(mp, import_from_bytes, results)
     b = ctx.alloc_shareable(1000)
     b.fill(9)
     v = b.view(100, 200)
@@ -483,11 +482,8 @@ def test_export_bytes_by_a_transport_of_ones_own(ctx):
 
 def test_recv_checks_ctx_before_taking_a_message(ctx):
     mp = multiprocessing.get_context(METHODS[0])
-    a, c = socket.socketpair()
     sent = mp.Event()
-    s = mp.Process(target=send_on_socket, args=(a, sent))
-    s.start()
-    a.close()
+    s, c = start_peer(mp, send_on_socket, sent)
     closed = cusafe.Context(0)
     closed.close()
     with pytest.raises(ValueError):
