@@ -55,16 +55,25 @@ def receive_args(buffers, results, sender):
     results.put((os.getpid(), len(buffers), wrong))
 
 
+def patterned(ctx, put=None):
+    """COUNT shareable Buffers, buffer i holding pattern(i); each given to
+    put() as it is made."""
+    buffers = []
+    for i in range(COUNT):
+        b = ctx.alloc_shareable(SIZE)
+        b.write(pattern(i))
+        buffers.append(b)
+        if put is not None:
+            put(b)
+    return buffers
+
+
 def send_as_args(method, results):
     """Allocates COUNT shareable Buffers, starts a receiver with them among
     its arguments, releases its own and exits without waiting for it."""
     mp = multiprocessing.get_context(method)
     with cusafe.Context(0) as ctx:
-        buffers = []
-        for i in range(COUNT):
-            b = ctx.alloc_shareable(SIZE)
-            b.write(pattern(i))
-            buffers.append(b)
+        buffers = patterned(ctx)
         p = mp.Process(target=receive_args,
                        args=(buffers, results, os.getpid()))
         p.start()
@@ -81,12 +90,7 @@ def send_on_queue(queue, received, end):
     """Puts COUNT shareable Buffers on a queue; once the receiver has them
     all, releases its own and ends as `end` says."""
     with cusafe.Context(0) as ctx:
-        buffers = []
-        for i in range(COUNT):
-            b = ctx.alloc_shareable(SIZE)
-            b.write(pattern(i))
-            buffers.append(b)
-            queue.put(b)
+        buffers = patterned(ctx, queue.put)
         if not received.wait(120):
             raise SystemExit(3)
         for b in buffers:
