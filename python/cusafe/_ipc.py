@@ -25,7 +25,10 @@ descriptor must reach the receiver:
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import importlib
 import os
+import pickle
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
@@ -131,11 +134,22 @@ class BufferExport(_Owner):
     def from_bytes(cls: Type[_E], data: bytes, fd: int) -> _E:
         """The export that to_bytes() described in another process, with
         `fd`, the memory's descriptor as received in this one, which the
-        new object owns (and closes) from now on, also when this raises;
-        import it with Buffer.from_export().  Raises ValueError for data
-        that is not 80 bytes, TypeError for data without the buffer
-        protocol or an fd that is not an int."""
+        new object owns (and closes) from now on, also when data is
+        refused; import it with Buffer.from_export().  Raises TypeError
+        for an fd that is not an int (a bool is not one) and data without
+        the buffer protocol or not C-contiguous, ValueError for an fd that
+        is negative or not open (nothing is closed then) and data that is
+        not 80 bytes."""
+        if isinstance(fd, bool):
+            raise TypeError("fd must be an int, not bool")
         fd = _c_int(fd, "fd")
+        if fd < 0:
+            raise ValueError("fd %d is not a file descriptor" % fd)
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            raise ValueError("fd %d is not an open file descriptor"
+                             % fd) from None
         try:
             raw = memoryview(data).cast("B")
             if raw.nbytes != ctypes.sizeof(IpcDesc):
@@ -144,7 +158,10 @@ class BufferExport(_Owner):
                     % (ctypes.sizeof(IpcDesc), raw.nbytes))
             desc = IpcDesc.from_buffer_copy(raw)
         except BaseException:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:  # closed by others meanwhile: the error is data's
+                pass
             raise
         desc.fd = fd
         return cls._take(desc)
@@ -278,10 +295,39 @@ def recv_buffer(sock: Any, ctx: Optional[Context] = None) -> Buffer:
 # --------------------------------------------------------------------------
 
 
+def _find_class(module: str, qualname: str) -> Any:
+    """The object that pickle would find for a class by these names;
+    raises what the import or the lookup raises."""
+    if "<locals>" in qualname.split("."):
+        raise AttributeError("it is local to a function")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _class_name(cls: Type[Buffer]) -> Tuple[str, str]:
+    """The names by which a receiver finds cls: raises pickle.PicklingError
+    where pickle could not name it, before anything is exported."""
+    module, qualname = cls.__module__, cls.__qualname__
+    try:
+        found = _find_class(module, qualname)
+    except Exception as e:
+        found = e
+    if found is not cls:
+        raise pickle.PicklingError(
+            "cusafe.Buffer subclass %s.%s cannot be sent: pickle cannot "
+            "name it (%s); define it at the top level of a module"
+            % (module, qualname, found if isinstance(found, Exception)
+               else "that name is another object"))
+    return module, qualname
+
+
 def _rebuild(fields: Tuple[int, int, int, int, bytes, int], dup: Any,
-             sender: int, cls: Type[Buffer] = Buffer) -> Buffer:
-    """The receiver's half of _reduce: the Buffer of the memory, in the
-    context of the device that holds it."""
+             sender: int,
+             cls_name: Tuple[str, str] = ("cusafe", "Buffer")) -> Buffer:
+    """The receiver's half of _reduce: the Buffer of the memory, of the
+    sender's class, in the context of the device that holds it."""
     try:
         fd = dup.detach()
     except _mp_context.AuthenticationError as e:
@@ -297,11 +343,25 @@ def _rebuild(fields: Tuple[int, int, int, int, bytes, int], dup: Any,
             "sender is gone (%s); the sender must live until the receiver "
             "has the Buffer, or pass it among a Process's arguments or "
             "with send_buffer()" % (sender, e)) from e
-    version, allocation, offset, size, uuid, process = fields
-    desc = IpcDesc(version=version, fd=fd, allocation=allocation,
-                   offset=offset, size=size, process=process)
-    ctypes.memmove(desc.device_uuid, uuid, len(desc.device_uuid))
     try:
+        module, qualname = cls_name
+        try:
+            cls = _find_class(module, qualname)
+        except Exception as e:
+            cls = e
+        if not (isinstance(cls, type) and issubclass(cls, Buffer)):
+            raise pickle.UnpicklingError(
+                "a cusafe.Buffer sent by process %d could not be received: "
+                "its class %s.%s is not a cusafe.Buffer subclass in this "
+                "process (%s); define the subclass at the top level of a "
+                "module that both processes import"
+                % (sender, module, qualname,
+                   cls if isinstance(cls, Exception) else
+                   "that name is %s" % type(cls).__name__))
+        version, allocation, offset, size, uuid, process = fields
+        desc = IpcDesc(version=version, fd=fd, allocation=allocation,
+                       offset=offset, size=size, process=process)
+        ctypes.memmove(desc.device_uuid, uuid, len(desc.device_uuid))
         return _import(cls, desc, None)
     finally:
         os.close(fd)
@@ -311,6 +371,7 @@ def _reduce(buffer: Buffer) -> Tuple[Callable[..., Buffer], Tuple[Any, ...]]:
     """How multiprocessing's pickler sends a Buffer: its description, and
     its memory's descriptor as multiprocessing sends descriptors (to a
     child being started, or fetched from this process by the receiver)."""
+    cls_name = _class_name(type(buffer))
     try:
         e = export(buffer)
     except CusafeError as err:
@@ -337,7 +398,7 @@ def _reduce(buffer: Buffer) -> Tuple[Callable[..., Buffer], Tuple[Any, ...]]:
         weakref.finalize(popen, os.close, fd)
     else:
         os.close(fd)  # the resource sharer holds its own copy
-    return _rebuild, (fields, dup, os.getpid(), type(buffer))
+    return _rebuild, (fields, dup, os.getpid(), cls_name)
 
 
 def _register(cls: Type[Buffer]) -> None:

@@ -962,7 +962,9 @@ class Buffer(_BufferBase):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass travels through multiprocessing as Buffer does
-        (its pickler matches exact types)."""
+        (its pickler matches exact types), and is rebuilt as itself where
+        the receiver finds it by module and name, as pickle finds a
+        class."""
         super().__init_subclass__(**kwargs)
         from ._ipc import _register
         _register(cls)

@@ -166,6 +166,28 @@ def receive_in_other_context(sock, results):
         results.put(None)
 
 
+# A name the receiver finds, but not as a Buffer subclass: the sender sets
+# its own to one (monkeypatch); a child sees this.
+Shadow = None
+
+
+def receive_and_report(conn, count, results):
+    """Receives count objects on conn; reports each outcome (the class's
+    name, or the error's type and message) and this process's open
+    descriptors before and after."""
+    before = open_fds()
+    out = []
+    for _ in range(count):
+        try:
+            b = conn.recv()
+        except Exception as e:
+            out.append((type(e).__name__, str(e)))
+        else:
+            out.append(type(b).__name__)
+            b.close()
+    results.put((out, before, open_fds()))
+
+
 def start_peer(mp, target, *args):
     """Starts target(sock, *args) in a child of the multiprocessing
     context mp, sock being one end of a Unix socket pair; returns the
@@ -533,3 +555,130 @@ def test_connection_between_unrelated_programs(ctx, tmp_path):
         "a Buffer on a Queue or Connection travels only between processes "
         "of one multiprocessing family; use send_buffer() between others")
     b.close()
+
+
+def test_subclass_pickle_cannot_name_refused_before_export(ctx):
+    """A subclass local to a function: refused as pickle refuses it, before
+    an export opens a descriptor for multiprocessing to keep."""
+    from multiprocessing.reduction import ForkingPickler
+
+    class Local(cusafe.Buffer):
+        pass
+
+    a, b = multiprocessing.Pipe()
+    w = ctx.alloc_shareable(64)
+    a.send(w)  # the resource sharer started; the descriptor fetched
+    with pytest.raises(cusafe.CusafeError, match="exported by this process"):
+        b.recv()
+    w.close()
+    buf = Local._adopt(ctx.alloc_shareable(4096).detach())
+    before = open_fds()
+    name = Local.__qualname__
+    for _ in range(5):
+        with pytest.raises(pickle.PicklingError) as info:
+            a.send(buf)
+        assert str(info.value) == (
+            "cusafe.Buffer subclass %s.%s cannot be sent: pickle cannot name "
+            "it (it is local to a function); define it at the top level of "
+            "a module" % (__name__, name))
+        with pytest.raises(pickle.PicklingError):
+            ForkingPickler.dumps(buf)
+    assert open_fds() == before
+    assert not b.poll()
+    buf.close()
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_subclass_receiver_cannot_find(ctx, method, monkeypatch):
+    """Subclasses that the receiving process cannot find (a module only the
+    sender has; a name that is no Buffer subclass there): the receiver is
+    told which and why, and neither process keeps a descriptor."""
+    import sys
+    import types
+    mp = multiprocessing.get_context(method)
+    mod = types.ModuleType("cusafe_sender_only")
+    exec("import cusafe\nclass Mine(cusafe.Buffer): pass\n", mod.__dict__)
+    monkeypatch.setitem(sys.modules, "cusafe_sender_only", mod)
+    shadow = type("Shadow", (cusafe.Buffer,), {"__module__": __name__})
+    monkeypatch.setattr(sys.modules[__name__], "Shadow", shadow)
+    results = mp.Queue()
+    a, b = mp.Pipe()
+    p = mp.Process(target=receive_and_report, args=(b, 5, results))
+    p.start()
+    b.close()
+    w = ctx.alloc_shareable(64)
+    a.send(w)  # the resource sharer started; it holds w's descriptor
+    w.close()
+    before = open_fds() - 1
+    for cls in (mod.Mine, shadow, MyBuffer, cusafe.Buffer):
+        buf = cls._adopt(ctx.alloc_shareable(4096).detach())
+        a.send(buf)
+        buf.close()
+    out, child_before, child_after = results.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0
+    sender = os.getpid()
+    assert out == [
+        "Buffer",
+        ("UnpicklingError",
+         "a cusafe.Buffer sent by process %d could not be received: its "
+         "class cusafe_sender_only.Mine is not a cusafe.Buffer subclass in "
+         "this process (No module named 'cusafe_sender_only'); define the "
+         "subclass at the top level of a module that both processes import"
+         % sender),
+        ("UnpicklingError",
+         "a cusafe.Buffer sent by process %d could not be received: its "
+         "class %s.Shadow is not a cusafe.Buffer subclass in this process "
+         "(that name is NoneType); define the subclass at the top level of "
+         "a module that both processes import" % (sender, __name__)),
+        "MyBuffer", "Buffer"]
+    assert child_after == child_before
+    assert open_fds() == before  # every descriptor was fetched
+    a.close()
+    results.close()
+    results.join_thread()
+    if is_fake():
+        gc.collect()
+        assert fake().fake_live_vmm_handles(-1) == 0
+
+
+def test_from_bytes_refusals(ctx):
+    """from_bytes refuses an fd that is not one, closing nothing, and closes
+    a real one when it refuses the data."""
+    with ctx.alloc_shareable(64).export() as e:
+        data = e.to_bytes()
+    with pytest.raises(TypeError, match="^fd must be an int, not bool$"):
+        cusafe.BufferExport.from_bytes(data, True)
+    os.fstat(1)  # stdout is not closed
+    for fd in (-1, -5):
+        with pytest.raises(ValueError,
+                           match="^fd %d is not a file descriptor$" % fd):
+            cusafe.BufferExport.from_bytes(data, fd)
+    r, w = os.pipe()
+    os.close(w)
+    with pytest.raises(ValueError, match="^fd %d is not an open file "
+                       "descriptor$" % w):
+        cusafe.BufferExport.from_bytes(data, w)
+    with pytest.raises(ValueError, match="^fd %d is not an open file "
+                       "descriptor$" % w):
+        cusafe.BufferExport.from_bytes(b"short", w)
+    with pytest.raises(TypeError, match="^fd must be an int, not str$"):
+        cusafe.BufferExport.from_bytes(data, "3")
+    with pytest.raises(ValueError, match="^a BufferExport is 80 bytes "
+                       "\\(to_bytes\\(\\)\\), not 5$"):
+        cusafe.BufferExport.from_bytes(b"short", r)
+    with pytest.raises(OSError):  # the data was refused: r is closed
+        os.fstat(r)
+    fd = os.dup(0)
+    with pytest.raises(TypeError):  # not C-contiguous: fd closed too
+        cusafe.BufferExport.from_bytes(memoryview(data * 2)[::2], fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    fd = os.dup(0)
+    e = cusafe.BufferExport.from_bytes(bytearray(data), fd)
+    assert (e.fd, e.size) == (fd, 64)
+    e.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
