@@ -1266,8 +1266,10 @@ CUSAFE_API cusafe_status cusafe_buffer_export(cusafe_ipc_desc *out,
  *   CUSAFE_ERROR_SHUTDOWN / CUSAFE_ERROR_FORKED: after shutdown / in a
  *   forked child.  *out is CUSAFE_NULL_HANDLE on every failure.
  * Ownership: the caller owns the one reference of *out; the buffer holds
- *   a reference on ctx, and a copy of desc->fd (close-on-exec) until its
- *   release, which unmaps this process's mapping only.
+ *   a reference on ctx, and a copy of desc->fd until its release, which
+ *   unmaps this process's mapping only.  The copy is closed by an exec
+ *   (close-on-exec) and, in a child forked without exec, by the fork: such
+ *   a child cannot use the buffer, and does not keep its memory.
  * Handles: as every call (see the top of this file).
  * Threads: thread-safe. */
 CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,

@@ -104,9 +104,85 @@ struct shared_mem {
   size_t size;      /* the allocation's bytes */
   int device;
   /* Of imported memory, which CUDA does not export again: a copy of the
-   * descriptor it came by, which its exports copy; else -1. */
+   * descriptor it came by, which its exports copy; else -1.  In the list
+   * of kept descriptors (below) while it is open. */
   int fd;
+  struct shared_mem *prev, *next;
 };
+
+/* ---- the descriptors that imported memory keeps -------------------------
+ *
+ * Such a descriptor keeps the driver's memory allocated while it is open,
+ * in any process.  An exec closes it (close-on-exec), but a child forked
+ * without one would inherit it, and keep the memory of a buffer that the
+ * parent has released until the child exits -- though the child can never
+ * use it (every call fails in a forked child, and releases do nothing).  So
+ * a fork closes them all in the child.  The list is guarded by kept_lock,
+ * which a fork holds from its start (kept_prepare) until it is done in
+ * both processes, so that the child finds it whole; a descriptor is opened
+ * and closed under the lock, so that no fork sees one open and not listed,
+ * or listed and closed. */
+
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_mem *kept; /* the list's head */
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+static int kept_registered; /* pthread_atfork's result, set once */
+
+static void kept_prepare(void) { pthread_mutex_lock(&kept_lock); }
+
+static void kept_parent(void) { pthread_mutex_unlock(&kept_lock); }
+
+static void kept_child(void) {
+  for (struct shared_mem *m = kept; m; m = m->next) {
+    close(m->fd);
+    m->fd = -1;
+  }
+  kept = NULL;
+  pthread_mutex_unlock(&kept_lock);
+}
+
+static void kept_register(void) {
+  kept_registered = pthread_atfork(kept_prepare, kept_parent, kept_child);
+}
+
+/* Sets m->fd to a close-on-exec copy of fd, listed; -1 and errno on
+ * failure. */
+static int kept_dup(struct shared_mem *m, int fd) {
+  pthread_once(&kept_once, kept_register);
+  if (kept_registered != 0) {
+    errno = kept_registered;
+    return m->fd = -1;
+  }
+  pthread_mutex_lock(&kept_lock);
+  m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int err = errno;
+  if (m->fd >= 0) {
+    m->prev = NULL;
+    m->next = kept;
+    if (kept)
+      kept->prev = m;
+    kept = m;
+  }
+  pthread_mutex_unlock(&kept_lock);
+  errno = err;
+  return m->fd;
+}
+
+/* Closes m->fd, if open, and takes it off the list. */
+static void kept_close(struct shared_mem *m) {
+  if (m->fd < 0)
+    return;
+  pthread_mutex_lock(&kept_lock);
+  if (m->prev)
+    m->prev->next = m->next;
+  else
+    kept = m->next;
+  if (m->next)
+    m->next->prev = m->prev;
+  close(m->fd);
+  m->fd = -1;
+  pthread_mutex_unlock(&kept_lock);
+}
 
 static void allocation_prop(CUmemAllocationProp *prop, int device) {
   memset(prop, 0, sizeof *prop);
@@ -179,8 +255,7 @@ static void shared_end(void *user) {
   (void)unmap_steps(m, 3);
   if (entered)
     cs_device_leave(saved);
-  if (m->fd >= 0)
-    close(m->fd);
+  kept_close(m);
   free(m);
 }
 
@@ -407,8 +482,7 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
     return cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY, "out of host memory");
   m->size = (size_t)desc->allocation;
   m->device = ctx->device;
-  m->fd = fcntl(desc->fd, F_DUPFD_CLOEXEC, 0);
-  if (m->fd < 0) {
+  if (kept_dup(m, desc->fd) < 0) {
     st = cs_fail(CUSAFE_ERROR_OUT_OF_MEMORY,
                  "cannot keep a copy of desc's fd %d: %s", (int)desc->fd,
                  strerror(errno));
@@ -418,7 +492,7 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   int saved;
   st = cs_device_enter(ctx->device, &saved);
   if (st != CUSAFE_SUCCESS) {
-    close(m->fd);
+    kept_close(m);
     free(m);
     return st;
   }
@@ -444,7 +518,7 @@ CUSAFE_API cusafe_status cusafe_buffer_import(cusafe_buffer *out,
   }
   cs_device_leave(saved);
   if (st != CUSAFE_SUCCESS) {
-    close(m->fd);
+    kept_close(m);
     free(m);
     return st;
   }

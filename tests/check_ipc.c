@@ -485,6 +485,70 @@ START_TEST(test_import_exported_again) {
 }
 END_TEST
 
+/* The lowest descriptor number not open: the one the next open takes. */
+static int lowest_free_fd(void) {
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  return fd;
+}
+
+/* A child forked without exec does not inherit the descriptors imported
+ * buffers keep: they would keep the memory of buffers the parent releases
+ * allocated while the child lives, and it cannot use them.  The parent
+ * keeps its own, and its buffers work on. */
+START_TEST(test_fork_closes_kept_descriptors) {
+  int before = open_fds();
+  cusafe_buffer b = shareable(4096), in[3];
+  write_pattern(b, 4096, 31);
+  int kept[3];
+  for (int i = 0; i < 3; i++) {
+    cusafe_ipc_desc d;
+    TU_OK(cusafe_buffer_export(&d, b));
+    cusafe_ipc_desc f = as_if_foreign(d);
+    kept[i] = lowest_free_fd(); /* the import's first descriptor */
+    in[i] = CUSAFE_NULL_HANDLE;
+    TU_OK(cusafe_buffer_import(&in[i], ctx, &f));
+    ck_assert_int_eq(fcntl(kept[i], F_GETFD), FD_CLOEXEC);
+#ifdef CUSAFE_TEST_FAKE
+    struct stat s1, s2;
+    ck_assert_int_eq(fstat(kept[i], &s1), 0);
+    ck_assert_int_eq(fstat(d.fd, &s2), 0);
+    ck_assert(s1.st_dev == s2.st_dev && s1.st_ino == s2.st_ino);
+#endif
+    close(d.fd);
+  }
+  TU_OK(cusafe_buffer_release(in[1])); /* closed: its number is free */
+  ck_assert_int_eq(fcntl(kept[1], F_GETFD), -1);
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ne(pid, -1);
+  if (pid == 0) {
+    int ok = fcntl(kept[0], F_GETFD) == -1 && errno == EBADF &&
+             fcntl(kept[2], F_GETFD) == -1 && errno == EBADF &&
+             cusafe_buffer_release(in[0]) == CUSAFE_SUCCESS;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ck_assert_int_eq(fcntl(kept[0], F_GETFD), FD_CLOEXEC);
+  ck_assert_int_eq(fcntl(kept[2], F_GETFD), FD_CLOEXEC);
+  TU_OK(cusafe_buffer_release(b));
+  check_pattern(in[2], 4096, 31);
+  /* Still exported again from the kept descriptor. */
+  cusafe_ipc_desc d;
+  TU_OK(cusafe_buffer_export(&d, in[0]));
+  close(d.fd);
+  TU_OK(cusafe_buffer_release(in[0]));
+  TU_OK(cusafe_buffer_release(in[2]));
+  ck_assert_int_eq(open_fds(), before);
+#ifdef CUSAFE_TEST_FAKE
+  ck_assert_uint_eq(fake_live_vmm_handles(-1), 0);
+#endif
+}
+END_TEST
+
 /* The device of a description, found by UUID among the devices this
  * process sees: that of every device's export; none for a UUID of no
  * device. */
@@ -974,6 +1038,7 @@ static Suite *ipc_suite(void) {
   tcase_add_test(tc, test_import_refusals);
   tcase_add_test(tc, test_ipc_device);
   tcase_add_test(tc, test_import_exported_again);
+  tcase_add_test(tc, test_fork_closes_kept_descriptors);
   tcase_add_test(tc, test_send_recv);
   suite_add_tcase(s, tc);
   tc = tcase_create("two");
