@@ -135,7 +135,8 @@ class BufferExport(_Owner):
         """The export that to_bytes() described in another process, with
         `fd`, the memory's descriptor as received in this one, which the
         new object owns (and closes) from now on, also when data is
-        refused; import it with Buffer.from_export().  Raises TypeError
+        refused, and makes close-on-exec, as an export's; import it with
+        Buffer.from_export().  Raises TypeError
         for an fd that is not an int (a bool is not one) and data without
         the buffer protocol or not C-contiguous, ValueError for an fd that
         is negative or not open (nothing is closed then) and data that is
@@ -151,6 +152,7 @@ class BufferExport(_Owner):
             raise ValueError("fd %d is not an open file descriptor"
                              % fd) from None
         try:
+            os.set_inheritable(fd, False)  # as exports' own descriptors
             raw = memoryview(data).cast("B")
             if raw.nbytes != ctypes.sizeof(IpcDesc):
                 raise ValueError(
@@ -344,6 +346,9 @@ def _rebuild(fields: Tuple[int, int, int, int, bytes, int], dup: Any,
             "has the Buffer, or pass it among a Process's arguments or "
             "with send_buffer()" % (sender, e)) from e
     try:
+        # multiprocessing hands it over inheritable: a process started
+        # meanwhile (an import below may start one) must not keep the memory.
+        os.set_inheritable(fd, False)
         module, qualname = cls_name
         try:
             cls = _find_class(module, qualname)

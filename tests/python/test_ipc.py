@@ -190,6 +190,29 @@ def receive_and_report(conn, count, results):
     results.put((out, before, open_fds()))
 
 
+def inheritable_fds():
+    """The descriptors of this process that are not close-on-exec."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.get_inheritable(int(name)):
+                out.add(int(name))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return out
+
+
+def receive_lazy_subclass(conn, results):
+    """Receives a Buffer of a class whose module it imports meanwhile;
+    reports the class, and the descriptors that were inheritable at that
+    import (where a module may start a process) and not before."""
+    before = inheritable_fds()
+    b = conn.recv()
+    import ipc_subclass
+    results.put((type(b).__name__, sorted(ipc_subclass.AT_IMPORT - before)))
+    b.close()
+
+
 def start_peer(mp, target, *args):
     """Starts target(sock, *args) in a child of the multiprocessing
     context mp, sock being one end of a Unix socket pair; returns the
@@ -679,8 +702,31 @@ def test_from_bytes_refusals(ctx):
     with pytest.raises(OSError):
         os.fstat(fd)
     fd = os.dup(0)
+    os.set_inheritable(fd, True)  # as socket.recv_fds hands them over
     e = cusafe.BufferExport.from_bytes(bytearray(data), fd)
     assert (e.fd, e.size) == (fd, 64)
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) == fcntl.FD_CLOEXEC
     e.close()
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_received_descriptor_not_inherited(ctx, method):
+    """The descriptor a receiver is handed is close-on-exec before the
+    receiver imports the class's module: a process started there does not
+    keep the memory."""
+    import ipc_subclass
+    mp = multiprocessing.get_context(method)
+    results = mp.Queue()
+    a, b = mp.Pipe()
+    p = mp.Process(target=receive_lazy_subclass, args=(b, results))
+    p.start()
+    b.close()
+    buf = ipc_subclass.Lazy._adopt(ctx.alloc_shareable(4096).detach())
+    a.send(buf)
+    assert results.get(timeout=120) == ("Lazy", [])
+    p.join(60)
+    assert p.exitcode == 0
+    buf.close()
+    a.close()
