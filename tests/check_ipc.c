@@ -10,6 +10,7 @@
  * would be (a forked child could not use CUDA). */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -485,6 +486,26 @@ START_TEST(test_import_exported_again) {
 }
 END_TEST
 
+#ifdef CUSAFE_TEST_FAKE
+/* The descriptors of the fake's shareable memory open in this process. */
+static int fake_memory_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  char link[300], target[256];
+  for (struct dirent *e; (e = readdir(d));) {
+    snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(link, target, sizeof target - 1);
+    if (k > 0) {
+      target[k] = '\0';
+      n += strstr(target, "memfd:fakecuda-vmm-") != NULL;
+    }
+  }
+  closedir(d);
+  return n;
+}
+#endif
+
 /* The lowest descriptor number not open: the one the next open takes. */
 static int lowest_free_fd(void) {
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -527,6 +548,11 @@ START_TEST(test_fork_closes_kept_descriptors) {
     int ok = fcntl(kept[0], F_GETFD) == -1 && errno == EBADF &&
              fcntl(kept[2], F_GETFD) == -1 && errno == EBADF &&
              cusafe_buffer_release(in[0]) == CUSAFE_SUCCESS;
+#ifdef CUSAFE_TEST_FAKE
+    /* The fake's own handles are closed at a fork, as a driver's are no
+     * descriptors: the child holds no descriptor of the memory at all. */
+    ok = ok && fake_memory_fds() == 0;
+#endif
     _exit(ok ? 0 : 1);
   }
   int status = 0;

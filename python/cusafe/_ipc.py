@@ -138,9 +138,9 @@ class BufferExport(_Owner):
         refused, and makes close-on-exec, as an export's; import it with
         Buffer.from_export().  Raises TypeError
         for an fd that is not an int (a bool is not one) and data without
-        the buffer protocol or not C-contiguous, ValueError for an fd that
-        is negative or not open (nothing is closed then) and data that is
-        not 80 bytes."""
+        the buffer protocol or not C-contiguous, OverflowError for an fd
+        beyond a C int, ValueError for an fd that is negative or not open
+        (nothing is closed then) and data that is not 80 bytes."""
         if isinstance(fd, bool):
             raise TypeError("fd must be an int, not bool")
         fd = _c_int(fd, "fd")
@@ -255,6 +255,8 @@ def _socket_fd(sock: Any) -> int:
     """The descriptor of a socket object (its fileno()) or an int."""
     fileno = getattr(sock, "fileno", None)
     fd = fileno() if fileno is not None else sock
+    if isinstance(fd, bool):  # not stdin's or stdout's number
+        raise TypeError("sock must be a socket or an int, not bool")
     return _c_int(fd, "sock")
 
 
@@ -267,7 +269,8 @@ def send_buffer(sock: Any, buffer: Buffer) -> None:
     what Buffer.export raises (CusafeError INVALID_VALUE for a buffer that
     is not shareable), CusafeError INVALID_VALUE for a socket that is not
     a connected AF_UNIX socket or a failed send ("cannot send on socket
-    5: Broken pipe"); TypeError for sock of no fileno() and no int."""
+    5: Broken pipe"); TypeError for sock of no fileno() and no int (a
+    bool is none)."""
     fd = _socket_fd(sock)
     with export(buffer) as e:
         _call("cusafe_ipc_send", fd, ctypes.byref(e._desc))

@@ -1870,6 +1870,30 @@ static struct fvmm *live_vmm(const char *fn, CUmemGenericAllocationHandle h) {
   return v;
 }
 
+/* A real driver's memory handles are no descriptors of the process, and
+ * a child forked without exec keeps none of them; the fake's are memfds,
+ * which the child would inherit.  So a fork closes them in the child (which
+ * cannot use CUDA anyway), under g_lock so that the list is whole there:
+ * what the child still holds of the memory is what the code under test
+ * left it.  (Its mappings stay in its address space, as memory.) */
+static void vmm_fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+
+static void vmm_fork_parent(void) { pthread_mutex_unlock(&g_lock); }
+
+static void vmm_fork_child(void) {
+  for (struct fvmm *v = g_vmms; v; v = v->next)
+    if (v->fd >= 0) {
+      close(v->fd);
+      v->fd = -1;
+    }
+  pthread_mutex_unlock(&g_lock);
+}
+
+__attribute__((constructor)) static void vmm_fork_init(void) {
+  if (pthread_atfork(vmm_fork_prepare, vmm_fork_parent, vmm_fork_child) != 0)
+    abort();
+}
+
 /* The physical memory goes once its handle is released and unmapped. */
 static void vmm_maybe_gone(struct fvmm *v) {
   if (v->released && v->maps == 0 && v->fd >= 0) {
@@ -4932,7 +4956,7 @@ FAKE_EXPORT int fake_peer_access(int device, int peer) {
   lock();
   int r = 0;
   if (valid_device(device) && valid_device(peer))
-    r = !!(g.dev[device].peers & (1u << peer)) |
+    r = (g.dev[device].peers & (1u << peer) ? 1 : 0) |
         (g.dev[peer].pool_peers & (1u << device) ? 2 : 0);
   unlock();
   return r;

@@ -326,6 +326,13 @@ def test_socket_refusals(ctx):
             cusafe.send_buffer(object(), b)
         with pytest.raises(TypeError):
             cusafe.recv_buffer("x")
+        for sock in (True, False):  # not stdout's or stdin's number
+            with pytest.raises(TypeError, match="^sock must be a socket or "
+                               "an int, not bool$"):
+                cusafe.send_buffer(sock, b)
+            with pytest.raises(TypeError, match="^sock must be a socket or "
+                               "an int, not bool$"):
+                cusafe.recv_buffer(sock)
     finally:
         os.close(r)
         os.close(w)
@@ -691,6 +698,9 @@ def test_from_bytes_refusals(ctx):
         cusafe.BufferExport.from_bytes(b"short", w)
     with pytest.raises(TypeError, match="^fd must be an int, not str$"):
         cusafe.BufferExport.from_bytes(data, "3")
+    with pytest.raises(OverflowError, match="^fd 4294967296 does not fit "
+                       "a C int$"):
+        cusafe.BufferExport.from_bytes(data, 2**32)
     with pytest.raises(ValueError, match="^a BufferExport is 80 bytes "
                        "\\(to_bytes\\(\\)\\), not 5$"):
         cusafe.BufferExport.from_bytes(b"short", r)
