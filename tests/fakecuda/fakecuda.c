@@ -1870,30 +1870,6 @@ static struct fvmm *live_vmm(const char *fn, CUmemGenericAllocationHandle h) {
   return v;
 }
 
-/* A real driver's memory handles are no descriptors of the process, and
- * a child forked without exec keeps none of them; the fake's are memfds,
- * which the child would inherit.  So a fork closes them in the child (which
- * cannot use CUDA anyway), under g_lock so that the list is whole there:
- * what the child still holds of the memory is what the code under test
- * left it.  (Its mappings stay in its address space, as memory.) */
-static void vmm_fork_prepare(void) { pthread_mutex_lock(&g_lock); }
-
-static void vmm_fork_parent(void) { pthread_mutex_unlock(&g_lock); }
-
-static void vmm_fork_child(void) {
-  for (struct fvmm *v = g_vmms; v; v = v->next)
-    if (v->fd >= 0) {
-      close(v->fd);
-      v->fd = -1;
-    }
-  pthread_mutex_unlock(&g_lock);
-}
-
-__attribute__((constructor)) static void vmm_fork_init(void) {
-  if (pthread_atfork(vmm_fork_prepare, vmm_fork_parent, vmm_fork_child) != 0)
-    abort();
-}
-
 /* The physical memory goes once its handle is released and unmapped. */
 static void vmm_maybe_gone(struct fvmm *v) {
   if (v->released && v->maps == 0 && v->fd >= 0) {
@@ -5176,6 +5152,15 @@ FAKE_EXPORT void fake_log_clear(void) {
   lock();
   log_free();
   unlock();
+}
+
+FAKE_EXPORT size_t fake_vmm_fds(void) {
+  lock();
+  size_t n = 0;
+  for (struct fvmm *v = g_vmms; v; v = v->next)
+    n += v->fd >= 0;
+  unlock();
+  return n;
 }
 
 FAKE_EXPORT size_t fake_live_vmm_handles(int device) {

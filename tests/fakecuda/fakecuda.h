@@ -440,6 +440,11 @@ size_t fake_live_allocations(int device); /* device, pinned and managed */
 /* Handles of cuMemCreate and cuMemImportFromShareableHandle not released
  * yet (device -1: of every device). */
 size_t fake_live_vmm_handles(int device);
+/* The descriptors the fake holds for its shareable memory (a memfd for each
+ * handle whose memory is not gone): a real driver's handles are no
+ * descriptors of the process, so that what a process holds beyond these is
+ * the code's own. */
+size_t fake_vmm_fds(void);
 size_t fake_live_bytes(int device);
 size_t fake_live_streams(int device);
 /* A stream of `device` made by another library in the process, made and
