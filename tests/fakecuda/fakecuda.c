@@ -1870,6 +1870,18 @@ static struct fvmm *live_vmm(const char *fn, CUmemGenericAllocationHandle h) {
   return v;
 }
 
+/* A fork holds g_lock from its start until it is done in both processes:
+ * a child forked while another thread is in the fake finds the lock free
+ * (its exit takes it, in fake_fini) and the fake's state whole. */
+static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+
+static void fork_done(void) { pthread_mutex_unlock(&g_lock); }
+
+__attribute__((constructor)) static void fork_init(void) {
+  if (pthread_atfork(fork_prepare, fork_done, fork_done) != 0)
+    abort();
+}
+
 /* The physical memory goes once its handle is released and unmapped. */
 static void vmm_maybe_gone(struct fvmm *v) {
   if (v->released && v->maps == 0 && v->fd >= 0) {
