@@ -52,6 +52,17 @@ static void world_release(struct world *w) {
     TU_OK(cusafe_release(all[i]));
 }
 
+/* A new event, recorded on w->t after what is queued there, and a capture
+ * begun on w->s whose first node waits for it (at each replay). */
+static cusafe_event begin_capture_after_outside_event(struct world *w) {
+  cusafe_event ev;
+  TU_OK(cusafe_event_create(&ev, w->ctx, CUSAFE_EVENT_DISABLE_TIMING));
+  TU_OK(cusafe_event_record(ev, w->t));
+  TU_OK(cusafe_stream_begin_capture(w->s));
+  TU_OK(cusafe_stream_wait_event(w->s, ev));
+  return ev;
+}
+
 /* A launch of one of the built-in f32 kernels over n floats of buf. */
 static cusafe_status run1(cusafe_kernel k, cusafe_stream s, cusafe_buffer buf,
                           float a, size_t n, cusafe_buffer other) {
@@ -363,12 +374,8 @@ END_TEST
 START_TEST(test_wait_for_outside_event) {
   struct world w;
   world_make(&w);
-  cusafe_event ev;
-  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
   TU_OK(run1(w.fill, w.t, w.x, 3.0f, N, 0));
-  TU_OK(cusafe_event_record(ev, w.t));
-  TU_OK(cusafe_stream_begin_capture(w.s));
-  TU_OK(cusafe_stream_wait_event(w.s, ev));
+  cusafe_event ev = begin_capture_after_outside_event(&w);
   TU_OK(run1(w.fill, w.s, w.y, 1.0f, N, 0));
   cusafe_graph g;
   TU_OK(cusafe_stream_end_capture(&g, w.s));
@@ -389,11 +396,7 @@ END_TEST
 START_TEST(test_outside_event_recorded_again_after_replay) {
   struct world w;
   world_make(&w);
-  cusafe_event ev;
-  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
-  TU_OK(cusafe_event_record(ev, w.t));
-  TU_OK(cusafe_stream_begin_capture(w.s));
-  TU_OK(cusafe_stream_wait_event(w.s, ev));
+  cusafe_event ev = begin_capture_after_outside_event(&w);
   cusafe_graph g;
   TU_OK(cusafe_stream_end_capture(&g, w.s));
 #ifdef CUSAFE_TEST_FAKE
@@ -1081,11 +1084,7 @@ END_TEST
 START_TEST(test_release_graph_and_event_with_replays_queued) {
   struct world w;
   world_make(&w);
-  cusafe_event ev;
-  TU_OK(cusafe_event_create(&ev, w.ctx, CUSAFE_EVENT_DISABLE_TIMING));
-  TU_OK(cusafe_event_record(ev, w.t));
-  TU_OK(cusafe_stream_begin_capture(w.s));
-  TU_OK(cusafe_stream_wait_event(w.s, ev)); /* a node that waits at replay */
+  cusafe_event ev = begin_capture_after_outside_event(&w);
   TU_OK(run1(w.fill, w.s, w.x, 6.0f, N, 0));
   cusafe_graph g;
   TU_OK(cusafe_stream_end_capture(&g, w.s));
